@@ -1,0 +1,108 @@
+//! Unauthenticated operational routes: liveness, readiness, metrics, the OpenAPI document.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::{Extension, Json};
+use serde::Serialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, ErrorCode};
+use crate::app::AppState;
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi_json))
+}
+
+/// Liveness answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: &'static str,
+}
+
+/// State of one store.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StoreState {
+    /// `postgres`, `sqlite`, `redis` or `memory`.
+    pub kind: &'static str,
+    /// Whether it answered.
+    pub ok: bool,
+    /// Why not, if it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Readiness answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    /// `ready`.
+    pub status: &'static str,
+    /// The durable store.
+    pub durable: StoreState,
+    /// The hot store.
+    pub hot: StoreState,
+}
+
+/// Liveness: the process is up.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = Health)))]
+async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// Readiness: both stores answer. 503 `UNAVAILABLE` (with each store's state in `details`)
+/// while one does not.
+#[utoipa::path(get, path = "/readyz", tag = "operations", responses(
+    (status = 200, body = Readiness),
+    (status = 503, body = super::error::Envelope),
+))]
+async fn readyz(State(app): State<AppState>) -> Result<Json<Readiness>, ApiError> {
+    let (durable, hot) = tokio::join!(app.stores.durable.ping(), app.stores.hot.ping());
+    let state = |kind, result: Result<(), crate::store::Error>| StoreState {
+        kind,
+        ok: result.is_ok(),
+        error: result.err().map(|err| err.to_string()),
+    };
+    let durable = state(app.stores.durable.kind(), durable);
+    let hot = state(app.stores.hot.kind(), hot);
+    for (name, store) in [("durable", &durable), ("hot", &hot)] {
+        if !store.ok {
+            metrics::counter!(crate::telemetry::metrics::STORE_UNAVAILABLE_TOTAL, "store" => name)
+                .increment(1);
+        }
+    }
+    if durable.ok && hot.ok {
+        Ok(Json(Readiness {
+            status: "ready",
+            durable,
+            hot,
+        }))
+    } else {
+        let details = serde_json::json!({ "durable": durable, "hot": hot });
+        Err(ApiError::new(ErrorCode::Unavailable, "a store is unreachable").with_details(details))
+    }
+}
+
+/// Prometheus metrics, text exposition format.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, content_type = "text/plain", body = String)))]
+async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.metrics.render(),
+    )
+}
+
+/// This OpenAPI 3 document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, body = Object)))]
+async fn openapi_json(
+    Extension(doc): Extension<Arc<utoipa::openapi::OpenApi>>,
+) -> Json<utoipa::openapi::OpenApi> {
+    Json(doc.as_ref().clone())
+}

@@ -1,0 +1,75 @@
+//! The wiring diagram: [`App`] holds one field per service, built only by [`App::build`].
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::access::Access;
+use crate::audit::Audit;
+use crate::clock::{Clock, SystemClock};
+use crate::config::Settings;
+use crate::store::Stores;
+
+/// Everything a request handler or background task needs.
+#[derive(Debug)]
+pub struct App {
+    /// The validated settings.
+    pub settings: Arc<Settings>,
+    /// Durable and hot stores.
+    pub stores: Stores,
+    /// API tokens and roles.
+    pub access: Access,
+    /// Audit log.
+    pub audit: Audit,
+    /// Wall and monotonic time for every domain.
+    pub clock: Arc<dyn Clock>,
+    /// Prometheus exposition of this process's metrics.
+    pub metrics: PrometheusHandle,
+}
+
+/// Shared state of the HTTP application (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct AppState(pub Arc<App>);
+
+impl Deref for AppState {
+    type Target = App;
+
+    fn deref(&self) -> &App {
+        &self.0
+    }
+}
+
+impl App {
+    /// Opens the stores (applying migrations) and builds every service with the real clock.
+    pub async fn build(settings: Settings) -> Result<App, crate::store::Error> {
+        Self::build_with_clock(settings, Arc::new(SystemClock::new())).await
+    }
+
+    /// Like [`App::build`] with a given clock (tests and benches pass a `ManualClock`).
+    pub async fn build_with_clock(
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<App, crate::store::Error> {
+        let stores = Stores::open(&settings).await?;
+        let access = Access::new(
+            stores.durable.clone(),
+            clock.clone(),
+            settings.bootstrap_token.as_ref().map(|s| s.expose()),
+        );
+        let audit = Audit::new(stores.durable.clone(), clock.clone());
+        Ok(App {
+            settings: Arc::new(settings),
+            stores,
+            access,
+            audit,
+            clock,
+            metrics: crate::telemetry::metrics::handle(),
+        })
+    }
+
+    /// Wraps the app as router state.
+    pub fn into_state(self) -> AppState {
+        AppState(Arc::new(self))
+    }
+}

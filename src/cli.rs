@@ -1,0 +1,178 @@
+//! Command line: `serve` (default) | `migrate` | `token create`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::access::Role;
+use crate::app::App;
+use crate::config::Settings;
+use crate::store::Durable;
+
+/// Palisade: abuse signals, reputation and layered rate limits for mobile backends.
+#[derive(Debug, Parser)]
+#[command(name = "palisade", version, about)]
+pub struct Args {
+    /// Settings file (TOML). Default: `palisade.toml` if present.
+    #[arg(long, global = true, env = "PALISADE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// What to do (default: serve).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Sub-commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API (the default).
+    Serve,
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Manage API tokens.
+    Token {
+        /// What to do with tokens.
+        #[command(subcommand)]
+        action: TokenCommand,
+    },
+}
+
+/// `palisade token …`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token and print it once (stored hashed).
+    Create {
+        /// ingest | limiter | analyst | admin
+        #[arg(long, value_parser = parse_role)]
+        role: Role,
+        /// A name unique among active tokens.
+        #[arg(long)]
+        name: String,
+    },
+}
+
+fn parse_role(value: &str) -> Result<Role, String> {
+    Role::parse(value).ok_or_else(|| {
+        format!("{value:?} is not a role (expected ingest, limiter, analyst or admin)")
+    })
+}
+
+/// Parses the command line and runs it. Settings errors exit with status 2 and one line.
+pub fn run() -> ExitCode {
+    let args = Args::parse();
+    let settings = match Settings::load(args.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("palisade: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    crate::telemetry::init(settings.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("palisade: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(execute(args.command.unwrap_or(Command::Serve), settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("palisade: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
+    match command {
+        Command::Serve => serve(settings).await,
+        Command::Migrate => {
+            let durable = Durable::connect(
+                &settings.database_url,
+                1,
+                std::time::Duration::from_millis(settings.store.db_timeout_ms),
+            )
+            .await
+            .context("cannot connect to PALISADE_DATABASE_URL")?;
+            durable.migrate().await.context("migrations failed")?;
+            println!("migrations applied ({})", durable.kind());
+            Ok(())
+        }
+        Command::Token {
+            action: TokenCommand::Create { role, name },
+        } => {
+            let app = App::build(settings)
+                .await
+                .context("cannot open the stores")?;
+            let issued = app.access.create(role, &name, "cli").await?;
+            let actor = crate::audit::Actor {
+                id: "cli".to_owned(),
+                name: "cli".to_owned(),
+                role: "admin".to_owned(),
+            };
+            app.audit
+                .record(
+                    &actor,
+                    "token.create",
+                    &issued.info.id,
+                    serde_json::json!({ "name": issued.info.name, "role": issued.info.role }),
+                    "cli",
+                )
+                .await?;
+            println!(
+                "id:    {}\nrole:  {}\ntoken: {}",
+                issued.info.id,
+                role.as_str(),
+                issued.secret
+            );
+            Ok(())
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let listen = settings.listen;
+    let app = App::build(settings)
+        .await
+        .context("cannot open the stores")?;
+    tracing::info!(
+        durable = app.stores.durable.kind(),
+        hot = app.stores.hot.kind(),
+        "stores ready"
+    );
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} (PALISADE_LISTEN)"))?;
+    tracing::info!("listening on http://{listen}");
+    crate::api::serve(app.into_state(), listener, shutdown_signal()).await?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+/// Completes on ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutdown requested; draining requests");
+}

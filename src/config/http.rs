@@ -1,0 +1,58 @@
+//! `[http]`: limits of the HTTP server.
+
+use serde::{Deserialize, Serialize};
+
+use super::{SettingError, setting_name};
+
+/// HTTP server limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// Largest request body accepted; larger bodies get 413 `PAYLOAD_TOO_LARGE`.
+    ///
+    /// TOML `http.body_limit_bytes`, env `PALISADE_HTTP__BODY_LIMIT_BYTES`; default
+    /// 2 MiB (a batch of 5000 telemetry events fits).
+    pub body_limit_bytes: usize,
+    /// Time a request may take before it is answered 503 `UNAVAILABLE`.
+    ///
+    /// TOML `http.request_timeout_ms`, env `PALISADE_HTTP__REQUEST_TIMEOUT_MS`; default 10000.
+    pub request_timeout_ms: u64,
+    /// Longest accepted path parameter or query value, such as an account name.
+    ///
+    /// TOML `http.max_key_length`, env `PALISADE_HTTP__MAX_KEY_LENGTH`; default 256.
+    pub max_key_length: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            body_limit_bytes: 2 * 1024 * 1024,
+            request_timeout_ms: 10_000,
+            max_key_length: 256,
+        }
+    }
+}
+
+impl HttpSettings {
+    pub(super) fn validate(&self) -> Result<(), SettingError> {
+        if self.body_limit_bytes == 0 {
+            return Err(SettingError::new(
+                setting_name("http.body_limit_bytes"),
+                "must be greater than 0 (bytes)",
+            ));
+        }
+        if self.request_timeout_ms == 0 {
+            return Err(SettingError::new(
+                setting_name("http.request_timeout_ms"),
+                "must be greater than 0 (milliseconds)",
+            ));
+        }
+        if !(16..=4096).contains(&self.max_key_length) {
+            return Err(SettingError::new(
+                setting_name("http.max_key_length"),
+                "must be between 16 and 4096 (characters)",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,419 @@
+//! Settings: the TOML file, `PALISADE_*` environment variables, defaults and validation.
+//!
+//! Owns [`Settings`] and its sections (one file per TOML section) and the only code in the
+//! crate that reads the environment or the settings file. Read [`Settings::load`] first.
+//! Every error is one line naming the setting (env var or TOML key) and what is accepted.
+
+mod http;
+mod store;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+pub use http::HttpSettings;
+pub use store::StoreSettings;
+
+/// Prefix of every environment variable Palisade reads.
+pub const ENV_PREFIX: &str = "PALISADE_";
+
+/// Default settings file, read when present and no `--config` is given.
+pub const DEFAULT_CONFIG_FILE: &str = "palisade.toml";
+
+/// Every setting of the service. `palisade.example.toml` documents each one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Where the HTTP server listens.
+    ///
+    /// TOML `listen`, env `PALISADE_LISTEN`; default `127.0.0.1:8080`.
+    pub listen: SocketAddr,
+    /// Durable store URL: `sqlite://PATH` (embedded) or `postgres://…` (production).
+    ///
+    /// TOML `database_url`, env `PALISADE_DATABASE_URL`; default `sqlite://palisade.db`.
+    pub database_url: String,
+    /// Hot store URL: `redis://…`, `rediss://…` or `redis+cluster://h1:p1,h2:p2`. Unset or
+    /// empty means in-process buckets and counters (single node).
+    ///
+    /// TOML `redis_url`, env `PALISADE_REDIS_URL`; default unset.
+    pub redis_url: Option<String>,
+    /// Folder with range files and ASN databases (see README "Data dir").
+    ///
+    /// TOML `data_dir`, env `PALISADE_DATA_DIR`; default `data`.
+    pub data_dir: PathBuf,
+    /// If set, an `admin` API token with exactly this value exists (first start, tests).
+    ///
+    /// TOML `bootstrap_token`, env `PALISADE_BOOTSTRAP_TOKEN`; default unset. At least 16
+    /// characters.
+    pub bootstrap_token: Option<Secret>,
+    /// Log output format: `text` or `json`.
+    ///
+    /// TOML `log_format`, env `PALISADE_LOG_FORMAT`; default `text`.
+    pub log_format: LogFormat,
+    /// HTTP server limits (`[http]`).
+    pub http: HttpSettings,
+    /// Store connection tuning (`[store]`).
+    pub store: StoreSettings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            database_url: "sqlite://palisade.db".to_owned(),
+            redis_url: None,
+            data_dir: PathBuf::from("data"),
+            bootstrap_token: None,
+            log_format: LogFormat::Text,
+            http: HttpSettings::default(),
+            store: StoreSettings::default(),
+        }
+    }
+}
+
+/// Log output format (`PALISADE_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A string that never shows in `Debug` output (tokens, URLs with passwords).
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret value; call only where it is used, never to log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// A setting that could not be loaded or has a value that is not accepted.
+///
+/// `Display` is one line: the setting's name as the user wrote it (env var or TOML key),
+/// the problem and what is accepted.
+#[derive(Debug, thiserror::Error)]
+#[error("{setting}: {problem}")]
+pub struct SettingError {
+    /// `PALISADE_LISTEN`, `listen` in palisade.toml, …
+    pub setting: String,
+    /// What is wrong and what is accepted.
+    pub problem: String,
+}
+
+impl SettingError {
+    fn new(setting: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            setting: setting.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Name of a setting for messages: `PALISADE_HTTP__BODY_LIMIT_BYTES (http.body_limit_bytes)`.
+pub fn setting_name(key_path: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{} ({key_path})",
+        key_path.replace('.', "__").to_ascii_uppercase()
+    )
+}
+
+impl Settings {
+    /// Loads defaults, then the TOML file, then `PALISADE_*` variables (env wins), and
+    /// validates the result.
+    ///
+    /// `config` is the `--config` path; without it `palisade.toml` is read if present.
+    /// A named file that does not exist is an error.
+    pub fn load(config: Option<&Path>) -> Result<Settings, SettingError> {
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        match config {
+            Some(path) => {
+                if !path.is_file() {
+                    return Err(SettingError::new(
+                        "--config",
+                        format!("{} does not exist or is not a file", path.display()),
+                    ));
+                }
+                figment = figment.merge(Toml::file_exact(path));
+            }
+            None if Path::new(DEFAULT_CONFIG_FILE).is_file() => {
+                figment = figment.merge(Toml::file_exact(DEFAULT_CONFIG_FILE));
+            }
+            None => {}
+        }
+        let figment = figment.merge(env_provider());
+        Self::from_figment(&figment)
+    }
+
+    /// Extracts and validates settings from an assembled figment (used by [`Settings::load`]
+    /// and by tests that bring their own providers).
+    pub fn from_figment(figment: &Figment) -> Result<Settings, SettingError> {
+        let settings: Settings = figment.extract().map_err(|err| figment_error(&err))?;
+        settings.validate()
+    }
+
+    /// Checks meaning beyond types: URL schemes, non-zero limits, token length.
+    pub fn validate(mut self) -> Result<Settings, SettingError> {
+        if !(self.database_url.starts_with("sqlite:")
+            || self.database_url.starts_with("postgres://")
+            || self.database_url.starts_with("postgresql://"))
+        {
+            return Err(SettingError::new(
+                setting_name("database_url"),
+                format!(
+                    "{:?} is not a supported URL (expected sqlite://PATH or postgres://USER@HOST/DB)",
+                    redact_url(&self.database_url)
+                ),
+            ));
+        }
+        if self
+            .redis_url
+            .as_deref()
+            .is_some_and(|url| url.trim().is_empty())
+        {
+            self.redis_url = None;
+        }
+        if let Some(url) = &self.redis_url
+            && !(url.starts_with("redis://")
+                || url.starts_with("rediss://")
+                || url.starts_with("redis+cluster://"))
+        {
+            return Err(SettingError::new(
+                setting_name("redis_url"),
+                format!(
+                    "{:?} is not a supported URL (expected redis://HOST:PORT, rediss://… or redis+cluster://H1:P1,H2:P2; unset for in-process)",
+                    redact_url(url)
+                ),
+            ));
+        }
+        if let Some(token) = &self.bootstrap_token
+            && token.expose().len() < 16
+        {
+            return Err(SettingError::new(
+                setting_name("bootstrap_token"),
+                "is shorter than 16 characters (use a long random value)",
+            ));
+        }
+        self.http.validate()?;
+        self.store.validate()?;
+        Ok(self)
+    }
+}
+
+/// The environment provider: `PALISADE_X` → `x`, `PALISADE_A__B` → `a.b`.
+///
+/// `PALISADE_TEST_*` (test suites) and `PALISADE_CONFIG` (the `--config` flag) are not
+/// settings and are skipped, so they are not reported as unknown.
+fn env_provider() -> Env {
+    Env::prefixed(ENV_PREFIX).split("__").filter(|key| {
+        let key = key.as_str().to_ascii_lowercase();
+        !(key.starts_with("test_") || key == "config")
+    })
+}
+
+/// Turns a figment error into one line naming the setting the way the user wrote it.
+fn figment_error(err: &figment::Error) -> SettingError {
+    let key = err.path.join(".");
+    let from_env = err
+        .metadata
+        .as_ref()
+        .is_some_and(|meta| meta.name.contains("environment"));
+    let from_file = err.metadata.as_ref().and_then(|meta| match &meta.source {
+        Some(figment::Source::File(path)) => Some(path.display().to_string()),
+        _ => None,
+    });
+    let problem = match &err.kind {
+        figment::error::Kind::UnknownField(field, expected) => {
+            let key = if key.is_empty() {
+                field.clone()
+            } else {
+                format!("{key}.{field}")
+            };
+            let setting = if from_env {
+                setting_name(&key)
+            } else {
+                format!("{key} in {}", from_file.as_deref().unwrap_or("settings"))
+            };
+            return SettingError::new(
+                setting,
+                format!("unknown setting (known here: {})", expected.join(", ")),
+            );
+        }
+        other => other.to_string(),
+    };
+    let setting = if from_env {
+        setting_name(&key)
+    } else if let Some(file) = from_file {
+        if key.is_empty() {
+            file
+        } else {
+            format!("{key} in {file}")
+        }
+    } else if key.is_empty() {
+        "settings".to_owned()
+    } else {
+        key
+    };
+    SettingError::new(setting, problem)
+}
+
+/// Hides a password in a URL for messages.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+#[expect(
+    clippy::result_large_err,
+    reason = "figment::Jail's closure returns figment::Error"
+)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    fn load_in_jail(jail: &mut Jail, toml: Option<&str>) -> Result<Settings, SettingError> {
+        let path = toml.map(|text| {
+            jail.create_file("custom.toml", text).expect("write toml");
+            PathBuf::from("custom.toml")
+        });
+        Settings::load(path.as_deref())
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        Jail::expect_with(|jail| {
+            let settings = load_in_jail(jail, None).expect("defaults load");
+            assert_eq!(settings.listen.to_string(), "127.0.0.1:8080");
+            assert_eq!(settings.database_url, "sqlite://palisade.db");
+            assert!(settings.redis_url.is_none());
+            assert_eq!(settings.data_dir, PathBuf::from("data"));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn env_wins_over_file() {
+        Jail::expect_with(|jail| {
+            jail.set_env("PALISADE_LISTEN", "127.0.0.1:9999");
+            jail.set_env("PALISADE_HTTP__BODY_LIMIT_BYTES", "2048");
+            let settings =
+                load_in_jail(jail, Some("listen = \"127.0.0.1:7777\"\n")).expect("loads");
+            assert_eq!(settings.listen.port(), 9999);
+            assert_eq!(settings.http.body_limit_bytes, 2048);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn bad_listen_names_the_env_variable_on_one_line() {
+        Jail::expect_with(|jail| {
+            jail.set_env("PALISADE_LISTEN", "abc");
+            let err = load_in_jail(jail, None).expect_err("must fail");
+            let line = err.to_string();
+            assert!(line.starts_with("PALISADE_LISTEN"), "{line}");
+            assert!(!line.contains('\n'), "{line}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_toml_key_is_reported_with_the_file() {
+        Jail::expect_with(|jail| {
+            let err = load_in_jail(jail, Some("lisen = \"127.0.0.1:1\"\n")).expect_err("typo");
+            let line = err.to_string();
+            assert!(line.contains("lisen"), "{line}");
+            assert!(line.contains("unknown setting"), "{line}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_env_variable_is_reported_but_test_variables_are_skipped() {
+        Jail::expect_with(|jail| {
+            jail.set_env("PALISADE_TEST_DATABASE_URL", "postgres://x@y/z");
+            jail.set_env("PALISADE_CONFIG", "whatever.toml");
+            load_in_jail(jail, None).expect("test variables are not settings");
+            jail.set_env("PALISADE_LISTN", "127.0.0.1:1");
+            let err = load_in_jail(jail, None).expect_err("typo");
+            assert!(err.to_string().starts_with("PALISADE_LISTN"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn wrong_schemes_are_rejected_with_what_is_accepted() {
+        Jail::expect_with(|jail| {
+            jail.set_env("PALISADE_DATABASE_URL", "mysql://root:hunter2@db/x");
+            let err = load_in_jail(jail, None).expect_err("mysql");
+            let line = err.to_string();
+            assert!(line.starts_with("PALISADE_DATABASE_URL"), "{line}");
+            assert!(line.contains("postgres://"), "{line}");
+            assert!(!line.contains("hunter2"), "password leaked: {line}");
+            jail.set_env("PALISADE_DATABASE_URL", "sqlite://x.db");
+            jail.set_env("PALISADE_REDIS_URL", "http://localhost");
+            let err = load_in_jail(jail, None).expect_err("http");
+            assert!(err.to_string().starts_with("PALISADE_REDIS_URL"), "{err}");
+            jail.set_env("PALISADE_REDIS_URL", "");
+            let settings = load_in_jail(jail, None).expect("empty = in-process");
+            assert!(settings.redis_url.is_none());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn short_bootstrap_token_and_zero_limits_are_rejected() {
+        Jail::expect_with(|jail| {
+            jail.set_env("PALISADE_BOOTSTRAP_TOKEN", "short");
+            let err = load_in_jail(jail, None).expect_err("short token");
+            assert!(err.to_string().starts_with("PALISADE_BOOTSTRAP_TOKEN"));
+            jail.set_env("PALISADE_BOOTSTRAP_TOKEN", "a-long-enough-bootstrap-token");
+            jail.set_env("PALISADE_HTTP__BODY_LIMIT_BYTES", "0");
+            let err = load_in_jail(jail, None).expect_err("zero body limit");
+            assert!(err.to_string().contains("BODY_LIMIT_BYTES"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn missing_named_config_file_is_an_error() {
+        let err =
+            Settings::load(Some(Path::new("/nonexistent/palisade.toml"))).expect_err("no file");
+        assert!(err.to_string().starts_with("--config"), "{err}");
+    }
+
+    #[test]
+    fn example_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("palisade.example.toml");
+        let figment =
+            Figment::from(Serialized::defaults(Settings::default())).merge(Toml::file_exact(&path));
+        Settings::from_figment(&figment).expect("palisade.example.toml must parse and validate");
+    }
+}

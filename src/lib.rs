@@ -1,0 +1,24 @@
+//! Palisade: an abuse-signal and reputation engine for mobile backends.
+//!
+//! Signals (failed logins, reputation, attestation, anomalies) become per-key multipliers
+//! that scale layered token buckets. Crate map, where to start reading:
+//!
+//! - [`cli`]: the sub-commands; [`app`]: [`app::App`], the wiring diagram.
+//! - [`api`]: the HTTP edge (routes, roles, error envelope, OpenAPI).
+//! - [`access`]: API tokens and roles; [`audit`]: who did what.
+//! - [`store`]: durable (Postgres/SQLite) and hot (Redis/in-process) backends.
+//! - [`config`]: settings; [`telemetry`]: logs and metrics; [`clock`]: time, passed in.
+
+pub mod access;
+pub mod api;
+pub mod app;
+pub mod audit;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod store;
+pub mod telemetry;
+
+pub use api::serve;
+pub use app::{App, AppState};
+pub use config::Settings;

@@ -1,0 +1,243 @@
+//! Backends: the durable store (Postgres or SQLite) and the hot store (Redis or in-process).
+//!
+//! Owns connecting (URL scheme → backend), migrations, readiness checks, Redis key naming
+//! ([`keys`]) and Lua script loading. No business rules: each domain keeps its own SQL in
+//! `<domain>/store.rs` and runs it through [`with_pool!`](crate::with_pool).
+
+pub mod keys;
+mod memory;
+mod redis_hot;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+pub use keys::Keys;
+pub use memory::MemoryHot;
+pub use redis_hot::RedisHot;
+
+use crate::config::Settings;
+
+/// The durable store. Exactly two backends exist, so a closed enum (no boxing on hot paths).
+#[derive(Debug, Clone)]
+pub enum Durable {
+    /// Production: shared by every instance.
+    Postgres(PgPool),
+    /// Embedded default: one file, one node.
+    Sqlite(SqlitePool),
+}
+
+/// The hot store: token buckets, counters and published multipliers.
+#[derive(Debug, Clone)]
+pub enum Hot {
+    /// Production: Redis or Redis Cluster, shared by every instance.
+    Redis(RedisHot),
+    /// Embedded default: in this process only.
+    Memory(MemoryHot),
+}
+
+/// Both stores of one instance.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    /// Events, lockouts, tokens, audit, lists, attestations, alerts.
+    pub durable: Durable,
+    /// Buckets, velocity counters, multipliers.
+    pub hot: Hot,
+    /// Redis key builder (also names in-process entries, so both backends key alike).
+    pub keys: Keys,
+}
+
+/// A store failure. `Unavailable` (unreachable, timed out) is what callers map to 503.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The store could not be reached in time.
+    #[error("{store} store unavailable: {source}")]
+    Unavailable {
+        /// `durable` or `hot`.
+        store: &'static str,
+        /// The driver's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The store answered with an error (a bug, or a schema that does not match).
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+    /// Redis answered with an error.
+    #[error("redis error: {0}")]
+    Redis(#[source] redis::RedisError),
+    /// Migrations could not be applied.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(err: sqlx::Error) -> Self {
+        match err {
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed => Error::Unavailable {
+                store: "durable",
+                source: Box::new(err),
+            },
+            other => Error::Database(other),
+        }
+    }
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(err: redis::RedisError) -> Self {
+        if err.is_io_error()
+            || err.is_timeout()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+        {
+            Error::Unavailable {
+                store: "hot",
+                source: Box::new(err),
+            }
+        } else {
+            Error::Redis(err)
+        }
+    }
+}
+
+impl Error {
+    /// True when the store was unreachable, as opposed to answering with an error.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Unavailable { .. })
+    }
+}
+
+/// True when `err` is a unique-constraint violation (duplicate id, name, event).
+pub fn is_unique_violation(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .is_some_and(|db| db.is_unique_violation())
+}
+
+/// Runs the same sqlx expression against whichever pool backs the durable store.
+///
+/// The SQL is shared between dialects where it is portable (both accept `$1` placeholders);
+/// the body is compiled once per backend.
+#[macro_export]
+macro_rules! with_pool {
+    ($durable:expr, |$pool:ident| $body:expr) => {
+        match $durable {
+            $crate::store::Durable::Postgres($pool) => $body,
+            $crate::store::Durable::Sqlite($pool) => $body,
+        }
+    };
+}
+
+impl Durable {
+    /// Connects by URL scheme: `postgres://` / `postgresql://` or `sqlite:`.
+    ///
+    /// SQLite runs in WAL mode with `synchronous=FULL`, so a committed row survives a power
+    /// cut: a 2xx on ingest means the data is on disk.
+    pub async fn connect(
+        url: &str,
+        max_connections: u32,
+        timeout: Duration,
+    ) -> Result<Durable, Error> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(timeout)
+                .connect(url)
+                .await?;
+            Ok(Durable::Postgres(pool))
+        } else {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(Duration::from_secs(5))
+                .foreign_keys(true);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(timeout)
+                .connect_with(options)
+                .await?;
+            Ok(Durable::Sqlite(pool))
+        }
+    }
+
+    /// Applies every migration of this backend's dialect that is not yet applied.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        match self {
+            Durable::Postgres(pool) => sqlx::migrate!("migrations/postgres").run(pool).await?,
+            Durable::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
+        }
+        Ok(())
+    }
+
+    /// Readiness: one trivial query.
+    pub async fn ping(&self) -> Result<(), Error> {
+        with_pool!(self, |pool| sqlx::query("SELECT 1")
+            .execute(pool)
+            .await
+            .map(|_| ()))?;
+        Ok(())
+    }
+
+    /// `postgres` or `sqlite`, for logs and `/readyz`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Durable::Postgres(_) => "postgres",
+            Durable::Sqlite(_) => "sqlite",
+        }
+    }
+
+    /// Closes every connection (tests that copy a template database need this).
+    pub async fn close(&self) {
+        with_pool!(self, |pool| pool.close().await);
+    }
+}
+
+impl Hot {
+    /// Readiness: Redis `PING` within the configured timeout; in-process is always ready.
+    pub async fn ping(&self) -> Result<(), Error> {
+        match self {
+            Hot::Redis(redis) => redis.ping().await,
+            Hot::Memory(_) => Ok(()),
+        }
+    }
+
+    /// `redis`, `redis-cluster` or `memory`, for logs and `/readyz`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Hot::Redis(redis) => redis.kind(),
+            Hot::Memory(_) => "memory",
+        }
+    }
+}
+
+impl Stores {
+    /// Opens both stores from the settings and applies migrations.
+    pub async fn open(settings: &Settings) -> Result<Stores, Error> {
+        let store = &settings.store;
+        let durable = Durable::connect(
+            &settings.database_url,
+            store.db_max_connections,
+            Duration::from_millis(store.db_timeout_ms),
+        )
+        .await?;
+        durable.migrate().await?;
+        let hot = match &settings.redis_url {
+            Some(url) => Hot::Redis(
+                RedisHot::connect(url, Duration::from_millis(store.redis_timeout_ms)).await?,
+            ),
+            None => Hot::Memory(MemoryHot::new()),
+        };
+        Ok(Stores {
+            durable,
+            hot,
+            keys: Keys::new(&store.redis_key_prefix),
+        })
+    }
+}

@@ -1,0 +1,446 @@
+//! `TestApp`: one Palisade per test on `127.0.0.1:0`, on either backend, plus helpers.
+//!
+//! Embedded: a fresh SQLite file and in-process hot store. Production: a fresh Postgres
+//! database copied from a migrated template, and a per-test Redis key prefix. URLs come from
+//! `PALISADE_TEST_DATABASE_URL` / `PALISADE_TEST_REDIS_URL`; in CI (`CI=true`) a missing
+//! one fails the test, locally it is skipped with a loud message.
+
+#![allow(dead_code, reason = "each test module uses a different subset")]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use palisade::config::Secret;
+use palisade::{App, Settings};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use sqlx::Connection;
+use tokio::sync::{OnceCell, broadcast};
+
+/// The bootstrap (admin) token of every test app.
+pub const ADMIN_TOKEN: &str = "test-bootstrap-token-0123456789";
+
+/// Which backends a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// SQLite + in-process.
+    Embedded,
+    /// Postgres + Redis.
+    Production,
+}
+
+/// Writes each behaviour test once and runs it on both backends:
+/// `on_both_backends!(name, …)` expands to `embedded::name` and `production::name`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let app = $crate::helpers::TestApp::spawn($crate::helpers::Backend::Embedded)
+                        .await
+                        .expect("embedded backend always exists");
+                    super::$name(app).await;
+                }
+            )*
+        }
+        mod production {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(app) = $crate::helpers::TestApp::spawn($crate::helpers::Backend::Production).await {
+                        super::$name(app).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// URLs of the production services, or `None` (locally) when unset.
+///
+/// In CI a missing variable is a failure, as DEVELOPERS.md requires.
+pub fn production_urls() -> Option<(String, String)> {
+    let db = std::env::var("PALISADE_TEST_DATABASE_URL")
+        .ok()
+        .filter(|v| !v.is_empty());
+    let redis = std::env::var("PALISADE_TEST_REDIS_URL")
+        .ok()
+        .filter(|v| !v.is_empty());
+    match (db, redis) {
+        (Some(db), Some(redis)) => Some((db, redis)),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!(
+                "CI=true but PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL are not both set"
+            )
+        }
+        _ => {
+            eprintln!(
+                "SKIPPED (no Postgres/Redis): set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL to run the production backend"
+            );
+            None
+        }
+    }
+}
+
+/// Replaces the database name of a Postgres URL.
+fn with_database(url: &str, database: &str) -> String {
+    let mut parsed = reqwest::Url::parse(url).expect("PALISADE_TEST_DATABASE_URL is a URL");
+    parsed.set_path(&format!("/{database}"));
+    parsed.to_string()
+}
+
+static TEMPLATE: OnceCell<String> = OnceCell::const_new();
+
+/// Creates (once per test process) a migrated template database and returns its name.
+/// Old test databases of earlier runs are dropped first.
+async fn template(admin_url: &str) -> String {
+    TEMPLATE
+        .get_or_init(|| async {
+            let mut admin = sqlx::PgConnection::connect(admin_url).await.expect("connect to PALISADE_TEST_DATABASE_URL");
+            let stale: Vec<(String,)> = sqlx::query_as(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'pal\\_t\\_%' OR datname LIKE 'pal\\_tpl\\_%'",
+            )
+            .fetch_all(&mut admin)
+            .await
+            .expect("list databases");
+            for (name,) in stale {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+                    .execute(&mut admin)
+                    .await;
+            }
+            let name = format!("pal_tpl_{}", ulid::Ulid::new().to_string().to_lowercase());
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+                .execute(&mut admin)
+                .await
+                .expect("create template database");
+            let durable = palisade::store::Durable::connect(&with_database(admin_url, &name), 1, std::time::Duration::from_secs(10))
+                .await
+                .expect("connect to template");
+            durable.migrate().await.expect("migrate template");
+            durable.close().await;
+            name
+        })
+        .await
+        .clone()
+}
+
+/// A fresh Postgres database (copy of the migrated template); returns its URL.
+pub async fn fresh_postgres(admin_url: &str) -> String {
+    let template = template(admin_url).await;
+    let name = format!("pal_t_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let mut admin = sqlx::PgConnection::connect(admin_url)
+        .await
+        .expect("connect");
+    let mut attempt = 0;
+    loop {
+        let created = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
+        )))
+        .execute(&mut admin)
+        .await;
+        match created {
+            Ok(_) => break,
+            // Two copies of one template at the same instant can collide; try again.
+            Err(err) if attempt < 20 => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+                let _ = err;
+            }
+            Err(err) => panic!("create test database: {err}"),
+        }
+    }
+    with_database(admin_url, &name)
+}
+
+/// One running Palisade.
+pub struct TestApp {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// Shared HTTP client.
+    pub client: reqwest::Client,
+    /// The backend it runs on.
+    pub backend: Backend,
+    /// The settings it was built with.
+    pub settings: Settings,
+    /// The app itself, for calling domain services directly.
+    pub app: palisade::AppState,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Settings for a test on `backend` (None: production services not configured).
+pub async fn test_settings(backend: Backend, dir: &tempfile::TempDir) -> Option<Settings> {
+    let mut settings = Settings {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        bootstrap_token: Some(Secret::new(ADMIN_TOKEN)),
+        data_dir: PathBuf::from(dir.path()),
+        ..Settings::default()
+    };
+    settings.store.redis_key_prefix =
+        format!("t{}", &ulid::Ulid::new().to_string().to_lowercase()[16..]);
+    match backend {
+        Backend::Embedded => {
+            settings.database_url =
+                format!("sqlite://{}", dir.path().join("palisade.db").display());
+            settings.redis_url = None;
+        }
+        Backend::Production => {
+            let (db, redis) = production_urls()?;
+            settings.database_url = fresh_postgres(&db).await;
+            settings.redis_url = Some(redis);
+        }
+    }
+    Some(settings)
+}
+
+impl TestApp {
+    /// Spawns an app with the default test settings.
+    pub async fn spawn(backend: Backend) -> Option<TestApp> {
+        Self::spawn_with(backend, |_| {}).await
+    }
+
+    /// Spawns an app after `adjust` has changed its settings.
+    pub async fn spawn_with(
+        backend: Backend,
+        adjust: impl FnOnce(&mut Settings),
+    ) -> Option<TestApp> {
+        init_test_logging();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut settings = test_settings(backend, &dir).await?;
+        adjust(&mut settings);
+        Some(Self::start(backend, settings, Arc::new(dir)).await)
+    }
+
+    /// Starts another instance on the same stores (scale-out tests).
+    pub async fn another_instance(&self) -> TestApp {
+        Self::start(self.backend, self.settings.clone(), self._dir.clone()).await
+    }
+
+    async fn start(backend: Backend, settings: Settings, dir: Arc<tempfile::TempDir>) -> TestApp {
+        let settings = settings.validate().expect("test settings are valid");
+        let app = App::build(settings.clone())
+            .await
+            .expect("app builds")
+            .into_state();
+        let listener = tokio::net::TcpListener::bind(settings.listen)
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let serving = app.clone();
+        tokio::spawn(async move {
+            palisade::serve(serving, listener, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("serve");
+        });
+        TestApp {
+            base,
+            client: reqwest::Client::new(),
+            backend,
+            settings,
+            app,
+            shutdown: Some(tx),
+            _dir: dir,
+        }
+    }
+
+    /// Full URL of `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A request with an optional bearer token and JSON body.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> reqwest::Response {
+        let mut request = self.client.request(method, self.url(path));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        request.send().await.expect("request sent")
+    }
+
+    /// `GET path` with a token.
+    pub async fn get(&self, path: &str, token: Option<&str>) -> reqwest::Response {
+        self.request(Method::GET, path, token, None).await
+    }
+
+    /// `POST path` with a token and a JSON body.
+    pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> reqwest::Response {
+        self.request(Method::POST, path, token, Some(body)).await
+    }
+
+    /// `POST /v1/admin/tokens` as admin; returns `(id, token)`.
+    pub async fn create_token(&self, role: &str, name: &str) -> (String, String) {
+        let response = self
+            .post(
+                "/v1/admin/tokens",
+                Some(ADMIN_TOKEN),
+                &serde_json::json!({ "role": role, "name": name }),
+            )
+            .await;
+        assert_eq!(
+            response.status(),
+            StatusCode::CREATED,
+            "create token {name}"
+        );
+        let body: Value = response.json().await.expect("json");
+        (
+            body["id"].as_str().expect("id").to_owned(),
+            body["token"].as_str().expect("token").to_owned(),
+        )
+    }
+}
+
+/// Asserts status and envelope code, that the envelope's request id matches the
+/// `X-Request-Id` header; returns the body.
+#[track_caller]
+pub fn assert_envelope_parts(
+    status: StatusCode,
+    headers: &reqwest::header::HeaderMap,
+    body: &Value,
+    expected: StatusCode,
+    code: &str,
+) {
+    assert_eq!(status, expected, "status; body {body}");
+    assert_eq!(body["error"]["code"], code, "code; body {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "message; body {body}"
+    );
+    let header_id = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("X-Request-Id header");
+    assert_eq!(
+        body["error"]["request_id"], header_id,
+        "request id; body {body}"
+    );
+}
+
+/// Reads a response and asserts it is the envelope with `code`; returns the body.
+pub async fn assert_envelope(
+    response: reqwest::Response,
+    expected: StatusCode,
+    code: &str,
+) -> Value {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body: Value = response.json().await.expect("envelope is JSON");
+    assert_envelope_parts(status, &headers, &body, expected, code);
+    body
+}
+
+/// A file under `../shared/data` (real public lists, never copied into the repo).
+pub fn shared_data(relative: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data")
+        .join(relative)
+}
+
+fn init_test_logging() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        if std::env::var("TEST_LOG").is_ok() {
+            palisade::telemetry::init(palisade::config::LogFormat::Text);
+        }
+    });
+}
+
+/// A TCP proxy a test can break and restore, to take a store away from the app
+/// (crates.io's `ChaosProxy` idea): broken, it drops every connection and refuses new ones.
+pub struct ChaosProxy {
+    /// Where the app should connect.
+    pub addr: SocketAddr,
+    broken: Arc<AtomicBool>,
+    kill: broadcast::Sender<()>,
+}
+
+impl ChaosProxy {
+    /// A proxy on a free loopback port forwarding to `target`.
+    pub async fn start(target: SocketAddr) -> ChaosProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let addr = listener.local_addr().expect("addr");
+        let broken = Arc::new(AtomicBool::new(false));
+        let (kill, _) = broadcast::channel(4);
+        let (is_broken, kill_tx) = (broken.clone(), kill.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if is_broken.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let mut killed = kill_tx.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = killed.recv() => {}
+                    }
+                });
+            }
+        });
+        ChaosProxy { addr, broken, kill }
+    }
+
+    /// Drops every open connection and refuses new ones.
+    pub fn break_connections(&self) {
+        self.broken.store(true, Ordering::SeqCst);
+        let _ = self.kill.send(());
+    }
+
+    /// Accepts connections again.
+    pub fn restore(&self) {
+        self.broken.store(false, Ordering::SeqCst);
+    }
+
+    /// `url` with its host and port replaced by the proxy's.
+    pub fn proxied_url(&self, url: &str) -> String {
+        let mut parsed = reqwest::Url::parse(url).expect("url");
+        parsed.set_ip_host(self.addr.ip()).expect("host");
+        parsed.set_port(Some(self.addr.port())).expect("port");
+        parsed.to_string()
+    }
+}
+
+/// The socket address of a `redis://` or `postgres://` URL.
+pub fn socket_of(url: &str) -> SocketAddr {
+    let parsed = reqwest::Url::parse(url).expect("url");
+    let host = parsed.host_str().expect("host");
+    let host = if host == "localhost" {
+        "127.0.0.1"
+    } else {
+        host
+    };
+    let port = parsed
+        .port()
+        .unwrap_or(if url.starts_with("redis") { 6379 } else { 5432 });
+    format!("{host}:{port}").parse().expect("socket address")
+}

@@ -1,0 +1,8 @@
+//! Behaviour tests: one binary, one module per area. Most tests run on both backends
+//! through `on_both_backends!` (see `helpers.rs`).
+
+mod helpers;
+
+mod cli;
+mod foundation;
+mod fuzz;
