@@ -9,6 +9,7 @@ use crate::access::Access;
 use crate::audit::Audit;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Settings;
+use crate::limiter::Limiter;
 use crate::store::Stores;
 
 /// Everything a request handler or background task needs.
@@ -22,6 +23,8 @@ pub struct App {
     pub access: Access,
     /// Audit log.
     pub audit: Audit,
+    /// Layered token buckets (shared with the `tower` middleware, hence the `Arc`).
+    pub limiter: Arc<Limiter>,
     /// Wall and monotonic time for every domain.
     pub clock: Arc<dyn Clock>,
     /// Prometheus exposition of this process's metrics.
@@ -58,11 +61,18 @@ impl App {
             settings.bootstrap_token.as_ref().map(|s| s.expose()),
         );
         let audit = Audit::new(stores.durable.clone(), clock.clone());
+        let limiter = Arc::new(Limiter::new(
+            &settings.limits,
+            stores.hot.clone(),
+            stores.keys.clone(),
+            clock.clone(),
+        ));
         Ok(App {
             settings: Arc::new(settings),
             stores,
             access,
             audit,
+            limiter,
             clock,
             metrics: crate::telemetry::metrics::handle(),
         })

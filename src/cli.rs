@@ -1,4 +1,4 @@
-//! Command line: `serve` (default) | `migrate` | `token create`.
+//! Command line: `serve` (default) | `migrate` | `budgets` | `token create`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +30,8 @@ pub enum Command {
     Serve,
     /// Apply database migrations and exit.
     Migrate,
+    /// Print every effective budget and class as Markdown tables.
+    Budgets,
     /// Manage API tokens.
     Token {
         /// What to do with tokens.
@@ -91,6 +93,13 @@ pub fn run() -> ExitCode {
 async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::Serve => serve(settings).await,
+        Command::Budgets => {
+            print!(
+                "{}",
+                crate::limiter::Budgets::from_settings(&settings.limits).markdown()
+            );
+            Ok(())
+        }
         Command::Migrate => {
             let durable = Durable::connect(
                 &settings.database_url,

@@ -5,6 +5,7 @@
 //!
 //! - [`cli`]: the sub-commands; [`app`]: [`app::App`], the wiring diagram.
 //! - [`api`]: the HTTP edge (routes, roles, error envelope, OpenAPI).
+//! - [`limiter`]: layered token buckets (Lua in Redis, or in-process); [`model`]: shared nouns.
 //! - [`access`]: API tokens and roles; [`audit`]: who did what.
 //! - [`store`]: durable (Postgres/SQLite) and hot (Redis/in-process) backends.
 //! - [`config`]: settings; [`telemetry`]: logs and metrics; [`clock`]: time, passed in.
@@ -16,6 +17,8 @@ pub mod audit;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod limiter;
+pub mod model;
 pub mod store;
 pub mod telemetry;
 

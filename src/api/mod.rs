@@ -8,6 +8,7 @@ pub mod admin;
 pub mod error;
 pub mod extract;
 pub mod health;
+pub mod limit;
 pub mod request_id;
 
 use std::sync::Arc;
@@ -65,6 +66,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(health::routes())
         .merge(admin::routes())
+        .merge(limit::routes())
 }
 
 /// Builds the whole HTTP application.

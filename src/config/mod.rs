@@ -5,6 +5,7 @@
 //! Every error is one line naming the setting (env var or TOML key) and what is accepted.
 
 mod http;
+mod limits;
 mod store;
 
 use std::net::SocketAddr;
@@ -15,6 +16,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use http::HttpSettings;
+pub use limits::{BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, When};
 pub use store::StoreSettings;
 
 /// Prefix of every environment variable Palisade reads.
@@ -53,8 +55,17 @@ pub struct Settings {
     ///
     /// TOML `log_format`, env `PALISADE_LOG_FORMAT`; default `text`.
     pub log_format: LogFormat,
+    /// Proxies whose `X-Forwarded-For` / `X-Real-IP` / `Forwarded` headers are believed; the
+    /// right-most address not in this list is the client.
+    ///
+    /// TOML `trusted_proxies` (list), env `PALISADE_TRUSTED_PROXIES` (comma-separated CIDRs);
+    /// default `127.0.0.1/32,::1/128`.
+    #[serde(deserialize_with = "cidr_list")]
+    pub trusted_proxies: Vec<ipnetwork::IpNetwork>,
     /// HTTP server limits (`[http]`).
     pub http: HttpSettings,
+    /// Endpoint classes, budgets, failure policy (`[limits]`).
+    pub limits: LimitSettings,
     /// Store connection tuning (`[store]`).
     pub store: StoreSettings,
 }
@@ -68,7 +79,12 @@ impl Default for Settings {
             data_dir: PathBuf::from("data"),
             bootstrap_token: None,
             log_format: LogFormat::Text,
+            trusted_proxies: vec![
+                ipnetwork::IpNetwork::from(std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST)),
+                ipnetwork::IpNetwork::from(std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
+            ],
             http: HttpSettings::default(),
+            limits: LimitSettings::default(),
             store: StoreSettings::default(),
         }
     }
@@ -214,6 +230,7 @@ impl Settings {
             ));
         }
         self.http.validate()?;
+        self.limits.validate()?;
         self.store.validate()?;
         Ok(self)
     }
@@ -228,6 +245,37 @@ fn env_provider() -> Env {
         let key = key.as_str().to_ascii_lowercase();
         !(key.starts_with("test_") || key == "config")
     })
+}
+
+/// Accepts a list of CIDRs or one comma-separated string of them (environment variables).
+fn cidr_list<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<ipnetwork::IpNetwork>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        Text(String),
+        List(Vec<String>),
+    }
+    let items = match Form::deserialize(deserializer)? {
+        Form::Text(text) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        Form::List(list) => list,
+    };
+    items
+        .iter()
+        .map(|item| {
+            item.parse::<ipnetwork::IpNetwork>().map_err(|_| {
+                serde::de::Error::custom(format!(
+                    "{item:?} is not an IP address or CIDR (expected e.g. 10.0.0.0/8)"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Turns a figment error into one line naming the setting the way the user wrote it.
@@ -398,6 +446,38 @@ mod tests {
             jail.set_env("PALISADE_HTTP__BODY_LIMIT_BYTES", "0");
             let err = load_in_jail(jail, None).expect_err("zero body limit");
             assert!(err.to_string().contains("BODY_LIMIT_BYTES"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn trusted_proxies_accept_a_comma_separated_env_value() {
+        Jail::expect_with(|jail| {
+            jail.set_env("PALISADE_TRUSTED_PROXIES", "10.0.0.0/8, 192.168.1.1");
+            let settings = load_in_jail(jail, None).expect("loads");
+            assert_eq!(settings.trusted_proxies.len(), 2);
+            jail.set_env("PALISADE_TRUSTED_PROXIES", "10.0.0.0/8,banana");
+            let err = load_in_jail(jail, None).expect_err("bad cidr");
+            assert!(
+                err.to_string().starts_with("PALISADE_TRUSTED_PROXIES"),
+                "{err}"
+            );
+            assert!(err.to_string().contains("banana"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn budgets_from_toml_replace_the_defaults() {
+        Jail::expect_with(|jail| {
+            let toml =
+                "[[limits.budgets]]\nname = \"only\"\nscope = \"ip\"\nlimit = 3\nperiod_s = 1\n";
+            let settings = load_in_jail(jail, Some(toml)).expect("loads");
+            assert_eq!(settings.limits.budgets.len(), 1);
+            let bad =
+                "[[limits.budgets]]\nname = \"x\"\nscope = \"planet\"\nlimit = 3\nperiod_s = 1\n";
+            let err = load_in_jail(jail, Some(bad)).expect_err("bad scope");
+            assert!(err.to_string().contains("planet"), "{err}");
             Ok(())
         });
     }

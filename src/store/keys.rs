@@ -3,6 +3,8 @@
 //! Layout: `<prefix>:v1:{<subject>}:<kind>[:<qualifier>]`. The `{…}` hash tag is the subject
 //! key, so a bucket and the multiplier it reads always share a Redis Cluster slot.
 
+use crate::model::SubjectKey;
+
 /// Builds every Redis key (and in-process entry name) of one deployment.
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -21,6 +23,17 @@ impl Keys {
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
+
+    /// A token bucket of `budget` for `subject`: `pal:v1:{ip:203.0.113.7}:b:ip-anon`.
+    pub fn bucket(&self, subject: &SubjectKey, budget: &str) -> String {
+        format!("{}:{{{subject}}}:b:{budget}", self.prefix)
+    }
+
+    /// The multiplier of `subject` for endpoint class `class`, read by the bucket script:
+    /// `pal:v1:{user:42}:m:auth`. Same hash tag as the subject's buckets.
+    pub fn multiplier(&self, subject: &SubjectKey, class: &str) -> String {
+        format!("{}:{{{subject}}}:m:{class}", self.prefix)
+    }
 }
 
 #[cfg(test)]
@@ -30,5 +43,20 @@ mod tests {
     #[test]
     fn prefix_is_versioned() {
         assert_eq!(Keys::new("pal").prefix(), "pal:v1");
+    }
+
+    #[test]
+    fn bucket_and_multiplier_share_the_subject_hash_tag() {
+        let keys = Keys::new("pal");
+        let user = SubjectKey::user("42", 64).unwrap();
+        assert_eq!(
+            keys.bucket(&user, "user-read"),
+            "pal:v1:{user:42}:b:user-read"
+        );
+        assert_eq!(keys.multiplier(&user, "auth"), "pal:v1:{user:42}:m:auth");
+        assert_eq!(
+            keys.bucket(&SubjectKey::global(), "global"),
+            "pal:v1:{global}:b:global"
+        );
     }
 }

@@ -7,6 +7,7 @@
 pub mod keys;
 mod memory;
 mod redis_hot;
+pub mod scripts;
 
 use std::str::FromStr;
 use std::time::Duration;

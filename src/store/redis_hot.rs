@@ -1,32 +1,66 @@
-//! The Redis hot store: a reconnecting connection with a per-command timeout.
+//! The Redis hot store: single node behind a reconnecting connection manager, or Redis
+//! Cluster; every command is bounded by the configured timeout.
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 
 use super::Error;
 
-/// Redis (single node) behind a reconnecting connection manager.
-///
-/// Cloning is cheap and shares the connection (commands are pipelined on it).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Redis or Redis Cluster. Cloning is cheap and shares the connection (commands are
+/// pipelined on it, so concurrent requests share round trips).
 #[derive(Clone)]
 pub struct RedisHot {
-    conn: ConnectionManager,
+    conn: Conn,
     timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisHot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisHot")
+            .field("kind", &self.kind())
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
 }
 
+fn unavailable(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::Unavailable {
+        store: "hot",
+        source: source.into(),
+    }
+}
+
 impl RedisHot {
-    /// Connects lazily: the service starts while Redis is down and reconnects by itself;
-    /// until then every command fails fast with [`Error::Unavailable`].
+    /// Connects to `redis://…` / `rediss://…` lazily (the service starts while Redis is
+    /// down and reconnects by itself), or to `redis+cluster://h1:p1,h2:p2` (seed nodes;
+    /// the cluster must answer at start).
     pub async fn connect(url: &str, timeout: Duration) -> Result<RedisHot, Error> {
+        if let Some(seeds) = url.strip_prefix("redis+cluster://") {
+            let nodes: Vec<String> = seeds
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|node| format!("redis://{node}"))
+                .collect();
+            let client = ClusterClientBuilder::new(nodes)
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .build()?;
+            let conn = client.get_async_connection().await?;
+            return Ok(RedisHot {
+                conn: Conn::Cluster(conn),
+                timeout,
+            });
+        }
         let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -34,33 +68,73 @@ impl RedisHot {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        Ok(RedisHot { conn, timeout })
+        Ok(RedisHot {
+            conn: Conn::Single(conn),
+            timeout,
+        })
+    }
+
+    /// Runs a command, bounded by the timeout.
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
+        let run = async {
+            match self.conn.clone() {
+                Conn::Single(mut conn) => cmd.query_async(&mut conn).await,
+                Conn::Cluster(mut conn) => cmd.query_async(&mut conn).await,
+            }
+        };
+        Ok(tokio::time::timeout(self.timeout, run)
+            .await
+            .map_err(unavailable)??)
+    }
+
+    /// Runs a Lua script by EVALSHA (loading it on NOSCRIPT), bounded by the timeout.
+    ///
+    /// On a cluster every key must share one slot (callers group keys by hash tag).
+    pub async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<T, Error> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let run = async {
+            match self.conn.clone() {
+                Conn::Single(mut conn) => invocation.invoke_async(&mut conn).await,
+                Conn::Cluster(mut conn) => invocation.invoke_async(&mut conn).await,
+            }
+        };
+        Ok(tokio::time::timeout(self.timeout, run)
+            .await
+            .map_err(unavailable)??)
     }
 
     /// `PING`, bounded by the command timeout.
     pub async fn ping(&self) -> Result<(), Error> {
-        let mut conn = self.conn.clone();
-        let answer = tokio::time::timeout(
-            self.timeout,
-            redis::cmd("PING").query_async::<String>(&mut conn),
-        )
-        .await
-        .map_err(|elapsed| Error::Unavailable {
-            store: "hot",
-            source: Box::new(elapsed),
-        })??;
+        let answer: String = self.query(&redis::cmd("PING")).await?;
         if answer == "PONG" {
             Ok(())
         } else {
-            Err(Error::Unavailable {
-                store: "hot",
-                source: format!("unexpected PING answer {answer:?}").into(),
-            })
+            Err(unavailable(format!("unexpected PING answer {answer:?}")))
         }
     }
 
-    /// `redis` (cluster support arrives with the limiter).
+    /// True when connected to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
+    /// `redis` or `redis-cluster`.
     pub fn kind(&self) -> &'static str {
-        "redis"
+        if self.is_cluster() {
+            "redis-cluster"
+        } else {
+            "redis"
+        }
     }
 }

@@ -374,6 +374,7 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/admin/tokens"),
     ("delete", "/v1/admin/tokens/{id}"),
     ("get", "/v1/audit"),
+    ("post", "/v1/limit/check"),
 ];
 
 async fn openapi_document_lists_every_route(app: TestApp) {

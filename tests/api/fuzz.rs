@@ -7,7 +7,7 @@ use proptest::test_runner::{Config, TestRunner};
 use crate::helpers::{ADMIN_TOKEN, Backend, TestApp};
 
 /// POST routes with JSON bodies; each new area adds its own.
-const JSON_ROUTES: &[&str] = &["/v1/admin/tokens"];
+const JSON_ROUTES: &[&str] = &["/v1/admin/tokens", "/v1/limit/check"];
 
 fn body_strategy() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use palisade::clock::{Clock, ManualClock, SystemClock};
 use palisade::config::Secret;
 use palisade::{App, Settings};
 use reqwest::{Method, StatusCode};
@@ -168,6 +169,9 @@ pub struct TestApp {
     pub settings: Settings,
     /// The app itself, for calling domain services directly.
     pub app: palisade::AppState,
+    /// Embedded apps run on a manual clock that only [`TestApp::advance`] moves; production
+    /// apps use the real clock (Redis `TIME` decides there).
+    pub clock: Option<ManualClock>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: Arc<tempfile::TempDir>,
 }
@@ -228,9 +232,43 @@ impl TestApp {
         Self::start(self.backend, self.settings.clone(), self._dir.clone()).await
     }
 
+    /// Starts another instance on the same stores whose wall clock reads `wall_ms`.
+    pub async fn another_instance_with_wall_clock(&self, wall_ms: i64) -> TestApp {
+        let clock = ManualClock::new(wall_ms);
+        Self::start_with_clock(
+            self.backend,
+            self.settings.clone(),
+            self._dir.clone(),
+            Some(clock),
+        )
+        .await
+    }
+
+    /// Lets time pass: the manual clock (embedded) or real time (production).
+    pub async fn advance(&self, by: std::time::Duration) {
+        match &self.clock {
+            Some(clock) => clock.advance(by),
+            None => tokio::time::sleep(by).await,
+        }
+    }
+
     async fn start(backend: Backend, settings: Settings, dir: Arc<tempfile::TempDir>) -> TestApp {
+        let clock = (backend == Backend::Embedded).then(|| ManualClock::new(1_800_000_000_000));
+        Self::start_with_clock(backend, settings, dir, clock).await
+    }
+
+    async fn start_with_clock(
+        backend: Backend,
+        settings: Settings,
+        dir: Arc<tempfile::TempDir>,
+        clock: Option<ManualClock>,
+    ) -> TestApp {
         let settings = settings.validate().expect("test settings are valid");
-        let app = App::build(settings.clone())
+        let app_clock: Arc<dyn Clock> = match &clock {
+            Some(manual) => Arc::new(manual.clone()),
+            None => Arc::new(SystemClock::new()),
+        };
+        let app = App::build_with_clock(settings.clone(), app_clock)
             .await
             .expect("app builds")
             .into_state();
@@ -253,6 +291,7 @@ impl TestApp {
             backend,
             settings,
             app,
+            clock,
             shutdown: Some(tx),
             _dir: dir,
         }
@@ -289,6 +328,11 @@ impl TestApp {
     /// `POST path` with a token and a JSON body.
     pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> reqwest::Response {
         self.request(Method::POST, path, token, Some(body)).await
+    }
+
+    /// `POST /v1/limit/check` with the admin token.
+    pub async fn limit_check(&self, body: &Value) -> reqwest::Response {
+        self.post("/v1/limit/check", Some(ADMIN_TOKEN), body).await
     }
 
     /// `POST /v1/admin/tokens` as admin; returns `(id, token)`.

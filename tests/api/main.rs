@@ -6,3 +6,4 @@ mod helpers;
 mod cli;
 mod foundation;
 mod fuzz;
+mod limiter;

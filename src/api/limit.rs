@@ -1,0 +1,211 @@
+//! `POST /v1/limit/check` (role `limiter`): may this request pass?
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Envelope, ErrorCode};
+use super::extract::{ApiJson, Authorized, role};
+use crate::app::AppState;
+use crate::limiter::{self, Decision, LimitRequest, layer};
+use crate::model::{ClientIp, SubjectKey};
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(check))
+}
+
+/// `POST /v1/limit/check` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitCheck {
+    /// Path of the protected request, e.g. `/auth/login` (a query string is ignored).
+    pub endpoint: String,
+    /// HTTP method of the protected request; default `GET`.
+    #[serde(default)]
+    pub method: Option<String>,
+    /// Client IP (IPv4, IPv6 or IPv4-mapped IPv6).
+    pub ip: String,
+    /// The authenticated user (or the account, on auth endpoints): makes the request count as
+    /// authenticated.
+    #[serde(default)]
+    pub user_id: Option<String>,
+    /// The device.
+    #[serde(default)]
+    pub device_id: Option<String>,
+    /// Tokens the request costs, 1..=`limits.max_cost`; default 1.
+    #[serde(default)]
+    pub cost: Option<u32>,
+    /// False: answer without taking tokens; default true.
+    #[serde(default)]
+    pub consume: Option<bool>,
+}
+
+/// An allowed check.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct LimitAllowed {
+    /// Always true here (a denial is a 429 envelope).
+    pub allowed: bool,
+    /// Effective capacity of the deciding scope.
+    pub limit: u64,
+    /// Tokens left in the deciding scope.
+    pub remaining: u64,
+    /// Unix seconds at which the deciding scope is full again.
+    pub reset: i64,
+    /// Always 0 here.
+    pub retry_after_ms: u64,
+    /// Deciding scope: `global`, `ip`, `user`, `device`, `endpoint_ip`, `endpoint_user`.
+    pub scope: String,
+    /// Deciding budget's name.
+    pub budget: String,
+    /// Endpoint class of the request.
+    pub class: String,
+    /// Multiplier of the deciding scope's subject for this class.
+    pub multiplier: f64,
+    /// True when decided without the hot store (fail-open).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub degraded: bool,
+    /// Shadow budgets that would have blocked this request.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shadow_blocked: Vec<String>,
+}
+
+fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, ApiError> {
+    let limits = &app.settings.limits;
+    let max_len = app.settings.http.max_key_length;
+    if body.endpoint.is_empty() || body.endpoint.len() > 2048 || !body.endpoint.starts_with('/') {
+        return Err(ApiError::invalid(
+            "endpoint must be a path starting with '/', at most 2048 bytes",
+        ));
+    }
+    let method = body
+        .method
+        .unwrap_or_else(|| "GET".to_owned())
+        .to_ascii_uppercase();
+    if method.is_empty() || method.len() > 16 || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(ApiError::invalid(
+            "method must be an HTTP method such as GET or POST",
+        ));
+    }
+    let ip = ClientIp::parse(&body.ip, limits.ipv6_prefix_len).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "ip {:.64?} is not an IPv4 or IPv6 address",
+            body.ip
+        ))
+    })?;
+    let user = body
+        .user_id
+        .map(|id| SubjectKey::user(&id, max_len))
+        .transpose()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let device = body
+        .device_id
+        .map(|id| SubjectKey::device(&id, max_len))
+        .transpose()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let cost = body.cost.unwrap_or(1);
+    if cost == 0 || cost > limits.max_cost {
+        return Err(ApiError::invalid(format!(
+            "cost must be between 1 and {}",
+            limits.max_cost
+        )));
+    }
+    Ok(LimitRequest {
+        method,
+        endpoint: body.endpoint,
+        ip,
+        user,
+        device,
+        cost,
+        consume: body.consume.unwrap_or(true),
+    })
+}
+
+/// Rate-limit decision for one request (role `limiter`).
+///
+/// Checks every applicable scope (global, IP, user, device, endpoint+IP, endpoint+user) at
+/// once and consumes `cost` from all or none; the strictest scope decides. Both answers carry
+/// `X-RateLimit-Limit/Remaining/Reset`, `RateLimit-Policy` and `RateLimit`; a 429 also carries
+/// `Retry-After` and `details.retry_after_ms` (exact). When Redis is down, fail-open classes
+/// answer 200 with `X-Palisade-Degraded: redis-unavailable`, fail-closed classes 503.
+#[utoipa::path(post, path = "/v1/limit/check", tag = "limiter", security(("bearer" = [])),
+    request_body = LimitCheck,
+    responses(
+        (status = 200, body = LimitAllowed),
+        (status = 400, body = Envelope), (status = 401, body = Envelope), (status = 403, body = Envelope),
+        (status = 429, body = Envelope), (status = 503, body = Envelope),
+    ))]
+async fn check(
+    _auth: Authorized<role::Limiter>,
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<LimitCheck>,
+) -> Result<(HeaderMap, Json<LimitAllowed>), ApiError> {
+    let request = parse(&app, body)?;
+    let decision = app.limiter.check(&request).await?;
+    respond(&decision)
+}
+
+fn respond(decision: &Decision) -> Result<(HeaderMap, Json<LimitAllowed>), ApiError> {
+    let headers = layer::headers(decision);
+    if !decision.allowed {
+        let mut error = ApiError::new(ErrorCode::RateLimited, "Too many requests")
+            .with_details(layer::denial_details(decision));
+        for (name, value) in &headers {
+            error = error.with_header(name.clone(), value.clone());
+        }
+        return Err(error);
+    }
+    let scope = decision.deciding_scope();
+    Ok((
+        headers,
+        Json(LimitAllowed {
+            allowed: true,
+            limit: scope.map_or(0, |s| s.limit),
+            remaining: scope.map_or(0, |s| s.remaining),
+            reset: layer::reset_unix_s(decision),
+            retry_after_ms: 0,
+            scope: scope.map_or("none", |s| s.scope.as_str()).to_owned(),
+            budget: scope.map_or_else(String::new, |s| s.budget.clone()),
+            class: decision.class.clone(),
+            multiplier: scope.map_or(1.0, |s| s.multiplier),
+            degraded: decision.degraded,
+            shadow_blocked: decision
+                .shadow_blocked
+                .iter()
+                .map(|&i| decision.scopes[i].budget.clone())
+                .collect(),
+        }),
+    ))
+}
+
+impl From<limiter::Error> for ApiError {
+    fn from(err: limiter::Error) -> Self {
+        match err {
+            limiter::Error::CostAboveCapacity { .. } => ApiError::invalid(err.to_string()),
+            limiter::Error::FailClosed {
+                ref class,
+                ref source,
+            } => {
+                let cause = source.to_string();
+                ApiError::new(
+                    ErrorCode::Unavailable,
+                    format!("rate limiter unavailable; class {class} fails closed"),
+                )
+                .with_details(
+                    serde_json::json!({ "class": class, "degraded": "redis-unavailable" }),
+                )
+                .with_header(
+                    axum::http::HeaderName::from_static(layer::DEGRADED_HEADER),
+                    axum::http::HeaderValue::from_static("redis-unavailable"),
+                )
+                .with_header(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from_static("1"),
+                )
+                .with_cause(cause)
+            }
+        }
+    }
+}

@@ -1,0 +1,431 @@
+//! `[limits]`: endpoint classes, budgets, failure policy, shadow mode, L1 cache.
+//!
+//! The defaults are DESIGN.md's "Default budgets" table; `palisade budgets` prints the
+//! effective set as Markdown.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{SettingError, setting_name};
+
+/// What happens when the hot store (Redis) cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailMode {
+    /// Allow, with `X-Palisade-Degraded: redis-unavailable` and a metric.
+    Open,
+    /// Refuse with 503 `UNAVAILABLE` (and the same header).
+    Closed,
+}
+
+/// Which requests a budget counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum When {
+    /// Every request of the budget's classes.
+    Always,
+    /// Only requests without `user_id`.
+    Unauthenticated,
+    /// Only requests with `user_id`.
+    Authenticated,
+}
+
+/// The subject a budget's buckets are keyed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScopeKind {
+    /// One bucket for all traffic.
+    Global,
+    /// Per client IP (IPv6 per prefix).
+    Ip,
+    /// Per `user_id`.
+    User,
+    /// Per `device_id`.
+    Device,
+    /// Per endpoint class and client IP.
+    EndpointIp,
+    /// Per endpoint class and `user_id`.
+    EndpointUser,
+}
+
+impl ScopeKind {
+    /// The name used in responses, headers and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScopeKind::Global => "global",
+            ScopeKind::Ip => "ip",
+            ScopeKind::User => "user",
+            ScopeKind::Device => "device",
+            ScopeKind::EndpointIp => "endpoint_ip",
+            ScopeKind::EndpointUser => "endpoint_user",
+        }
+    }
+}
+
+/// An endpoint class: which requests belong to it and how it fails.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClassSettings {
+    /// Path patterns (`*` matches any run of characters, `/` included). Empty: the class is
+    /// only reached as the fallback (`read` for GET/HEAD, `write` otherwise).
+    pub paths: Vec<String>,
+    /// Methods the patterns apply to (upper case); empty means every method.
+    pub methods: Vec<String>,
+    /// Redis-down behaviour of this class.
+    pub fail: FailMode,
+    /// Compute and report decisions for this class but never block.
+    pub shadow: bool,
+    /// Order in which classes with patterns are tried (lower first; ties by name).
+    pub priority: i32,
+}
+
+impl Default for ClassSettings {
+    fn default() -> Self {
+        Self {
+            paths: Vec::new(),
+            methods: Vec::new(),
+            fail: FailMode::Open,
+            shadow: false,
+            priority: 100,
+        }
+    }
+}
+
+/// One budget: a token bucket per subject of its scope, for the classes it names.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSettings {
+    /// Unique short name; part of the Redis key and of the `RateLimit` headers.
+    pub name: String,
+    /// What the buckets are keyed by.
+    pub scope: ScopeKind,
+    /// Classes it applies to; empty means every class.
+    #[serde(default)]
+    pub classes: Vec<String>,
+    /// Requests (cost units) per period: the refill rate is `limit / period_s` per second.
+    pub limit: u32,
+    /// Period in seconds.
+    pub period_s: u32,
+    /// Bucket capacity (largest burst); default `limit`.
+    #[serde(default)]
+    pub burst: Option<u32>,
+    /// Which requests it counts.
+    #[serde(default = "always")]
+    pub when: When,
+    /// Report but never block on this budget.
+    #[serde(default)]
+    pub shadow: bool,
+}
+
+fn always() -> When {
+    When::Always
+}
+
+impl BudgetSettings {
+    /// Bucket capacity in cost units.
+    pub fn capacity(&self) -> u32 {
+        self.burst.unwrap_or(self.limit)
+    }
+
+    /// Refill in cost units per second.
+    pub fn refill_per_s(&self) -> f64 {
+        f64::from(self.limit) / f64::from(self.period_s)
+    }
+}
+
+/// The `[limits]` section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitSettings {
+    /// IPv6 clients are keyed by this prefix length, so one host cannot rotate through its
+    /// allocation. TOML `limits.ipv6_prefix_len`, env `PALISADE_LIMITS__IPV6_PREFIX_LEN`;
+    /// default 64 (accepted 32–128).
+    pub ipv6_prefix_len: u8,
+    /// TTL of the in-process L1 cache of blocked buckets, milliseconds (0 disables it).
+    /// TOML `limits.l1_ttl_ms`, env `PALISADE_LIMITS__L1_TTL_MS`; default 250 (max 5000).
+    pub l1_ttl_ms: u64,
+    /// Largest `cost` of one check. TOML `limits.max_cost`; default 1000.
+    pub max_cost: u32,
+    /// Endpoint classes by name. `read` and `write` must exist (they are the fallbacks).
+    pub classes: BTreeMap<String, ClassSettings>,
+    /// Every budget. TOML `[[limits.budgets]]`; giving any replaces the whole default list.
+    pub budgets: Vec<BudgetSettings>,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        let class = |paths: &[&str], fail, priority| ClassSettings {
+            paths: paths.iter().map(|p| (*p).to_owned()).collect(),
+            fail,
+            priority,
+            ..ClassSettings::default()
+        };
+        let classes = BTreeMap::from([
+            (
+                "auth".to_owned(),
+                class(
+                    &[
+                        "/auth/*",
+                        "/login",
+                        "/token",
+                        "/oauth/token",
+                        "/session",
+                        "/password/*",
+                        "/otp/*",
+                    ],
+                    FailMode::Closed,
+                    10,
+                ),
+            ),
+            (
+                "payment".to_owned(),
+                class(
+                    &["/pay/*", "/payments*", "/checkout*"],
+                    FailMode::Closed,
+                    20,
+                ),
+            ),
+            (
+                "expensive".to_owned(),
+                class(
+                    &[
+                        "/search*",
+                        "*/search",
+                        "*/aggregations*",
+                        "/export*",
+                        "*/report*",
+                    ],
+                    FailMode::Open,
+                    30,
+                ),
+            ),
+            ("read".to_owned(), class(&[], FailMode::Open, 1000)),
+            ("write".to_owned(), class(&[], FailMode::Open, 1000)),
+        ]);
+        let budget = |name: &str, scope, classes: &[&str], limit, period_s, when| BudgetSettings {
+            name: name.to_owned(),
+            scope,
+            classes: classes.iter().map(|c| (*c).to_owned()).collect(),
+            limit,
+            period_s,
+            burst: None,
+            when,
+            shadow: false,
+        };
+        let budgets = vec![
+            budget("global", ScopeKind::Global, &[], 100_000, 1, When::Always),
+            budget("ip-anon", ScopeKind::Ip, &[], 60, 60, When::Unauthenticated),
+            budget("ip-authn", ScopeKind::Ip, &[], 600, 60, When::Authenticated),
+            budget(
+                "user-write",
+                ScopeKind::User,
+                &["write", "payment"],
+                60,
+                60,
+                When::Always,
+            ),
+            budget(
+                "user-read",
+                ScopeKind::User,
+                &["read"],
+                300,
+                60,
+                When::Always,
+            ),
+            budget("device", ScopeKind::Device, &[], 600, 60, When::Always),
+            budget(
+                "auth-ip",
+                ScopeKind::EndpointIp,
+                &["auth"],
+                10,
+                60,
+                When::Always,
+            ),
+            budget(
+                "auth-account",
+                ScopeKind::EndpointUser,
+                &["auth"],
+                5,
+                60,
+                When::Always,
+            ),
+            budget(
+                "expensive-ip",
+                ScopeKind::EndpointIp,
+                &["expensive"],
+                20,
+                60,
+                When::Always,
+            ),
+            budget(
+                "expensive-user",
+                ScopeKind::EndpointUser,
+                &["expensive"],
+                30,
+                60,
+                When::Always,
+            ),
+        ];
+        Self {
+            ipv6_prefix_len: 64,
+            l1_ttl_ms: 250,
+            max_cost: 1000,
+            classes,
+            budgets,
+        }
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=24).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl LimitSettings {
+    pub(super) fn validate(&self) -> Result<(), SettingError> {
+        if !(32..=128).contains(&self.ipv6_prefix_len) {
+            return Err(SettingError::new(
+                setting_name("limits.ipv6_prefix_len"),
+                "must be between 32 and 128",
+            ));
+        }
+        if self.l1_ttl_ms > 5000 {
+            return Err(SettingError::new(
+                setting_name("limits.l1_ttl_ms"),
+                "must be at most 5000 (milliseconds; 0 disables the cache)",
+            ));
+        }
+        if self.max_cost == 0 {
+            return Err(SettingError::new(
+                setting_name("limits.max_cost"),
+                "must be at least 1",
+            ));
+        }
+        for fallback in ["read", "write"] {
+            if !self.classes.contains_key(fallback) {
+                return Err(SettingError::new(
+                    format!("limits.classes.{fallback}"),
+                    "must exist: it is the class of requests that match no pattern",
+                ));
+            }
+        }
+        for (name, class) in &self.classes {
+            let key = format!("limits.classes.{name}");
+            if !valid_name(name) {
+                return Err(SettingError::new(
+                    key,
+                    "class names are 1-24 characters of A-Z, a-z, 0-9, '-', '_'",
+                ));
+            }
+            if class
+                .paths
+                .iter()
+                .any(|p| !p.starts_with('/') && !p.starts_with('*'))
+            {
+                return Err(SettingError::new(
+                    format!("{key}.paths"),
+                    "patterns start with '/' or '*'",
+                ));
+            }
+            if class
+                .methods
+                .iter()
+                .any(|m| m.is_empty() || m.bytes().any(|b| !b.is_ascii_uppercase()))
+            {
+                return Err(SettingError::new(
+                    format!("{key}.methods"),
+                    "methods are upper case, e.g. \"GET\"",
+                ));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (index, budget) in self.budgets.iter().enumerate() {
+            let key = format!("limits.budgets[{index}] ({})", budget.name);
+            if !valid_name(&budget.name) {
+                return Err(SettingError::new(
+                    key,
+                    "name must be 1-24 characters of A-Z, a-z, 0-9, '-', '_'",
+                ));
+            }
+            if !seen.insert(budget.name.as_str()) {
+                return Err(SettingError::new(key, "budget names must be unique"));
+            }
+            if budget.limit == 0 || budget.period_s == 0 || budget.burst == Some(0) {
+                return Err(SettingError::new(
+                    key,
+                    "limit, period_s and burst must be at least 1",
+                ));
+            }
+            if let Some(class) = budget
+                .classes
+                .iter()
+                .find(|c| !self.classes.contains_key(*c))
+            {
+                return Err(SettingError::new(
+                    key,
+                    format!("names the class {class:?}, which is not configured"),
+                ));
+            }
+            let per_class = matches!(
+                budget.scope,
+                ScopeKind::EndpointIp | ScopeKind::EndpointUser
+            );
+            if per_class && budget.classes.is_empty() {
+                return Err(SettingError::new(
+                    key,
+                    "endpoint_ip and endpoint_user budgets must name their classes",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_follow_design_md() {
+        let limits = LimitSettings::default();
+        limits.validate().expect("defaults validate");
+        let find = |name: &str| limits.budgets.iter().find(|b| b.name == name).unwrap();
+        assert_eq!(
+            (find("auth-account").limit, find("auth-account").period_s),
+            (5, 60)
+        );
+        assert_eq!((find("auth-ip").limit, find("auth-ip").period_s), (10, 60));
+        assert_eq!(find("global").limit, 100_000);
+        assert_eq!((find("ip-anon").limit, find("ip-authn").limit), (60, 600));
+        assert!((find("auth-account").refill_per_s() - 5.0 / 60.0).abs() < 1e-12);
+        assert_eq!(limits.classes["auth"].fail, FailMode::Closed);
+        assert_eq!(limits.classes["read"].fail, FailMode::Open);
+    }
+
+    #[test]
+    fn a_budget_naming_an_unknown_class_is_rejected() {
+        let mut limits = LimitSettings::default();
+        limits.budgets[0].classes = vec!["nope".to_owned()];
+        let err = limits.validate().unwrap_err().to_string();
+        assert!(err.contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_and_zero_budgets_are_rejected() {
+        let mut limits = LimitSettings::default();
+        limits.budgets[1].name = "global".to_owned();
+        assert!(
+            limits
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("unique")
+        );
+        let mut limits = LimitSettings::default();
+        limits.budgets[1].period_s = 0;
+        assert!(limits.validate().is_err());
+    }
+}

@@ -1,0 +1,91 @@
+//! L1: an in-process cache of buckets known to be blocked, so a hot blocked key (a client
+//! hammering after its 429) is answered without a Redis round trip.
+//!
+//! An entry lives for `min(ttl, retry_after)`: a bucket only refills, so a request of at
+//! least the denied cost stays denied until then. A published multiplier clears the cache.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use super::ScopeOutcome;
+
+const CAPACITY: usize = 100_000;
+
+#[derive(Debug)]
+struct Blocked {
+    until_us: u64,
+    recorded_us: u64,
+    min_cost: u32,
+    outcome: ScopeOutcome,
+}
+
+/// The cache (disabled when the TTL is 0).
+#[derive(Debug)]
+pub(super) struct L1 {
+    ttl_us: u64,
+    /// std Mutex: held for one map operation, never across `.await`.
+    entries: Mutex<HashMap<String, Blocked>>,
+}
+
+impl L1 {
+    pub(super) fn new(ttl: Duration) -> Self {
+        Self {
+            ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Remembers that `key` denied a request of `cost`.
+    pub(super) fn remember(&self, key: &str, cost: u32, outcome: &ScopeOutcome, now_us: u64) {
+        if self.ttl_us == 0 {
+            return;
+        }
+        let hold_us = self.ttl_us.min(outcome.retry_after_ms.saturating_mul(1000));
+        if hold_us == 0 {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.len() >= CAPACITY {
+            entries.retain(|_, b| b.until_us > now_us);
+            if entries.len() >= CAPACITY {
+                entries.clear();
+            }
+        }
+        entries.insert(
+            key.to_owned(),
+            Blocked {
+                until_us: now_us + hold_us,
+                recorded_us: now_us,
+                min_cost: cost,
+                outcome: outcome.clone(),
+            },
+        );
+    }
+
+    /// The cached denial for `key`, with waits shortened by the time since it was
+    /// recorded, if a request of `cost` is still certain to be denied.
+    pub(super) fn blocked(&self, key: &str, cost: u32, now_us: u64) -> Option<ScopeOutcome> {
+        if self.ttl_us == 0 {
+            return None;
+        }
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = entries.get(key)?;
+        if entry.until_us <= now_us || cost < entry.min_cost {
+            return None;
+        }
+        let elapsed_ms = (now_us - entry.recorded_us) / 1000;
+        let mut outcome = entry.outcome.clone();
+        outcome.retry_after_ms = outcome.retry_after_ms.saturating_sub(elapsed_ms).max(1);
+        outcome.reset_ms = outcome.reset_ms.saturating_sub(elapsed_ms);
+        Some(outcome)
+    }
+
+    /// Forgets every entry.
+    pub(super) fn clear(&self) {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}

@@ -1,0 +1,221 @@
+//! Nouns shared by two or more domains: subject keys, client IPs, multipliers.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+
+/// The kind of a subject key (`ip:…`, `user:…`, `device:…`, `asn:…`) or the global bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SubjectKind {
+    /// All traffic.
+    Global,
+    /// A client IP (IPv6: its configured prefix).
+    Ip,
+    /// An end user (or account, on auth endpoints).
+    User,
+    /// A device id.
+    Device,
+    /// An autonomous system.
+    Asn,
+}
+
+impl SubjectKind {
+    /// The prefix in the key's text form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubjectKind::Global => "global",
+            SubjectKind::Ip => "ip",
+            SubjectKind::User => "user",
+            SubjectKind::Device => "device",
+            SubjectKind::Asn => "asn",
+        }
+    }
+}
+
+/// A subject key such as `ip:203.0.113.7`, `ip:2001:db8:1:2::/64` or `user:42`.
+///
+/// Built only through the constructors, which normalise and bound the id; the text form is
+/// safe to embed in a Redis key (no `{`, `}`, whitespace or control characters: they are
+/// percent-encoded).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SubjectKey {
+    kind: SubjectKind,
+    id: String,
+}
+
+/// An id that is empty or longer than allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} must be 1-{max} characters")]
+pub struct InvalidId {
+    /// Which field.
+    pub field: &'static str,
+    /// The limit.
+    pub max: usize,
+}
+
+fn encode(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for ch in id.chars() {
+        if ch == '{' || ch == '}' || ch == '%' || ch.is_whitespace() || ch.is_control() {
+            let mut buf = [0u8; 4];
+            for byte in ch.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{byte:02X}"));
+            }
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+impl SubjectKey {
+    /// The single global subject.
+    pub fn global() -> Self {
+        Self {
+            kind: SubjectKind::Global,
+            id: String::new(),
+        }
+    }
+
+    /// A client IP, normalised by [`ClientIp`].
+    pub fn ip(ip: &ClientIp) -> Self {
+        Self {
+            kind: SubjectKind::Ip,
+            id: ip.key_text(),
+        }
+    }
+
+    /// A user id of at most `max_len` characters.
+    pub fn user(id: &str, max_len: usize) -> Result<Self, InvalidId> {
+        Self::bounded(SubjectKind::User, "user_id", id, max_len)
+    }
+
+    /// A device id of at most `max_len` characters.
+    pub fn device(id: &str, max_len: usize) -> Result<Self, InvalidId> {
+        Self::bounded(SubjectKind::Device, "device_id", id, max_len)
+    }
+
+    /// An autonomous system number.
+    pub fn asn(asn: u32) -> Self {
+        Self {
+            kind: SubjectKind::Asn,
+            id: asn.to_string(),
+        }
+    }
+
+    fn bounded(
+        kind: SubjectKind,
+        field: &'static str,
+        id: &str,
+        max_len: usize,
+    ) -> Result<Self, InvalidId> {
+        let count = id.chars().count();
+        if count == 0 || count > max_len {
+            return Err(InvalidId {
+                field,
+                max: max_len,
+            });
+        }
+        Ok(Self {
+            kind,
+            id: encode(id),
+        })
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> SubjectKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for SubjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            SubjectKind::Global => f.write_str("global"),
+            kind => write!(f, "{}:{}", kind.as_str(), self.id),
+        }
+    }
+}
+
+/// A client address, normalised: IPv4-mapped IPv6 becomes IPv4, and IPv6 is keyed by its
+/// prefix (default /64) so one host cannot rotate through its allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientIp {
+    addr: IpAddr,
+    ipv6_prefix_len: u8,
+}
+
+impl ClientIp {
+    /// Normalises `addr`; `ipv6_prefix_len` is 32..=128.
+    pub fn new(addr: IpAddr, ipv6_prefix_len: u8) -> Self {
+        let addr = match addr {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        Self {
+            addr,
+            ipv6_prefix_len: ipv6_prefix_len.clamp(1, 128),
+        }
+    }
+
+    /// Parses text (IPv4, IPv6, IPv4-mapped IPv6).
+    pub fn parse(text: &str, ipv6_prefix_len: u8) -> Option<Self> {
+        text.trim()
+            .parse::<IpAddr>()
+            .ok()
+            .map(|addr| Self::new(addr, ipv6_prefix_len))
+    }
+
+    /// The (normalised) address.
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// `203.0.113.7` or `2001:db8:1:2::/64`.
+    fn key_text(&self) -> String {
+        match self.addr {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) if self.ipv6_prefix_len >= 128 => v6.to_string(),
+            IpAddr::V6(v6) => {
+                let bits = u128::from(v6);
+                let mask = u128::MAX << (128 - u32::from(self.ipv6_prefix_len));
+                format!("{}/{}", Ipv6Addr::from(bits & mask), self.ipv6_prefix_len)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_prefix() {
+        let a = ClientIp::parse("2001:db8:1:2:aaaa::1", 64).unwrap();
+        let b = ClientIp::parse("2001:db8:1:2:bbbb::9", 64).unwrap();
+        assert_eq!(SubjectKey::ip(&a), SubjectKey::ip(&b));
+        assert_eq!(SubjectKey::ip(&a).to_string(), "ip:2001:db8:1:2::/64");
+        let other = ClientIp::parse("2001:db8:1:3::1", 64).unwrap();
+        assert_ne!(SubjectKey::ip(&a), SubjectKey::ip(&other));
+    }
+
+    #[test]
+    fn ipv4_mapped_ipv6_is_the_ipv4_address() {
+        let mapped = ClientIp::parse("::ffff:203.0.113.7", 64).unwrap();
+        assert_eq!(SubjectKey::ip(&mapped).to_string(), "ip:203.0.113.7");
+    }
+
+    #[test]
+    fn ids_are_bounded_and_encoded_for_redis_keys() {
+        assert!(SubjectKey::user("", 8).is_err());
+        assert!(SubjectKey::user("123456789", 8).is_err());
+        assert_eq!(
+            SubjectKey::user("a}b {c", 16).unwrap().to_string(),
+            "user:a%7Db%20%7Bc"
+        );
+        assert_eq!(
+            SubjectKey::device("dev-1", 16).unwrap().to_string(),
+            "device:dev-1"
+        );
+        assert_eq!(SubjectKey::global().to_string(), "global");
+    }
+}

@@ -1,0 +1,7 @@
+//! Lua scripts, loaded once and run with EVALSHA (redis-rs `Script` reloads on NOSCRIPT).
+
+use std::sync::LazyLock;
+
+/// `lua/token_bucket.lua`: check and consume every scope of one request.
+pub static TOKEN_BUCKET: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/token_bucket.lua")));
