@@ -488,3 +488,140 @@ pub fn socket_of(url: &str) -> SocketAddr {
         .unwrap_or(if url.starts_with("redis") { 6379 } else { 5432 });
     format!("{host}:{port}").parse().expect("socket address")
 }
+
+/// A local 3-master Redis Cluster on free loopback ports, stopped (by PID) when dropped.
+///
+/// Needs `redis-server` and `redis-cli` on PATH; without them the test is skipped locally and
+/// fails in CI.
+pub struct RedisCluster {
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub url: String,
+    children: Vec<std::process::Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn port_pair_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+}
+
+impl RedisCluster {
+    /// Starts the cluster and waits until it reports `cluster_state:ok`.
+    pub async fn start() -> Option<RedisCluster> {
+        let available = std::process::Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_ok();
+        if !available {
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "CI=true but redis-server is not installed"
+            );
+            eprintln!("SKIPPED (no redis-server): install Redis to run the cluster tests");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut ports = Vec::new();
+        let mut candidate = 21_000 + (std::process::id() % 500) as u16 * 10;
+        while ports.len() < 3 {
+            if port_pair_free(candidate) {
+                ports.push(candidate);
+            }
+            candidate += 1;
+        }
+        let mut children = Vec::new();
+        for port in &ports {
+            let child = std::process::Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--cluster-enabled",
+                    "yes",
+                ])
+                .args([
+                    "--cluster-config-file",
+                    &format!("nodes-{port}.conf"),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .args(["--dir", dir.path().to_str().expect("utf-8 temp dir")])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("start redis-server");
+            children.push(child);
+        }
+        let mut cluster = RedisCluster {
+            url: format!(
+                "redis+cluster://{}",
+                ports
+                    .iter()
+                    .map(|p| format!("127.0.0.1:{p}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            children,
+            _dir: dir,
+        };
+        for port in &ports {
+            wait_for_ping(*port).await;
+        }
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let created = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            created.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&created.stdout)
+        );
+        for port in &ports {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            loop {
+                let info = std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "cluster", "info"])
+                    .output()
+                    .expect("cluster info");
+                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "cluster did not become ok"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+        cluster.children.shrink_to_fit();
+        Some(cluster)
+    }
+}
+
+async fn wait_for_ping(port: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server on {port} did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
