@@ -39,7 +39,8 @@ impl SubjectKind {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SubjectKey {
     kind: SubjectKind,
-    id: String,
+    /// The whole text form (`ip:…`), built once: keys are made from it on every check.
+    text: std::sync::Arc<str>,
 }
 
 /// An id that is empty or longer than allowed.
@@ -52,7 +53,12 @@ pub struct InvalidId {
     pub max: usize,
 }
 
-fn encode(id: &str) -> String {
+fn encode(id: &str) -> std::borrow::Cow<'_, str> {
+    let clean =
+        |ch: char| !(ch == '{' || ch == '}' || ch == '%' || ch.is_whitespace() || ch.is_control());
+    if id.chars().all(clean) {
+        return std::borrow::Cow::Borrowed(id);
+    }
     let mut out = String::with_capacity(id.len());
     for ch in id.chars() {
         if ch == '{' || ch == '}' || ch == '%' || ch.is_whitespace() || ch.is_control() {
@@ -64,7 +70,7 @@ fn encode(id: &str) -> String {
             out.push(ch);
         }
     }
-    out
+    std::borrow::Cow::Owned(out)
 }
 
 impl SubjectKey {
@@ -72,16 +78,24 @@ impl SubjectKey {
     pub fn global() -> Self {
         Self {
             kind: SubjectKind::Global,
-            id: String::new(),
+            text: "global".into(),
+        }
+    }
+
+    fn with_id(kind: SubjectKind, id: &str) -> Self {
+        let mut text = String::with_capacity(kind.as_str().len() + 1 + id.len());
+        text.push_str(kind.as_str());
+        text.push(':');
+        text.push_str(id);
+        Self {
+            kind,
+            text: text.into(),
         }
     }
 
     /// A client IP, normalised by [`ClientIp`].
     pub fn ip(ip: &ClientIp) -> Self {
-        Self {
-            kind: SubjectKind::Ip,
-            id: ip.key_text(),
-        }
+        Self::with_id(SubjectKind::Ip, &ip.key_text())
     }
 
     /// A user id of at most `max_len` characters.
@@ -96,10 +110,7 @@ impl SubjectKey {
 
     /// An autonomous system number.
     pub fn asn(asn: u32) -> Self {
-        Self {
-            kind: SubjectKind::Asn,
-            id: asn.to_string(),
-        }
+        Self::with_id(SubjectKind::Asn, &asn.to_string())
     }
 
     fn bounded(
@@ -115,24 +126,28 @@ impl SubjectKey {
                 max: max_len,
             });
         }
-        Ok(Self {
-            kind,
-            id: encode(id),
-        })
+        Ok(Self::with_id(kind, &encode(id)))
     }
 
     /// The kind.
     pub fn kind(&self) -> SubjectKind {
         self.kind
     }
+
+    /// The text form, `ip:203.0.113.7`.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The text form, shared (cheap to clone).
+    pub fn shared(&self) -> std::sync::Arc<str> {
+        self.text.clone()
+    }
 }
 
 impl fmt::Display for SubjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.kind {
-            SubjectKind::Global => f.write_str("global"),
-            kind => write!(f, "{}:{}", kind.as_str(), self.id),
-        }
+        f.write_str(&self.text)
     }
 }
 

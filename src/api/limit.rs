@@ -167,14 +167,14 @@ fn respond(decision: &Decision) -> Result<(HeaderMap, Json<LimitAllowed>), ApiEr
             reset: layer::reset_unix_s(decision),
             retry_after_ms: 0,
             scope: scope.map_or("none", |s| s.scope.as_str()).to_owned(),
-            budget: scope.map_or_else(String::new, |s| s.budget.clone()),
-            class: decision.class.clone(),
+            budget: scope.map_or_else(String::new, |s| s.budget.to_string()),
+            class: decision.class.to_string(),
             multiplier: scope.map_or(1.0, |s| s.multiplier),
             degraded: decision.degraded,
             shadow_blocked: decision
                 .shadow_blocked
                 .iter()
-                .map(|&i| decision.scopes[i].budget.clone())
+                .map(|&i| decision.scopes[i].budget.to_string())
                 .collect(),
         }),
     ))

@@ -293,6 +293,8 @@ fn figment_error(err: &figment::Error) -> SettingError {
         figment::error::Kind::UnknownField(field, expected) => {
             let key = if key.is_empty() {
                 field.clone()
+            } else if key == *field || key.ends_with(&format!(".{field}")) {
+                key
             } else {
                 format!("{key}.{field}")
             };

@@ -1,14 +1,17 @@
 //! Endpoint classes and budgets: which class a request is in, which budgets apply to it,
 //! and the Markdown table `palisade budgets` prints.
 
+use std::sync::Arc;
+
 use crate::config::{BudgetSettings, FailMode, LimitSettings, ScopeKind, When};
 
 /// One configured class, ready for matching.
 #[derive(Debug, Clone)]
 pub struct Class {
     /// Its name.
-    pub name: String,
-    patterns: Vec<String>,
+    pub name: Arc<str>,
+    patterns: Vec<Pattern>,
+    pattern_text: Vec<String>,
     methods: Vec<String>,
     /// Redis-down behaviour.
     pub fail: FailMode,
@@ -25,28 +28,50 @@ pub struct Budgets {
     pub classes: Vec<Class>,
     /// The budgets, in settings order.
     pub budgets: Vec<BudgetSettings>,
+    /// Budget names, shared by every decision that reports them.
+    pub names: Vec<Arc<str>>,
     read: usize,
     write: usize,
 }
 
-/// `*` matches any run of characters (including `/`); everything else literally.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or("");
-    let Some(mut rest) = text.strip_prefix(first) else {
-        return false;
-    };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
-        return rest.is_empty();
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
+/// A path pattern: `*` matches any run of characters (including `/`); everything else
+/// literally. Split once at load, matched on every check without allocating.
+#[derive(Debug, Clone)]
+struct Pattern {
+    /// The literal pieces between stars.
+    pieces: Vec<String>,
+}
+
+impl Pattern {
+    fn new(pattern: &str) -> Self {
+        Self {
+            pieces: pattern.split('*').map(str::to_owned).collect(),
         }
     }
-    rest.len() >= last.len() && rest.ends_with(last)
+
+    fn matches(&self, text: &str) -> bool {
+        let Some((first, rest_pieces)) = self.pieces.split_first() else {
+            return text.is_empty();
+        };
+        let Some(mut rest) = text.strip_prefix(first.as_str()) else {
+            return false;
+        };
+        let Some((last, middle)) = rest_pieces.split_last() else {
+            return rest.is_empty();
+        };
+        for piece in middle {
+            match rest.find(piece.as_str()) {
+                Some(at) => rest = &rest[at + piece.len()..],
+                None => return false,
+            }
+        }
+        rest.len() >= last.len() && rest.ends_with(last.as_str())
+    }
+}
+
+/// `*` matches any run of characters (including `/`); everything else literally.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    Pattern::new(pattern).matches(text)
 }
 
 impl Budgets {
@@ -66,8 +91,9 @@ impl Budgets {
                 (
                     class.priority,
                     Class {
-                        name: name.clone(),
-                        patterns: class.paths.clone(),
+                        name: name.as_str().into(),
+                        patterns: class.paths.iter().map(|p| Pattern::new(p)).collect(),
+                        pattern_text: class.paths.clone(),
                         methods: class.methods.clone(),
                         fail: class.fail,
                         shadow: class.shadow,
@@ -78,11 +104,16 @@ impl Budgets {
             .collect();
         classes.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
         let classes: Vec<Class> = classes.into_iter().map(|(_, c)| c).collect();
-        let position = |name: &str| classes.iter().position(|c| c.name == name).unwrap_or(0);
+        let position = |name: &str| classes.iter().position(|c| &*c.name == name).unwrap_or(0);
         let (read, write) = (position("read"), position("write"));
         Self {
             classes,
             budgets: settings.budgets.clone(),
+            names: settings
+                .budgets
+                .iter()
+                .map(|b| Arc::from(b.name.as_str()))
+                .collect(),
             read,
             write,
         }
@@ -95,7 +126,7 @@ impl Budgets {
         for (index, class) in self.classes.iter().enumerate() {
             let method_ok = class.methods.is_empty()
                 || class.methods.iter().any(|m| m.eq_ignore_ascii_case(method));
-            if method_ok && class.patterns.iter().any(|p| glob_match(p, path)) {
+            if method_ok && class.patterns.iter().any(|p| p.matches(path)) {
                 return index;
             }
         }
@@ -166,7 +197,7 @@ impl Budgets {
         out.push_str("\n| class | matches | on Redis failure | shadow |\n|---|---|---|---|\n");
         for class in &self.classes {
             let matches = if class.patterns.is_empty() {
-                match class.name.as_str() {
+                match &*class.name {
                     "read" => "GET/HEAD matching no other class".to_owned(),
                     "write" => "other methods matching no other class".to_owned(),
                     _ => "nothing (no patterns)".to_owned(),
@@ -180,7 +211,7 @@ impl Budgets {
                 format!(
                     "{methods}{}",
                     class
-                        .patterns
+                        .pattern_text
                         .iter()
                         .map(|p| format!("`{p}`"))
                         .collect::<Vec<_>>()
@@ -238,7 +269,7 @@ mod tests {
     #[test]
     fn requests_fall_back_to_read_and_write() {
         let budgets = Budgets::from_settings(&LimitSettings::default());
-        let name = |m, p| budgets.classes[budgets.classify(m, p)].name.clone();
+        let name = |m, p| budgets.classes[budgets.classify(m, p)].name.to_string();
         assert_eq!(name("POST", "/auth/login"), "auth");
         assert_eq!(name("POST", "/token?grant=x"), "auth");
         assert_eq!(name("GET", "/search?q=a"), "expensive");

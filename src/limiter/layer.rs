@@ -95,7 +95,7 @@ pub fn headers(decision: &Decision) -> HeaderMap {
         let names: Vec<&str> = decision
             .shadow_blocked
             .iter()
-            .map(|&i| decision.scopes[i].budget.as_str())
+            .map(|&i| &*decision.scopes[i].budget)
             .collect();
         headers.insert(
             SHADOW_HEADER,
@@ -111,7 +111,7 @@ pub fn denial_details(decision: &Decision) -> serde_json::Value {
     serde_json::json!({
         "retry_after_ms": decision.retry_after_ms,
         "scope": scope.map(|s| s.scope.as_str()),
-        "budget": scope.map(|s| s.budget.as_str()),
+        "budget": scope.map(|s| &*s.budget),
         "limit": scope.map(|s| s.limit),
         "reset": reset_unix_s(decision),
         "class": decision.class,

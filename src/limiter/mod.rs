@@ -50,11 +50,11 @@ pub struct LimitRequest {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScopeOutcome {
     /// Budget name.
-    pub budget: String,
+    pub budget: Arc<str>,
     /// Scope kind.
     pub scope: ScopeKind,
     /// Subject key text (`ip:…`).
-    pub subject: String,
+    pub subject: Arc<str>,
     /// False for shadow budgets/classes: reported, never blocking.
     pub enforced: bool,
     /// The bucket held `cost` tokens.
@@ -79,7 +79,7 @@ pub struct Decision {
     /// Every enforced scope allowed (or the store was down and the class fails open).
     pub allowed: bool,
     /// The endpoint class.
-    pub class: String,
+    pub class: Arc<str>,
     /// Every applicable scope, in budget order.
     pub scopes: Vec<ScopeOutcome>,
     /// Index of the deciding scope: the blocking one with the longest wait, or when
@@ -295,10 +295,11 @@ impl Limiter {
                     .map_or((1.0, None), |(value, ttl_us)| (value.max(0.0), ttl_us))
             })
             .collect();
-        let keys: Vec<String> = scopes.iter().map(|s| s.bucket_key.clone()).collect();
+        let keys: smallvec::SmallVec<[&str; 8]> =
+            scopes.iter().map(|s| s.bucket_key.as_str()).collect();
         let cost = f64::from(request.cost);
         let now = now_us as f64;
-        memory.update_buckets(&keys, now, |states| {
+        memory.update_buckets(&keys, now, |states, writes| {
             let verdicts: Vec<bucket::Verdict> = scopes
                 .iter()
                 .zip(states)
@@ -315,11 +316,10 @@ impl Limiter {
                 .iter()
                 .zip(&verdicts)
                 .all(|(s, v)| v.allowed || !s.enforced);
-            let writes = verdicts
-                .iter()
-                .map(|v| (admitted && request.consume && v.allowed).then_some(v.new_tat))
-                .collect();
-            let raw = verdicts
+            for (write, v) in writes.iter_mut().zip(&verdicts) {
+                *write = (admitted && request.consume && v.allowed).then_some(v.new_tat);
+            }
+            verdicts
                 .iter()
                 .zip(&multipliers)
                 .map(|(v, (m, ttl_us))| RawOutcome {
@@ -334,8 +334,7 @@ impl Limiter {
                     multiplier: *m,
                     multiplier_ttl_ms: ttl_us.map(|us| us.div_ceil(1000)),
                 })
-                .collect();
-            (raw, writes)
+                .collect()
         })
     }
 
@@ -350,9 +349,9 @@ impl Limiter {
                 .unwrap_or(BLOCKED_RETRY_MS),
         };
         ScopeOutcome {
-            budget: budget.name.clone(),
+            budget: self.budgets.names[scope.budget].clone(),
             scope: budget.scope,
-            subject: scope.subject.to_string(),
+            subject: scope.subject.shared(),
             enforced: scope.enforced,
             allowed: raw.allowed,
             limit: raw.limit,
@@ -367,7 +366,7 @@ impl Limiter {
     fn degraded(
         &self,
         class: usize,
-        class_name: String,
+        class_name: Arc<str>,
         scopes: &[Scope],
         now_ms: i64,
         source: crate::store::Error,
@@ -377,15 +376,15 @@ impl Limiter {
             FailMode::Open => "fail_open",
             FailMode::Closed => "fail_closed",
         };
-        metrics::counter!(names::FAIL_OPEN_TOTAL, "class" => class_name.clone(), "outcome" => outcome_label)
+        metrics::counter!(names::FAIL_OPEN_TOTAL, "class" => class_name.to_string(), "outcome" => outcome_label)
             .increment(1);
         tracing::warn!(endpoint.class = %class_name, error.cause = %source, "hot store unavailable: {outcome_label}");
         match fail {
             FailMode::Closed => {
-                metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class_name.clone(), "scope" => "none", "outcome" => outcome_label)
+                metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class_name.to_string(), "scope" => "none", "outcome" => outcome_label)
                     .increment(1);
                 Err(Error::FailClosed {
-                    class: class_name,
+                    class: class_name.to_string(),
                     source,
                 })
             }
@@ -395,9 +394,9 @@ impl Limiter {
                     .map(|scope| {
                         let budget = &self.budgets.budgets[scope.budget];
                         ScopeOutcome {
-                            budget: budget.name.clone(),
+                            budget: self.budgets.names[scope.budget].clone(),
                             scope: budget.scope,
-                            subject: scope.subject.to_string(),
+                            subject: scope.subject.shared(),
                             enforced: scope.enforced,
                             allowed: true,
                             limit: u64::from(budget.capacity()),
@@ -416,7 +415,7 @@ impl Limiter {
 
     fn decide(
         &self,
-        class: String,
+        class: Arc<str>,
         scopes: Vec<ScopeOutcome>,
         now_ms: i64,
         degraded: bool,
@@ -451,12 +450,12 @@ impl Limiter {
             (true, false, false) => "shadow_limited",
             (true, false, true) => "allowed",
         };
-        metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class.clone(), "scope" => scope_label, "outcome" => outcome)
+        metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class.to_string(), "scope" => scope_label, "outcome" => outcome)
             .increment(1);
         if let Some(scope) = deciding.map(|i| &scopes[i])
             && scope.limit > 0
         {
-            metrics::histogram!(names::LIMIT_REMAINING_RATIO, "class" => class.clone())
+            metrics::histogram!(names::LIMIT_REMAINING_RATIO, "class" => class.to_string())
                 .record(scope.remaining as f64 / scope.limit as f64);
         }
         Decision {
@@ -488,12 +487,7 @@ impl Limiter {
         };
         let classes: Vec<&str> = match class {
             Some(class) => vec![class],
-            None => self
-                .budgets
-                .classes
-                .iter()
-                .map(|c| c.name.as_str())
-                .collect(),
+            None => self.budgets.classes.iter().map(|c| &*c.name).collect(),
         };
         let now_us = self.clock.monotonic_us();
         for class in classes {

@@ -93,14 +93,6 @@ fn int(value: &Value) -> Result<i64, Error> {
     }
 }
 
-fn text(value: &Value) -> Result<String, Error> {
-    match value {
-        Value::BulkString(bytes) => Ok(String::from_utf8_lossy(bytes).into_owned()),
-        Value::SimpleString(s) => Ok(s.clone()),
-        other => Err(bad_reply(format!("expected a string, got {other:?}"))),
-    }
-}
-
 fn bad_reply(message: String) -> Error {
     Error::Redis(redis::RedisError::from((
         redis::ErrorKind::Parse,
@@ -132,7 +124,7 @@ fn parse(reply: &[Value], scopes: usize) -> Result<(bool, Vec<RawOutcome>), Erro
                 remaining: non_negative(int(&v[2])?),
                 reset_ms: non_negative(int(&v[3])?),
                 retry_after_ms: (retry >= 0).then(|| non_negative(retry)),
-                multiplier: text(&v[5])?.parse().unwrap_or(1.0),
+                multiplier: int(&v[5])? as f64 / 1e6,
                 multiplier_ttl_ms: (pttl > 0).then(|| non_negative(pttl)),
             })
         })

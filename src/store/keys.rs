@@ -26,13 +26,27 @@ impl Keys {
 
     /// A token bucket of `budget` for `subject`: `pal:v1:{ip:203.0.113.7}:b:ip-anon`.
     pub fn bucket(&self, subject: &SubjectKey, budget: &str) -> String {
-        format!("{}:{{{subject}}}:b:{budget}", self.prefix)
+        self.subject_key(subject, ":b:", budget)
     }
 
     /// The multiplier of `subject` for endpoint class `class`, read by the bucket script:
     /// `pal:v1:{user:42}:m:auth`. Same hash tag as the subject's buckets.
     pub fn multiplier(&self, subject: &SubjectKey, class: &str) -> String {
-        format!("{}:{{{subject}}}:m:{class}", self.prefix)
+        self.subject_key(subject, ":m:", class)
+    }
+
+    /// `<prefix>:{<subject>}<kind><name>`, built without `format!` (on every limit check).
+    fn subject_key(&self, subject: &SubjectKey, kind: &str, name: &str) -> String {
+        let subject = subject.as_str();
+        let mut key =
+            String::with_capacity(self.prefix.len() + subject.len() + kind.len() + name.len() + 3);
+        key.push_str(&self.prefix);
+        key.push_str(":{");
+        key.push_str(subject);
+        key.push('}');
+        key.push_str(kind);
+        key.push_str(name);
+        key
     }
 }
 

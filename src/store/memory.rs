@@ -4,24 +4,36 @@
 //! never across `.await`). A request that touches several shards locks them in index order,
 //! so multi-scope checks are atomic without deadlocks. Full buckets are swept when a shard
 //! doubles in size, so memory follows the number of active keys.
+//!
+//! A bucket is found by a 128-bit hash of its key (two `foldhash` hashes with random
+//! per-process seeds) rather than by the string: the entry is 24 bytes inline, a lookup is
+//! one cache miss instead of two, and nothing is allocated per check. Two keys would share
+//! a bucket only on a 128-bit collision (about n²/2¹²⁹ for n keys), and random seeds keep
+//! callers from steering ids towards one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
+use smallvec::SmallVec;
+
 type Map<V> = HashMap<Box<str>, V, foldhash::fast::RandomState>;
+/// `[u64; 2]`, not `u128`: 8-byte alignment keeps an entry at 24 bytes instead of 32.
+type BucketMap = HashMap<[u64; 2], f64, foldhash::fast::RandomState>;
 
 const SHARDS: usize = 64;
 const MIN_SWEEP: usize = 1024;
 
 #[derive(Debug, Default)]
 struct Shard {
-    /// Bucket key → theoretical arrival time, µs of the monotonic clock.
-    buckets: Map<f64>,
+    /// Hash of the bucket key → theoretical arrival time, µs of the monotonic clock.
+    buckets: BucketMap,
     sweep_at: usize,
 }
 
 #[derive(Debug)]
 struct Inner {
+    /// Seeds of the two halves of a bucket key's 128-bit hash.
+    seeds: (foldhash::fast::RandomState, foldhash::fast::RandomState),
     shards: Vec<Mutex<Shard>>,
     /// Multiplier key → (value, expiry in monotonic µs).
     multipliers: RwLock<Map<(f64, Option<u64>)>>,
@@ -39,22 +51,16 @@ impl Default for MemoryHot {
     }
 }
 
-fn shard_of(key: &str) -> usize {
-    use std::hash::BuildHasher;
-    static SEED: std::sync::LazyLock<foldhash::fast::FixedState> =
-        std::sync::LazyLock::new(|| foldhash::fast::FixedState::with_seed(0x9e37_79b9_7f4a_7c15));
-    (SEED.hash_one(key) as usize) % SHARDS
-}
-
 impl MemoryHot {
     /// An empty store.
     pub fn new() -> Self {
         Self {
             inner: Arc::new(Inner {
+                seeds: Default::default(),
                 shards: (0..SHARDS)
                     .map(|_| {
                         Mutex::new(Shard {
-                            buckets: Map::default(),
+                            buckets: BucketMap::default(),
                             sweep_at: MIN_SWEEP,
                         })
                     })
@@ -67,18 +73,32 @@ impl MemoryHot {
     /// Reads the stored states of `keys`, lets `decide` compute new ones, and writes them,
     /// all under the keys' shard locks (atomic for this process).
     ///
-    /// `decide` returns its result and, per key, `Some(tat)` to store or `None` to keep.
+    /// `decide` gets the states (None: full or absent) and fills `writes` with `Some(tat)`
+    /// for each key to store.
     pub fn update_buckets<R>(
         &self,
-        keys: &[String],
+        keys: &[&str],
         now_us: f64,
-        decide: impl FnOnce(&[Option<f64>]) -> (R, Vec<Option<f64>>),
+        decide: impl FnOnce(&[Option<f64>], &mut [Option<f64>]) -> R,
     ) -> R {
-        let shard_ids: Vec<usize> = keys.iter().map(|k| shard_of(k)).collect();
+        use std::hash::BuildHasher;
+        let hashes: SmallVec<[[u64; 2]; 8]> = keys
+            .iter()
+            .map(|k| {
+                [
+                    self.inner.seeds.0.hash_one(k),
+                    self.inner.seeds.1.hash_one(k),
+                ]
+            })
+            .collect();
+        let shard_ids: SmallVec<[usize; 8]> = hashes
+            .iter()
+            .map(|h| (h[0] % SHARDS as u64) as usize)
+            .collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> = order
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 8]> = order
             .iter()
             .map(|&i| {
                 self.inner.shards[i]
@@ -87,26 +107,28 @@ impl MemoryHot {
             })
             .collect();
         let slot = |shard: usize| order.binary_search(&shard).unwrap_or(0);
-        let states: Vec<Option<f64>> = keys
+        let states: SmallVec<[Option<f64>; 8]> = hashes
             .iter()
             .zip(&shard_ids)
-            .map(|(key, &shard)| {
+            .map(|(hash, &shard)| {
                 guards[slot(shard)]
                     .buckets
-                    .get(key.as_str())
+                    .get(hash)
                     .copied()
                     .filter(|&tat| tat > now_us)
             })
             .collect();
-        let (result, writes) = decide(&states);
-        for ((key, &shard), write) in keys.iter().zip(&shard_ids).zip(writes) {
-            if let Some(tat) = write {
-                let guard = &mut guards[slot(shard)];
-                guard.buckets.insert(key.as_str().into(), tat);
-                if guard.buckets.len() >= guard.sweep_at {
-                    guard.buckets.retain(|_, tat| *tat > now_us);
-                    guard.sweep_at = (guard.buckets.len() * 2).max(MIN_SWEEP);
-                }
+        let mut writes: SmallVec<[Option<f64>; 8]> = smallvec::smallvec![None; keys.len()];
+        let result = decide(&states, &mut writes);
+        for ((hash, &shard), write) in hashes.iter().zip(&shard_ids).zip(writes) {
+            let Some(tat) = write else { continue };
+            let guard = &mut guards[slot(shard)];
+            if guard.buckets.insert(*hash, tat).is_some() {
+                continue;
+            }
+            if guard.buckets.len() >= guard.sweep_at {
+                guard.buckets.retain(|_, tat| *tat > now_us);
+                guard.sweep_at = (guard.buckets.len() * 2).max(MIN_SWEEP);
             }
         }
         result

@@ -716,3 +716,17 @@ async fn redis_cluster_keeps_every_budget() {
     let other_ip = second.limit_check(&login("leo", "203.0.113.92")).await;
     assert_eq!(other_ip.headers()["x-ratelimit-remaining"], "4");
 }
+
+/// README's budgets table is the output of `palisade budgets` with the default settings.
+#[test]
+fn readme_budgets_table_matches_palisade_budgets() {
+    let table =
+        palisade::limiter::Budgets::from_settings(&palisade::config::LimitSettings::default())
+            .markdown();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    assert!(
+        readme.contains(&table),
+        "README.md is stale: paste the output of `palisade budgets`"
+    );
+}

@@ -1,0 +1,111 @@
+//! In-process limiter vs the `governor` crate's keyed limiter, 100k keys, one thread.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use palisade::clock::ManualClock;
+use palisade::config::LimitSettings;
+use palisade::limiter::bucket::{self, Params};
+use palisade::limiter::{LimitRequest, Limiter};
+use palisade::model::{ClientIp, SubjectKey};
+use palisade::store::{Hot, Keys, MemoryHot};
+
+const KEYS: u64 = 100_000;
+
+/// One bucket per key, every check allowed (a generous quota), keys visited round-robin:
+/// the cost of the decision and the keyed store, as governor measures itself.
+pub fn in_process_vs_governor(c: &mut Criterion) {
+    let mut group = c.benchmark_group("in_process_check_100k_keys");
+    group.throughput(Throughput::Elements(1));
+
+    let quota = governor::Quota::per_second(NonZeroU32::new(1_000_000).unwrap());
+    let governor = governor::RateLimiter::<u64, _, _>::keyed(quota);
+    let mut next = 0u64;
+    group.bench_function(BenchmarkId::new("governor", KEYS), |b| {
+        b.iter(|| {
+            next = (next + 1) % KEYS;
+            black_box(governor.check_key(&next).is_ok())
+        });
+    });
+
+    let memory = MemoryHot::new();
+    // A bucket that never refills to full within the run, so every key stays resident,
+    // as in governor (which never evicts): the comparison is check vs check.
+    let params = Params {
+        capacity: 1e9,
+        refill_per_s: 1.0,
+        multiplier: 1.0,
+    };
+    let mut index = 0u64;
+    let mut now_us = 0.0f64;
+    // The limiter builds each key as it checks (it is then in cache), as governor is handed
+    // a fresh u64: format into a reused buffer instead of reading 100k cold strings.
+    let mut key = String::with_capacity(64);
+    group.bench_function(BenchmarkId::new("palisade", KEYS), |b| {
+        b.iter(|| {
+            use std::fmt::Write;
+            index = (index + 1) % KEYS;
+            now_us += 0.1;
+            key.clear();
+            let _ = write!(key, "pal:v1:{{user:{index}}}:b:b");
+            let allowed = memory.update_buckets(&[key.as_str()], now_us, |states, writes| {
+                let verdict = bucket::evaluate(states[0], now_us, params, 1.0);
+                writes[0] = verdict.allowed.then_some(verdict.new_tat);
+                verdict.allowed
+            });
+            black_box(allowed)
+        });
+    });
+    group.finish();
+}
+
+/// A whole `Limiter::check` in-process: classify, build the keys of every scope, read
+/// multipliers, check and consume atomically (read class with user and device: 4 scopes).
+pub fn full_check(c: &mut Criterion) {
+    let mut group = c.benchmark_group("limiter_check_in_process");
+    group.throughput(Throughput::Elements(1));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let mut settings = LimitSettings::default();
+    // Buckets that never refill to full within the run: every key stays resident.
+    for budget in &mut settings.budgets {
+        budget.limit = 1_000_000_000;
+        budget.period_s = 1_000_000_000;
+    }
+    let limiter = Limiter::new(
+        &settings,
+        Hot::Memory(MemoryHot::new()),
+        Keys::new("pal"),
+        Arc::new(clock.clone()),
+    );
+    let requests: Vec<LimitRequest> = (0..KEYS)
+        .map(|i| LimitRequest {
+            method: "GET".to_owned(),
+            endpoint: "/v1/feed".to_owned(),
+            ip: ClientIp::parse(
+                &format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+                64,
+            )
+            .unwrap(),
+            user: Some(SubjectKey::user(&format!("user-{i}"), 64).unwrap()),
+            device: Some(SubjectKey::device(&format!("device-{i}"), 64).unwrap()),
+            cost: 1,
+            consume: true,
+        })
+        .collect();
+    let mut index = 0usize;
+    group.bench_function(BenchmarkId::new("four_scopes", KEYS), |b| {
+        b.iter(|| {
+            index = (index + 1) % requests.len();
+            clock.advance(Duration::from_micros(1));
+            let decision = runtime.block_on(limiter.check(&requests[index])).unwrap();
+            black_box(decision.allowed)
+        });
+    });
+    group.finish();
+}

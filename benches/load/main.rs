@@ -1,0 +1,525 @@
+//! HTTP and Redis load benchmark of the limiter; figures as ratios against baselines measured
+//! in the same run. Run with:
+//!
+//! ```sh
+//! cargo bench --bench load            # LOAD_SECONDS=8 LOAD_CONCURRENCY=50 LOAD_KEYS=1000000
+//! ```
+//!
+//! It starts its own `redis-server` on a free loopback port (stopped at the end) and:
+//! 1. bytes per bucket key in Redis: our packed-double layout vs the field guide's HASH and
+//!    two-number string, same key names, `INFO memory` delta ÷ `DBSIZE`;
+//! 2. `POST /v1/limit/check` (4 scopes) over HTTP vs `redis-benchmark` EVALSHA of the same
+//!    script with the same keys and arguments, at the same concurrency;
+//! 3. a hot blocked key with and without the L1 cache.
+//!
+//! Everything shares the machine's cores (server, load generator, Redis), as the baselines do.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use palisade::config::Secret;
+use palisade::store::scripts::TOKEN_BUCKET;
+use palisade::{App, Settings};
+use rand::Rng;
+
+/// The same allocator as the `palisade` binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const TOKEN: &str = "load-bench-bootstrap-token-0123456789";
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_redis() -> Redis {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server on PATH");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Redis { child, port }
+}
+
+async fn used_memory(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// Fills `keys` buckets with `fill` (one pipelined batch at a time); returns bytes per key
+/// from `INFO memory` and the `MEMORY USAGE` of one sample key.
+async fn bytes_per_key(
+    conn: &mut redis::aio::MultiplexedConnection,
+    keys: u64,
+    fill: impl Fn(&mut redis::Pipeline, u64),
+) -> (f64, i64, i64) {
+    let _: () = redis::cmd("FLUSHALL")
+        .arg("SYNC")
+        .query_async(conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = used_memory(conn).await;
+    let mut i = 0;
+    while i < keys {
+        let mut pipe = redis::pipe();
+        for k in i..(i + 2000).min(keys) {
+            fill(&mut pipe, k);
+        }
+        let _: () = pipe.query_async(conn).await.unwrap();
+        i += 2000;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = used_memory(conn).await;
+    let count: i64 = redis::cmd("DBSIZE").query_async(conn).await.unwrap();
+    let usage: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(bucket_key(7))
+        .query_async(conn)
+        .await
+        .unwrap();
+    ((after - before) as f64 / count as f64, count, usage)
+}
+
+fn bucket_key(i: u64) -> String {
+    format!(
+        "pal:v1:{{ip:10.{}.{}.{}}}:b:ip-anon",
+        i >> 16 & 255,
+        i >> 8 & 255,
+        i & 255
+    )
+}
+
+async fn memory_section(port: u16, keys: u64) {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    let sha = TOKEN_BUCKET.get_hash().to_owned();
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(include_str!("../../lua/token_bucket.lua"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // 10 per hour: one request leaves a 6-minute TTL, so nothing expires while measuring.
+    let ours = |pipe: &mut redis::Pipeline, k: u64| {
+        let key = bucket_key(k);
+        pipe.cmd("EVALSHA")
+            .arg(&sha)
+            .arg(2)
+            .arg(&key)
+            .arg(format!("{key}:m"))
+            .arg(1)
+            .arg(1)
+            .arg(10)
+            .arg(10.0 / 3600.0)
+            .arg(1)
+            .ignore();
+    };
+    let first = bytes_per_key(&mut conn, keys, ours).await;
+    let hash = bytes_per_key(&mut conn, keys, |pipe, k| {
+        let key = bucket_key(k);
+        pipe.cmd("HSET")
+            .arg(&key)
+            .arg("tokens")
+            .arg("9")
+            .arg("ts")
+            .arg("1764684000000")
+            .ignore();
+        pipe.cmd("PEXPIRE").arg(&key).arg(360_000).ignore();
+    })
+    .await;
+    let string = bytes_per_key(&mut conn, keys, |pipe, k| {
+        pipe.cmd("SET")
+            .arg(bucket_key(k))
+            .arg("9:1764684000000")
+            .arg("PX")
+            .arg(360_000)
+            .ignore();
+    })
+    .await;
+    let last = bytes_per_key(&mut conn, keys, ours).await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let ours_bytes = (first.0 + last.0) / 2.0;
+    println!(
+        "\n## Bytes per bucket key in Redis ({} keys, key like `{}`)\n",
+        first.1,
+        bucket_key(7)
+    );
+    println!(
+        "| layout | INFO used_memory Δ ÷ keys | MEMORY USAGE of one key | vs ours |\n|---|---|---|---|"
+    );
+    println!(
+        "| palisade: packed double, PSETEX (measured first, last) | {:.1}, {:.1} | {} | 1.00 |",
+        first.0, last.0, first.2
+    );
+    println!(
+        "| field guide HASH `tokens`,`ts` + PEXPIRE | {:.1} | {} | {:.2} |",
+        hash.0,
+        hash.2,
+        hash.0 / ours_bytes
+    );
+    println!(
+        "| one string `\"tokens:ts\"` + PX | {:.1} | {} | {:.2} |",
+        string.0,
+        string.2,
+        string.0 / ours_bytes
+    );
+}
+
+struct Run {
+    requests: u64,
+    seconds: f64,
+    latencies_us: Vec<u32>,
+    statuses: [u64; 3],
+}
+
+impl Run {
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.seconds
+    }
+    fn percentile_ms(&self, p: f64) -> f64 {
+        let index = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
+        f64::from(self.latencies_us[index]) / 1000.0
+    }
+}
+
+/// Drives `/v1/limit/check` from `concurrency` tasks for `seconds` with bodies from `body`.
+fn drive(
+    base: &str,
+    concurrency: u64,
+    seconds: u64,
+    body: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync>,
+) -> Run {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!("{base}/v1/limit/check");
+    runtime.block_on(async move {
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(concurrency as usize)
+            .build()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..concurrency {
+            let (client, url, body) = (client.clone(), url.clone(), body.clone());
+            tasks.spawn(async move {
+                let mut latencies = Vec::new();
+                let mut statuses = [0u64; 3];
+                while Instant::now() < deadline {
+                    let payload = body(&mut rand::rng());
+                    let sent = Instant::now();
+                    let response = client
+                        .post(&url)
+                        .bearer_auth(TOKEN)
+                        .header("content-type", "application/json")
+                        .body(payload)
+                        .send()
+                        .await
+                        .expect("palisade answers");
+                    let status = response.status().as_u16();
+                    let _ = response.bytes().await;
+                    latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+                    statuses[match status {
+                        200 => 0,
+                        429 => 1,
+                        _ => 2,
+                    }] += 1;
+                }
+                (latencies, statuses)
+            });
+        }
+        let mut run = Run {
+            requests: 0,
+            seconds: 0.0,
+            latencies_us: Vec::new(),
+            statuses: [0; 3],
+        };
+        while let Some(result) = tasks.join_next().await {
+            let (latencies, statuses) = result.unwrap();
+            run.requests += latencies.len() as u64;
+            run.latencies_us.extend(latencies);
+            for (total, n) in run.statuses.iter_mut().zip(statuses) {
+                *total += n;
+            }
+        }
+        run.seconds = started.elapsed().as_secs_f64();
+        run.latencies_us.sort_unstable();
+        run
+    })
+}
+
+struct Server {
+    base: String,
+    _runtime: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        database_url: format!("sqlite://{}", dir.path().join("bench.db").display()),
+        redis_url: Some(format!("redis://127.0.0.1:{redis_port}")),
+        bootstrap_token: Some(Secret::new(TOKEN)),
+        ..Settings::default()
+    };
+    settings.limits.l1_ttl_ms = l1_ttl_ms;
+    settings.store.redis_key_prefix = format!("l1x{l1_ttl_ms}");
+    let settings = settings.validate().unwrap();
+    let base = runtime.block_on(async {
+        let app = App::build(settings.clone()).await.unwrap().into_state();
+        let listener = tokio::net::TcpListener::bind(settings.listen)
+            .await
+            .unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(palisade::serve(app, listener, std::future::pending()));
+        base
+    });
+    Server {
+        base,
+        _runtime: runtime,
+        _dir: dir,
+    }
+}
+
+/// `redis-benchmark` EVALSHA of the 4-scope call `/v1/limit/check` makes for a read with
+/// user and device (global, ip-authn, user-read, device): requests per second and p99.
+fn redis_benchmark(port: u16, concurrency: u64, requests: u64) -> (f64, f64) {
+    let sha = TOKEN_BUCKET.get_hash();
+    let keys = [
+        "rb:v1:{global}:b:global".to_owned(),
+        "rb:v1:{global}:m:read".to_owned(),
+        "rb:v1:{ip:__rand_int__}:b:ip-authn".to_owned(),
+        "rb:v1:{ip:__rand_int__}:m:read".to_owned(),
+        "rb:v1:{user:__rand_int__}:b:user-read".to_owned(),
+        "rb:v1:{user:__rand_int__}:m:read".to_owned(),
+        "rb:v1:{device:__rand_int__}:b:device".to_owned(),
+        "rb:v1:{device:__rand_int__}:m:read".to_owned(),
+    ];
+    let args = [
+        "1", "1", "100000", "100000", "1", "600", "10", "1", "300", "5", "1", "600", "10", "1",
+    ];
+    let output = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            &concurrency.to_string(),
+            "-n",
+            &requests.to_string(),
+        ])
+        .args(["-r", "100000", "--csv", "EVALSHA", sha, "8"])
+        .args(&keys)
+        .args(args)
+        .output()
+        .expect("redis-benchmark on PATH");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let row = text.lines().last().expect("redis-benchmark output");
+    let fields: Vec<f64> = row
+        .split(',')
+        .skip(1)
+        .filter_map(|f| f.trim_matches('"').parse().ok())
+        .collect();
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+    (fields[0], fields[5])
+}
+
+const WRK_SCRIPT: &str = r#"
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer TOKEN"
+request = function()
+  local n = math.random(0, 99999)
+  local body = string.format('{"endpoint":"/v1/feed","ip":"10.%d.%d.%d","user_id":"u%d","device_id":"d%d"}',
+    math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256, n, n)
+  return wrk.format(nil, nil, nil, body)
+end
+done = function(summary, latency, requests)
+  io.write(string.format("WRK %d %f %f %f %f %d\n", summary.requests, summary.duration / 1e6,
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency:percentile(99.9) / 1000,
+    summary.errors.status))
+end
+"#;
+
+/// `wrk` (C, like redis-benchmark) driving the same 4-scope bodies: (requests/s, p50, p99,
+/// p99.9 ms, non-2xx), or None when wrk is not installed (`apt-get install wrk`).
+fn wrk(base: &str, concurrency: u64, seconds: u64) -> Option<(f64, f64, f64, f64, u64)> {
+    let dir = tempfile::tempdir().ok()?;
+    let script = dir.path().join("check.lua");
+    std::fs::write(&script, WRK_SCRIPT.replace("TOKEN", TOKEN)).ok()?;
+    let output = Command::new("wrk")
+        .args([
+            "-t2",
+            &format!("-c{concurrency}"),
+            &format!("-d{seconds}s"),
+            "-s",
+        ])
+        .arg(&script)
+        .arg(format!("{base}/v1/limit/check"))
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text.lines().find(|l| l.starts_with("WRK "))?;
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    Some((v[0] / v[1], v[2], v[3], v[4], v[5] as u64))
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let seconds = env_or(
+        "LOAD_SECONDS",
+        if std::env::var("CI").is_ok() { 2 } else { 8 },
+    );
+    let concurrency = env_or("LOAD_CONCURRENCY", 50);
+    let keys = env_or("LOAD_KEYS", 1_000_000);
+    let redis = start_redis();
+    println!(
+        "# Palisade load benchmark ({} cores, {seconds} s per HTTP run, concurrency {concurrency})",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(memory_section(redis.port, keys));
+
+    // Load the script so redis-benchmark's EVALSHA finds it.
+    let server = start_palisade(redis.port, 250);
+    let warm = drive(
+        &server.base,
+        4,
+        1,
+        Arc::new(|_| r#"{"endpoint":"/v1/feed","ip":"10.0.0.1"}"#.to_owned()),
+    );
+    assert!(warm.requests > 0);
+    let four_scopes: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync> = Arc::new(
+        |rng| {
+            let n: u32 = rng.random_range(0..100_000);
+            format!(
+                r#"{{"endpoint":"/v1/feed","ip":"10.{}.{}.{}","user_id":"u{n}","device_id":"d{n}"}}"#,
+                n >> 16 & 255,
+                n >> 8 & 255,
+                n & 255
+            )
+        },
+    );
+    let http = drive(&server.base, concurrency, seconds, four_scopes);
+    let (raw_rps, raw_p99) = redis_benchmark(
+        redis.port,
+        concurrency,
+        (http.rps() as u64 * seconds).max(100_000),
+    );
+    println!("\n## `/v1/limit/check`, 4 scopes, 100k users/IPs/devices, over HTTP vs raw script\n");
+    println!(
+        "The first row's client is Rust (reqwest) in the same process; the wrk row's is C, like redis-benchmark.\n"
+    );
+    println!(
+        "| what | requests/s | p50 ms | p99 ms | p99.9 ms | ratio |\n|---|---|---|---|---|---|"
+    );
+    println!(
+        "| palisade HTTP (200: {}, 429: {}, other: {}) | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+        http.statuses[0],
+        http.statuses[1],
+        http.statuses[2],
+        http.rps(),
+        http.percentile_ms(0.5),
+        http.percentile_ms(0.99),
+        http.percentile_ms(0.999),
+        http.rps() / raw_rps
+    );
+    if let Some((rps, p50, p99, p999, non_2xx)) = wrk(&server.base, concurrency, seconds) {
+        println!(
+            "| palisade HTTP driven by wrk -t2 (non-2xx: {non_2xx}) | {rps:.0} | {p50:.2} | {p99:.2} | {p999:.2} | {:.2} |",
+            rps / raw_rps
+        );
+    }
+    println!(
+        "| redis-benchmark EVALSHA, same script and keys | {raw_rps:.0} | | {raw_p99:.2} | | 1.00 |"
+    );
+
+    let hot_blocked: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync> =
+        Arc::new(|_| {
+            r#"{"endpoint":"/auth/login","method":"POST","ip":"10.9.9.9","user_id":"victim"}"#
+                .to_owned()
+        });
+    let with_l1 = drive(&server.base, concurrency, seconds, hot_blocked.clone());
+    let no_l1_server = start_palisade(redis.port, 0);
+    let without_l1 = drive(&no_l1_server.base, concurrency, seconds, hot_blocked);
+    println!("\n## One hot blocked key (brute force after its 429), L1 cache on vs off\n");
+    println!("| L1 | requests/s | p99 ms | 429 share | ratio |\n|---|---|---|---|---|");
+    for (name, run, base) in [
+        ("off (`l1_ttl_ms = 0`)", &without_l1, without_l1.rps()),
+        ("on (250 ms)", &with_l1, without_l1.rps()),
+    ] {
+        println!(
+            "| {name} | {:.0} | {:.2} | {:.4} | {:.2} |",
+            run.rps(),
+            run.percentile_ms(0.99),
+            run.statuses[1] as f64 / run.requests as f64,
+            run.rps() / base
+        );
+    }
+}

@@ -1,0 +1,17 @@
+//! Micro-benchmarks (criterion), one module per area; ratios come from comparing entries of
+//! one group in one run. Run with `cargo bench --bench palisade`.
+
+use criterion::{criterion_group, criterion_main};
+
+/// The same allocator as the `palisade` binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+mod limiter;
+
+criterion_group!(
+    benches,
+    limiter::in_process_vs_governor,
+    limiter::full_check
+);
+criterion_main!(benches);
