@@ -9,7 +9,9 @@ use crate::access::Access;
 use crate::audit::Audit;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Settings;
+use crate::ingest::Ingest;
 use crate::limiter::Limiter;
+use crate::lockout::Lockouts;
 use crate::store::Stores;
 
 /// Everything a request handler or background task needs.
@@ -25,6 +27,10 @@ pub struct App {
     pub audit: Audit,
     /// Layered token buckets (shared with the `tower` middleware, hence the `Arc`).
     pub limiter: Arc<Limiter>,
+    /// Login velocity, challenges, lockouts.
+    pub lockouts: Arc<Lockouts>,
+    /// Auth-event batches.
+    pub ingest: Ingest,
     /// Wall and monotonic time for every domain.
     pub clock: Arc<dyn Clock>,
     /// Prometheus exposition of this process's metrics.
@@ -67,15 +73,56 @@ impl App {
             stores.keys.clone(),
             clock.clone(),
         ));
+        let lockouts = Arc::new(Lockouts::new(
+            &stores,
+            clock.clone(),
+            settings.lockout.clone(),
+            limiter.clone(),
+            audit.clone(),
+            settings.limits.ipv6_prefix_len,
+        ));
+        let ingest = Ingest::new(stores.durable.clone(), clock.clone(), lockouts.clone());
         Ok(App {
             settings: Arc::new(settings),
             stores,
             access,
             audit,
             limiter,
+            lockouts,
+            ingest,
             clock,
             metrics: crate::telemetry::metrics::handle(),
         })
+    }
+
+    /// Starts the background tasks (hourly retention pruning of raw auth events); they stop
+    /// when `shutdown` fires. Each has a one-step function tests call instead
+    /// (`Ingest::prune_once`).
+    pub fn spawn_background(state: &AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let app = state.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {}
+                    _ = shutdown.changed() => return,
+                }
+                let days = i64::try_from(app.settings.lockout.retention_days).unwrap_or(i64::MAX);
+                let cutoff = app
+                    .clock
+                    .now_ms()
+                    .saturating_sub(days.saturating_mul(86_400_000));
+                match app.ingest.prune_once(cutoff).await {
+                    Ok(deleted) => tracing::info!(
+                        deleted,
+                        "pruned {deleted} auth events older than {days} days"
+                    ),
+                    Err(err) => {
+                        tracing::warn!(error.cause = %err, "pruning auth events failed; will retry")
+                    }
+                }
+            }
+        });
     }
 
     /// Wraps the app as router state.

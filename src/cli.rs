@@ -158,7 +158,11 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen} (PALISADE_LISTEN)"))?;
     tracing::info!("listening on http://{listen}");
-    crate::api::serve(app.into_state(), listener, shutdown_signal()).await?;
+    let state = app.into_state();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    App::spawn_background(&state, stopped);
+    crate::api::serve(state, listener, shutdown_signal()).await?;
+    let _ = stop.send(true);
     tracing::info!("shut down");
     Ok(())
 }

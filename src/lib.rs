@@ -6,6 +6,7 @@
 //! - [`cli`]: the sub-commands; [`app`]: [`app::App`], the wiring diagram.
 //! - [`api`]: the HTTP edge (routes, roles, error envelope, OpenAPI).
 //! - [`limiter`]: layered token buckets (Lua in Redis, or in-process); [`model`]: shared nouns.
+//! - [`ingest`]: auth-event batches; [`lockout`]: login velocity, challenges, lockouts.
 //! - [`access`]: API tokens and roles; [`audit`]: who did what.
 //! - [`store`]: durable (Postgres/SQLite) and hot (Redis/in-process) backends.
 //! - [`config`]: settings; [`telemetry`]: logs and metrics; [`clock`]: time, passed in.
@@ -17,7 +18,9 @@ pub mod audit;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod ingest;
 pub mod limiter;
+pub mod lockout;
 pub mod model;
 pub mod store;
 pub mod telemetry;

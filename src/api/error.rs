@@ -285,3 +285,23 @@ impl From<crate::access::Error> for ApiError {
         }
     }
 }
+
+impl From<crate::lockout::Error> for ApiError {
+    fn from(err: crate::lockout::Error) -> Self {
+        use crate::lockout::Error as E;
+        match err {
+            E::NotFound(_) => ApiError::not_found(err.to_string()),
+            E::AlreadyReleased(_) => ApiError::new(ErrorCode::Conflict, err.to_string()),
+            E::Store(store) => store.into(),
+        }
+    }
+}
+
+impl From<crate::ingest::Error> for ApiError {
+    fn from(err: crate::ingest::Error) -> Self {
+        match err {
+            crate::ingest::Error::Store(store) => store.into(),
+            crate::ingest::Error::Lockout(lockout) => lockout.into(),
+        }
+    }
+}

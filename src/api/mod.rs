@@ -6,9 +6,11 @@
 
 pub mod admin;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod health;
 pub mod limit;
+pub mod lockouts;
 pub mod request_id;
 
 use std::sync::Arc;
@@ -67,6 +69,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(health::routes())
         .merge(admin::routes())
         .merge(limit::routes())
+        .merge(events::routes())
+        .merge(lockouts::routes())
 }
 
 /// Builds the whole HTTP application.

@@ -6,6 +6,7 @@
 
 mod http;
 mod limits;
+mod lockout;
 mod store;
 
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use http::HttpSettings;
 pub use limits::{BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, When};
+pub use lockout::{Escalation, LockoutSettings};
 pub use store::StoreSettings;
 
 /// Prefix of every environment variable Palisade reads.
@@ -66,6 +68,8 @@ pub struct Settings {
     pub http: HttpSettings,
     /// Endpoint classes, budgets, failure policy (`[limits]`).
     pub limits: LimitSettings,
+    /// Login velocity, challenges, lockouts (`[lockout]`).
+    pub lockout: LockoutSettings,
     /// Store connection tuning (`[store]`).
     pub store: StoreSettings,
 }
@@ -85,6 +89,7 @@ impl Default for Settings {
             ],
             http: HttpSettings::default(),
             limits: LimitSettings::default(),
+            lockout: LockoutSettings::default(),
             store: StoreSettings::default(),
         }
     }
@@ -231,6 +236,7 @@ impl Settings {
         }
         self.http.validate()?;
         self.limits.validate()?;
+        self.lockout.validate()?;
         self.store.validate()?;
         Ok(self)
     }

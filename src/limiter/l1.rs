@@ -2,11 +2,15 @@
 //! hammering after its 429) is answered without a Redis round trip.
 //!
 //! An entry lives for `min(ttl, retry_after)`: a bucket only refills, so a request of at
-//! least the denied cost stays denied until then. A published multiplier clears the cache.
+//! least the denied cost stays denied until then. It keeps the whole decision (every scope),
+//! so a cached answer has the same headers as a fresh one, with waits shortened by the time
+//! since; other scopes' figures may be up to the TTL old. A published multiplier clears it.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
+
+use std::sync::Arc;
 
 use super::ScopeOutcome;
 
@@ -17,7 +21,7 @@ struct Blocked {
     until_us: u64,
     recorded_us: u64,
     min_cost: u32,
-    outcome: ScopeOutcome,
+    outcomes: Arc<Vec<ScopeOutcome>>,
 }
 
 /// The cache (disabled when the TTL is 0).
@@ -36,12 +40,19 @@ impl L1 {
         }
     }
 
-    /// Remembers that `key` denied a request of `cost`.
-    pub(super) fn remember(&self, key: &str, cost: u32, outcome: &ScopeOutcome, now_us: u64) {
+    /// Remembers that `key` denied a request of `cost`, with the decision's scopes.
+    pub(super) fn remember(
+        &self,
+        key: &str,
+        cost: u32,
+        retry_after_ms: u64,
+        outcomes: &Arc<Vec<ScopeOutcome>>,
+        now_us: u64,
+    ) {
         if self.ttl_us == 0 {
             return;
         }
-        let hold_us = self.ttl_us.min(outcome.retry_after_ms.saturating_mul(1000));
+        let hold_us = self.ttl_us.min(retry_after_ms.saturating_mul(1000));
         if hold_us == 0 {
             return;
         }
@@ -58,14 +69,14 @@ impl L1 {
                 until_us: now_us + hold_us,
                 recorded_us: now_us,
                 min_cost: cost,
-                outcome: outcome.clone(),
+                outcomes: outcomes.clone(),
             },
         );
     }
 
-    /// The cached denial for `key`, with waits shortened by the time since it was
+    /// The cached decision's scopes for `key`, with waits shortened by the time since it was
     /// recorded, if a request of `cost` is still certain to be denied.
-    pub(super) fn blocked(&self, key: &str, cost: u32, now_us: u64) -> Option<ScopeOutcome> {
+    pub(super) fn blocked(&self, key: &str, cost: u32, now_us: u64) -> Option<Vec<ScopeOutcome>> {
         if self.ttl_us == 0 {
             return None;
         }
@@ -75,10 +86,20 @@ impl L1 {
             return None;
         }
         let elapsed_ms = (now_us - entry.recorded_us) / 1000;
-        let mut outcome = entry.outcome.clone();
-        outcome.retry_after_ms = outcome.retry_after_ms.saturating_sub(elapsed_ms).max(1);
-        outcome.reset_ms = outcome.reset_ms.saturating_sub(elapsed_ms);
-        Some(outcome)
+        let outcomes = entry
+            .outcomes
+            .iter()
+            .map(|outcome| {
+                let mut outcome = outcome.clone();
+                if !outcome.allowed {
+                    outcome.retry_after_ms =
+                        outcome.retry_after_ms.saturating_sub(elapsed_ms).max(1);
+                }
+                outcome.reset_ms = outcome.reset_ms.saturating_sub(elapsed_ms);
+                outcome
+            })
+            .collect();
+        Some(outcomes)
     }
 
     /// Forgets every entry.

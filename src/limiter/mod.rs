@@ -255,11 +255,17 @@ impl Limiter {
                 self.outcome(scope, raw)
             })
             .collect();
-        if matches!(self.hot, Hot::Redis(_)) {
+        if matches!(self.hot, Hot::Redis(_)) && outcomes.iter().any(|o| o.enforced && !o.allowed) {
+            let shared = Arc::new(outcomes.clone());
             for (scope, outcome) in scopes.iter().zip(&outcomes) {
                 if outcome.enforced && !outcome.allowed {
-                    self.l1
-                        .remember(&scope.bucket_key, request.cost, outcome, now_us);
+                    self.l1.remember(
+                        &scope.bucket_key,
+                        request.cost,
+                        outcome.retry_after_ms,
+                        &shared,
+                        now_us,
+                    );
                 }
             }
         }
@@ -267,17 +273,12 @@ impl Limiter {
     }
 
     fn l1_hit(&self, scopes: &[Scope], cost: u32, now_us: u64) -> Option<Vec<ScopeOutcome>> {
-        let blocked: Vec<(usize, ScopeOutcome)> = scopes
+        scopes
             .iter()
-            .enumerate()
-            .filter(|(_, s)| s.enforced)
-            .filter_map(|(i, s)| self.l1.blocked(&s.bucket_key, cost, now_us).map(|o| (i, o)))
-            .collect();
-        if blocked.is_empty() {
-            return None;
-        }
-        // Only the blocking scopes are known; report those (the others were not asked).
-        Some(blocked.into_iter().map(|(_, outcome)| outcome).collect())
+            .filter(|s| s.enforced)
+            .find_map(|s| self.l1.blocked(&s.bucket_key, cost, now_us))
+            // The cached decision must be about the same set of scopes.
+            .filter(|outcomes| outcomes.len() == scopes.len())
     }
 
     fn evaluate_memory(
@@ -537,6 +538,29 @@ impl RawOutcome {
             reset_ms: (self.reset_ms as f64 - cost_ms).max(0.0).ceil() as u64,
             ..self
         }
+    }
+}
+
+impl Limiter {
+    /// Removes a subject's multiplier for one class or (None) every class: back to 1.
+    pub async fn clear_multiplier(
+        &self,
+        subject: &SubjectKey,
+        class: Option<&str>,
+    ) -> Result<(), crate::store::Error> {
+        let classes: Vec<&str> = match class {
+            Some(class) => vec![class],
+            None => self.budgets.classes.iter().map(|c| &*c.name).collect(),
+        };
+        for class in classes {
+            let key = self.keys.multiplier(subject, class);
+            match &self.hot {
+                Hot::Memory(memory) => memory.clear_multiplier(&key),
+                Hot::Redis(redis) => redis.query::<()>(redis::cmd("DEL").arg(&key)).await?,
+            }
+        }
+        self.l1.clear();
+        Ok(())
     }
 }
 

@@ -35,6 +35,22 @@ impl Keys {
         self.subject_key(subject, ":m:", class)
     }
 
+    /// A sliding window of login failures of `subject` (`name`: `f` failures, `a` distinct
+    /// accounts, `fi:<ip>` / `fd:<device>` account pairs): `pal:v1:{user:alice}:w:f`.
+    pub fn window(&self, subject: &SubjectKey, name: &str) -> String {
+        self.subject_key(subject, ":w:", name)
+    }
+
+    /// An account's lockout marker (value `lockout_id`, TTL = until): `pal:v1:{user:a}:lock`.
+    pub fn lock(&self, account: &SubjectKey) -> String {
+        self.subject_key(account, ":", "lock")
+    }
+
+    /// IPs and devices an account logged in from successfully: `pal:v1:{user:a}:known`.
+    pub fn known(&self, account: &SubjectKey) -> String {
+        self.subject_key(account, ":", "known")
+    }
+
     /// `<prefix>:{<subject>}<kind><name>`, built without `format!` (on every limit check).
     fn subject_key(&self, subject: &SubjectKey, kind: &str, name: &str) -> String {
         let subject = subject.as_str();

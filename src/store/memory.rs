@@ -30,8 +30,19 @@ struct Shard {
     sweep_at: usize,
 }
 
+/// A sliding window: (score, member) ordered by score.
+#[derive(Debug, Default)]
+struct Window {
+    entries: std::collections::BTreeSet<(i64, Box<str>)>,
+    expires_ms: i64,
+}
+
 #[derive(Debug)]
 struct Inner {
+    /// Sliding windows and small key/value entries (locks, known sets), with expiry in the
+    /// caller's wall-clock milliseconds. std Mutex: never held across `.await`.
+    windows: Mutex<HashMap<String, Window>>,
+    values: Mutex<HashMap<String, (String, i64)>>,
     /// Seeds of the two halves of a bucket key's 128-bit hash.
     seeds: (foldhash::fast::RandomState, foldhash::fast::RandomState),
     shards: Vec<Mutex<Shard>>,
@@ -56,6 +67,8 @@ impl MemoryHot {
     pub fn new() -> Self {
         Self {
             inner: Arc::new(Inner {
+                windows: Mutex::new(HashMap::new()),
+                values: Mutex::new(HashMap::new()),
                 seeds: Default::default(),
                 shards: (0..SHARDS)
                     .map(|_| {
@@ -132,6 +145,133 @@ impl MemoryHot {
             }
         }
         result
+    }
+
+    /// The twin of `lua/velocity_window.lua`: per key, drop entries before `now − window`,
+    /// note the newest score, add `(score, member)` if given, keep at most `cap`, and count.
+    pub fn window_record(
+        &self,
+        keys: &[(String, Option<(String, i64)>)],
+        now_ms: i64,
+        window_ms: i64,
+        cap: usize,
+    ) -> Vec<(u32, Option<i64>)> {
+        let cutoff = now_ms - window_ms;
+        let mut windows = self
+            .inner
+            .windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if windows.len() >= MIN_SWEEP && windows.len().is_power_of_two() {
+            windows.retain(|_, w| w.expires_ms > now_ms);
+        }
+        keys.iter()
+            .map(|(key, add)| {
+                let window = windows.entry(key.clone()).or_default();
+                if window.expires_ms <= now_ms && add.is_none() {
+                    window.entries.clear();
+                }
+                window.entries.retain(|(score, _)| *score >= cutoff);
+                let previous = window.entries.iter().next_back().map(|(score, _)| *score);
+                if let Some((member, score)) = add {
+                    window.entries.retain(|(_, m)| **m != **member);
+                    window.entries.insert((*score, member.as_str().into()));
+                    while window.entries.len() > cap {
+                        window.entries.pop_first();
+                    }
+                    window.expires_ms = now_ms + window_ms;
+                }
+                let count = window
+                    .entries
+                    .iter()
+                    .filter(|(score, _)| *score >= cutoff)
+                    .count();
+                (u32::try_from(count).unwrap_or(u32::MAX), previous)
+            })
+            .collect()
+    }
+
+    /// Members of a window (newest last), for a lockout's event list.
+    pub fn window_members(&self, key: &str, now_ms: i64, window_ms: i64) -> Vec<String> {
+        let windows = self
+            .inner
+            .windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        windows.get(key).map_or_else(Vec::new, |w| {
+            w.entries
+                .iter()
+                .filter(|(score, _)| *score >= now_ms - window_ms)
+                .map(|(_, member)| member.to_string())
+                .collect()
+        })
+    }
+
+    /// Scores of a window's entries within the window (oldest first).
+    pub fn window_scores(&self, key: &str, now_ms: i64, window_ms: i64) -> Vec<i64> {
+        let windows = self
+            .inner
+            .windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        windows.get(key).map_or_else(Vec::new, |w| {
+            w.entries
+                .iter()
+                .map(|(score, _)| *score)
+                .filter(|s| *s >= now_ms - window_ms)
+                .collect()
+        })
+    }
+
+    /// Deletes windows.
+    pub fn window_clear(&self, keys: &[String]) {
+        let mut windows = self
+            .inner
+            .windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for key in keys {
+            windows.remove(key);
+        }
+    }
+
+    /// `SET key value NX PX ttl`: true if it was set.
+    pub fn value_set_nx(&self, key: &str, value: &str, now_ms: i64, ttl_ms: i64) -> bool {
+        let mut values = self
+            .inner
+            .values
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if values
+            .get(key)
+            .is_some_and(|(_, expires)| *expires > now_ms)
+        {
+            return false;
+        }
+        values.insert(key.to_owned(), (value.to_owned(), now_ms + ttl_ms));
+        true
+    }
+
+    /// `GET key` with its remaining TTL in ms.
+    pub fn value_get(&self, key: &str, now_ms: i64) -> Option<(String, i64)> {
+        let values = self
+            .inner
+            .values
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        values
+            .get(key)
+            .filter(|(_, expires)| *expires > now_ms)
+            .map(|(value, expires)| (value.clone(), expires - now_ms))
+    }
+
+    /// `DEL key`.
+    pub fn value_delete(&self, key: &str) {
+        self.inner
+            .values
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
     }
 
     /// Number of stored buckets (full ones may linger until their shard is swept).

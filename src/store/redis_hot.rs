@@ -87,6 +87,22 @@ impl RedisHot {
             .map_err(unavailable)??)
     }
 
+    /// Runs a pipeline (one slot on a cluster), bounded by the timeout.
+    pub async fn query_pipeline<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, Error> {
+        let run = async {
+            match self.conn.clone() {
+                Conn::Single(mut conn) => pipe.query_async(&mut conn).await,
+                Conn::Cluster(mut conn) => pipe.query_async(&mut conn).await,
+            }
+        };
+        Ok(tokio::time::timeout(self.timeout, run)
+            .await
+            .map_err(unavailable)??)
+    }
+
     /// Runs a Lua script by EVALSHA (loading it on NOSCRIPT), bounded by the timeout.
     ///
     /// On a cluster every key must share one slot (callers group keys by hash tag).

@@ -375,6 +375,11 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/admin/tokens/{id}"),
     ("get", "/v1/audit"),
     ("post", "/v1/limit/check"),
+    ("post", "/v1/events/auth"),
+    ("get", "/v1/accounts/{account}/status"),
+    ("get", "/v1/lockouts"),
+    ("get", "/v1/lockouts/{id}"),
+    ("post", "/v1/lockouts/{id}/release"),
 ];
 
 async fn openapi_document_lists_every_route(app: TestApp) {

@@ -7,7 +7,12 @@ use proptest::test_runner::{Config, TestRunner};
 use crate::helpers::{ADMIN_TOKEN, Backend, TestApp};
 
 /// POST routes with JSON bodies; each new area adds its own.
-const JSON_ROUTES: &[&str] = &["/v1/admin/tokens", "/v1/limit/check"];
+const JSON_ROUTES: &[&str] = &[
+    "/v1/admin/tokens",
+    "/v1/limit/check",
+    "/v1/events/auth",
+    "/v1/lockouts/01ARZ3NDEKTSV4RRFFQ69G5FAV/release",
+];
 
 fn body_strategy() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![

@@ -7,3 +7,4 @@ mod cli;
 mod foundation;
 mod fuzz;
 mod limiter;
+mod lockout;

@@ -1,0 +1,186 @@
+//! Auth events and account status (role `ingest`).
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Envelope, ErrorCode};
+use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, role};
+use crate::app::AppState;
+use crate::clock::rfc3339;
+use crate::ingest::{self, Limits};
+use crate::lockout::{AccountStatus, Action, LoginContext, Reason};
+use crate::model::{ClientIp, SubjectKey};
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(post_auth_events))
+        .routes(routes!(account_status))
+}
+
+/// `POST /v1/events/auth` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuthBatch {
+    /// 1–1000 events `{event_id, type: login_failure|login_success, account, ip, device_id?,
+    /// endpoint?, ts?}` (`ts` RFC 3339; absent = time of receipt; at most 24 h old or 5 min
+    /// ahead).
+    #[schema(value_type = Vec<Object>)]
+    pub events: Vec<serde_json::Value>,
+}
+
+/// What to do for one account.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Decision {
+    /// The account.
+    pub account: String,
+    /// `none`, `challenge` or `lockout`.
+    pub action: Action,
+    /// RFC 3339, when locked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub locked_until: Option<String>,
+    /// Why.
+    pub reasons: Vec<Reason>,
+}
+
+/// An accepted batch.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AuthAccepted {
+    /// Events stored by this call.
+    pub accepted: u64,
+    /// Events stored before (same `event_id`); counted once.
+    pub duplicates: u64,
+    /// Per account of the batch, for its latest IP/device.
+    pub decisions: Vec<Decision>,
+}
+
+fn limits(app: &AppState) -> Limits {
+    Limits {
+        max_key_length: app.settings.http.max_key_length,
+        ipv6_prefix_len: app.settings.limits.ipv6_prefix_len,
+    }
+}
+
+/// Posts a batch of login failures/successes (role `ingest`). Idempotent by `event_id`.
+///
+/// A 2xx means every event is durably stored. A bad event rejects the batch with
+/// `details.errors: [{index, reason}]` and stores nothing; more than 1000 events is 413.
+#[utoipa::path(post, path = "/v1/events/auth", tag = "ingest", security(("bearer" = [])),
+    request_body = AuthBatch,
+    responses(
+        (status = 200, body = AuthAccepted),
+        (status = 400, body = Envelope), (status = 401, body = Envelope), (status = 403, body = Envelope),
+        (status = 413, body = Envelope), (status = 503, body = Envelope),
+    ))]
+async fn post_auth_events(
+    _auth: Authorized<role::Ingest>,
+    State(app): State<AppState>,
+    ApiJson(batch): ApiJson<AuthBatch>,
+) -> Result<Json<AuthAccepted>, ApiError> {
+    if batch.events.is_empty() {
+        return Err(ApiError::invalid("events must hold at least one event"));
+    }
+    if batch.events.len() > ingest::MAX_AUTH_BATCH {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "at most {} events per batch; got {}",
+                ingest::MAX_AUTH_BATCH,
+                batch.events.len()
+            ),
+        ));
+    }
+    let events = ingest::parse_auth_batch(&batch.events, app.ingest.now_ms(), limits(&app))
+        .map_err(|errors| {
+            ApiError::invalid(format!(
+                "{} of {} events are invalid; nothing was stored",
+                errors.len(),
+                batch.events.len()
+            ))
+            .with_details(serde_json::json!({ "errors": errors }))
+        })?;
+    let outcome = app.ingest.auth_events(events).await?;
+    Ok(Json(AuthAccepted {
+        accepted: outcome.accepted,
+        duplicates: outcome.duplicates,
+        decisions: outcome
+            .decisions
+            .into_iter()
+            .map(|(account, status)| Decision {
+                account,
+                action: status.action,
+                locked_until: status.locked_until_ms.map(rfc3339),
+                reasons: status.reasons,
+            })
+            .collect(),
+    }))
+}
+
+/// `GET /v1/accounts/{account}/status` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct StatusParams {
+    /// The client IP of the login attempt.
+    pub ip: String,
+    /// The device, if known.
+    pub device_id: Option<String>,
+}
+
+/// Account status for one login attempt.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StatusView {
+    /// The account.
+    pub account: String,
+    /// `none`, `challenge` or `lockout`.
+    pub action: Action,
+    /// RFC 3339, when locked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub locked_until: Option<String>,
+    /// The lockout's id, if the account is locked (also when this context only gets a challenge).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lockout_id: Option<String>,
+    /// Failures of the account in the window.
+    pub failures_in_window: u32,
+    /// Why.
+    pub reasons: Vec<Reason>,
+}
+
+/// What the auth service must do for this login attempt (role `ingest`). Served from the
+/// hot store only (no SQL per login).
+#[utoipa::path(get, path = "/v1/accounts/{account}/status", tag = "ingest", security(("bearer" = [])),
+    params(("account" = String, Path, description = "account name"), StatusParams),
+    responses((status = 200, body = StatusView), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
+async fn account_status(
+    _auth: Authorized<role::Ingest>,
+    State(app): State<AppState>,
+    ApiPath(account): ApiPath<String>,
+    ApiQuery(params): ApiQuery<StatusParams>,
+) -> Result<Json<StatusView>, ApiError> {
+    let limits = limits(&app);
+    let context = LoginContext {
+        account: SubjectKey::user(&account, limits.max_key_length)
+            .map_err(|e| ApiError::invalid(format!("account: {e}")))?,
+        account_name: account.clone(),
+        ip: ClientIp::parse(&params.ip, limits.ipv6_prefix_len).ok_or_else(|| {
+            ApiError::invalid(format!("ip {:.64?} is not an IP address", params.ip))
+        })?,
+        device: params
+            .device_id
+            .as_deref()
+            .map(|d| SubjectKey::device(d, limits.max_key_length))
+            .transpose()
+            .map_err(|e| ApiError::invalid(e.to_string()))?,
+    };
+    let status: AccountStatus = app.lockouts.status(&context).await?;
+    Ok(Json(StatusView {
+        account,
+        action: status.action,
+        locked_until: status.locked_until_ms.map(rfc3339),
+        lockout_id: status.lockout_id,
+        failures_in_window: status.failures_in_window,
+        reasons: status.reasons,
+    }))
+}

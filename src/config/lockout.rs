@@ -1,0 +1,123 @@
+//! `[lockout]`: login-velocity windows, challenge/lockout policy, escalation, spraying.
+
+use serde::{Deserialize, Serialize};
+
+use super::{SettingError, setting_name};
+
+/// How repeat lockouts of one account grow (Keycloak's wait strategies, plus a cap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Escalation {
+    /// `base × factor^(level − 1)`.
+    Multiple,
+    /// `base × level`.
+    Linear,
+    /// Always `base`.
+    None,
+}
+
+/// The `[lockout]` section. Defaults are DESIGN.md's "Default policy".
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LockoutSettings {
+    /// Sliding window of failure counting, seconds. TOML `lockout.window_s`; default 600.
+    pub window_s: u64,
+    /// Failures of an account, or of an account+IP / account+device pair, in the window that
+    /// require a step-up challenge. TOML `lockout.challenge_after`; default 5.
+    pub challenge_after: u32,
+    /// Failures of an account in the window that lock it. TOML `lockout.lockout_after`;
+    /// default 10.
+    pub lockout_after: u32,
+    /// Two failures of one account closer than this (ms) are "faster than a human" and
+    /// require a challenge. TOML `lockout.human_interval_ms`; default 1000 (0 = off).
+    pub human_interval_ms: u64,
+    /// First lockout's duration, seconds. TOML `lockout.base_lockout_s`; default 900.
+    pub base_lockout_s: u64,
+    /// Growth of repeat lockouts: `multiple`, `linear` or `none`. Default `multiple`.
+    pub escalation: Escalation,
+    /// Factor of `multiple` escalation. Default 2.
+    pub escalation_factor: u32,
+    /// Longest lockout, seconds. Default 86400.
+    pub max_lockout_s: u64,
+    /// Lockouts within this many seconds of the previous one escalate; a quiet period this
+    /// long resets the level. Default 86400.
+    pub decay_s: u64,
+    /// After this many temporary lockouts within `decay_s`, lock until an analyst releases
+    /// (0 = never). Default 0.
+    pub permanent_after: u32,
+    /// Distinct accounts failing from one IP (or device) in the window that mark it as
+    /// spraying. Default 20.
+    pub spray_accounts: u32,
+    /// How long a spraying IP/device gets multiplier 0 on the `auth` class, seconds.
+    /// Default 1800.
+    pub spray_block_s: u64,
+    /// How long a successful login's IP and device stay "known" for the lockout-DoS rule,
+    /// days. Default 90.
+    pub known_for_days: u64,
+    /// Raw auth events older than this are pruned, days (lockouts are kept). Default 30.
+    pub retention_days: u64,
+}
+
+impl Default for LockoutSettings {
+    fn default() -> Self {
+        Self {
+            window_s: 600,
+            challenge_after: 5,
+            lockout_after: 10,
+            human_interval_ms: 1000,
+            base_lockout_s: 900,
+            escalation: Escalation::Multiple,
+            escalation_factor: 2,
+            max_lockout_s: 86_400,
+            decay_s: 86_400,
+            permanent_after: 0,
+            spray_accounts: 20,
+            spray_block_s: 1800,
+            known_for_days: 90,
+            retention_days: 30,
+        }
+    }
+}
+
+impl LockoutSettings {
+    pub(super) fn validate(&self) -> Result<(), SettingError> {
+        let positive = [
+            ("lockout.window_s", self.window_s),
+            ("lockout.challenge_after", u64::from(self.challenge_after)),
+            ("lockout.lockout_after", u64::from(self.lockout_after)),
+            ("lockout.base_lockout_s", self.base_lockout_s),
+            (
+                "lockout.escalation_factor",
+                u64::from(self.escalation_factor),
+            ),
+            ("lockout.max_lockout_s", self.max_lockout_s),
+            ("lockout.decay_s", self.decay_s),
+            ("lockout.spray_accounts", u64::from(self.spray_accounts)),
+            ("lockout.spray_block_s", self.spray_block_s),
+            ("lockout.known_for_days", self.known_for_days),
+            ("lockout.retention_days", self.retention_days),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(SettingError::new(setting_name(key), "must be at least 1"));
+        }
+        if self.challenge_after > self.lockout_after {
+            return Err(SettingError::new(
+                setting_name("lockout.challenge_after"),
+                "must not be greater than lockout.lockout_after",
+            ));
+        }
+        if self.lockout_after > 1000 || self.spray_accounts > 1000 {
+            return Err(SettingError::new(
+                setting_name("lockout.lockout_after"),
+                "thresholds are at most 1000 (windows keep at most that many entries)",
+            ));
+        }
+        if self.base_lockout_s > self.max_lockout_s {
+            return Err(SettingError::new(
+                setting_name("lockout.base_lockout_s"),
+                "must not be greater than lockout.max_lockout_s",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,306 @@
+//! Ingest: auth-event batches parsed with per-index errors, stored idempotently, then fed to
+//! the lockout signals.
+//!
+//! A 2xx means every event of the batch is durably stored (the SQL insert commits before the
+//! signals run). Velocity windows count event ids, so a retried batch counts nothing twice
+//! even if a previous attempt failed half-way through the signals.
+
+mod store;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::clock::Clock;
+use crate::lockout::{AccountStatus, Lockouts, LoginContext};
+use crate::model::{ClientIp, SubjectKey};
+use crate::store::Durable;
+
+/// Largest auth batch.
+pub const MAX_AUTH_BATCH: usize = 1000;
+/// Events older than this are rejected (ms).
+pub const MAX_AGE_MS: i64 = 24 * 3_600_000;
+/// Events further in the future than this are rejected (ms).
+pub const MAX_FUTURE_MS: i64 = 5 * 60_000;
+
+/// Kind of an auth event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthKind {
+    /// Wrong password, wrong OTP, …
+    LoginFailure,
+    /// A login that succeeded.
+    LoginSuccess,
+}
+
+impl AuthKind {
+    /// Name in JSON and SQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthKind::LoginFailure => "login_failure",
+            AuthKind::LoginSuccess => "login_success",
+        }
+    }
+}
+
+/// An auth event as posted.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAuthEvent {
+    event_id: String,
+    #[serde(rename = "type")]
+    kind: AuthKind,
+    account: String,
+    ip: String,
+    #[serde(default)]
+    device_id: Option<String>,
+    #[serde(default)]
+    endpoint: Option<String>,
+    #[serde(default)]
+    ts: Option<String>,
+}
+
+/// A validated auth event.
+#[derive(Debug, Clone)]
+pub struct AuthEvent {
+    /// Idempotency key, 1–128 printable characters.
+    pub event_id: String,
+    /// Failure or success.
+    pub kind: AuthKind,
+    /// Subjects of the attempt.
+    pub context: LoginContext,
+    /// Device id as sent.
+    pub device_id: Option<String>,
+    /// Endpoint, at most 2048 bytes.
+    pub endpoint: Option<String>,
+    /// Event time, Unix ms (time of receipt when absent).
+    pub ts_ms: i64,
+}
+
+/// One bad event of a batch.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct EventError {
+    /// Position in `events`.
+    pub index: usize,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// Limits that apply when parsing.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Longest account / device id.
+    pub max_key_length: usize,
+    /// IPv6 prefix for IP subjects.
+    pub ipv6_prefix_len: u8,
+}
+
+fn printable(text: &str) -> bool {
+    !text.chars().any(char::is_control)
+}
+
+fn parse_one(value: &serde_json::Value, now_ms: i64, limits: Limits) -> Result<AuthEvent, String> {
+    let raw: RawAuthEvent = serde_json::from_value(value.clone()).map_err(|e| e.to_string())?;
+    if raw.event_id.is_empty() || raw.event_id.len() > 128 || !printable(&raw.event_id) {
+        return Err("event_id must be 1-128 printable characters".to_owned());
+    }
+    if !printable(&raw.account) {
+        return Err("account must not contain control characters".to_owned());
+    }
+    let account = SubjectKey::user(&raw.account, limits.max_key_length)
+        .map_err(|_| format!("account must be 1-{} characters", limits.max_key_length))?;
+    let ip = ClientIp::parse(&raw.ip, limits.ipv6_prefix_len)
+        .ok_or_else(|| format!("ip {:.64?} is not an IP address", raw.ip))?;
+    let device = raw
+        .device_id
+        .as_deref()
+        .map(|d| SubjectKey::device(d, limits.max_key_length))
+        .transpose()
+        .map_err(|_| format!("device_id must be 1-{} characters", limits.max_key_length))?;
+    if raw.endpoint.as_ref().is_some_and(|e| e.len() > 2048) {
+        return Err("endpoint is longer than 2048 bytes".to_owned());
+    }
+    let ts_ms = match raw.ts.as_deref() {
+        None => now_ms,
+        Some(text) => chrono::DateTime::parse_from_rfc3339(text)
+            .map_err(|_| format!("ts {text:.40?} is not an RFC 3339 timestamp"))?
+            .timestamp_millis(),
+    };
+    if ts_ms < now_ms - MAX_AGE_MS {
+        return Err("ts is more than 24 h in the past".to_owned());
+    }
+    if ts_ms > now_ms + MAX_FUTURE_MS {
+        return Err("ts is more than 5 min in the future".to_owned());
+    }
+    Ok(AuthEvent {
+        event_id: raw.event_id,
+        kind: raw.kind,
+        context: LoginContext {
+            account,
+            account_name: raw.account,
+            ip,
+            device,
+        },
+        device_id: raw.device_id,
+        endpoint: raw.endpoint,
+        ts_ms,
+    })
+}
+
+/// Parses a batch; any bad event rejects the whole batch with every bad index and reason.
+pub fn parse_auth_batch(
+    values: &[serde_json::Value],
+    now_ms: i64,
+    limits: Limits,
+) -> Result<Vec<AuthEvent>, Vec<EventError>> {
+    let mut events = Vec::with_capacity(values.len());
+    let mut errors = Vec::new();
+    for (index, value) in values.iter().enumerate() {
+        match parse_one(value, now_ms, limits) {
+            Ok(event) => events.push(event),
+            Err(reason) => errors.push(EventError { index, reason }),
+        }
+    }
+    if errors.is_empty() {
+        Ok(events)
+    } else {
+        Err(errors)
+    }
+}
+
+/// The result of an accepted batch.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Events stored now.
+    pub accepted: u64,
+    /// Events stored before (same `event_id`).
+    pub duplicates: u64,
+    /// Per account of the batch (in first-seen order): what to do for its latest context.
+    pub decisions: Vec<(String, AccountStatus)>,
+}
+
+/// Why a batch could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A store failed (the durable insert failing means nothing was stored).
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+    /// The lockout signals failed after the events were stored.
+    #[error(transparent)]
+    Lockout(#[from] crate::lockout::Error),
+}
+
+/// The ingest service.
+#[derive(Debug)]
+pub struct Ingest {
+    durable: Durable,
+    clock: Arc<dyn Clock>,
+    lockouts: Arc<Lockouts>,
+}
+
+impl Ingest {
+    /// Ingest over the durable store, feeding `lockouts`.
+    pub fn new(durable: Durable, clock: Arc<dyn Clock>, lockouts: Arc<Lockouts>) -> Self {
+        Self {
+            durable,
+            clock,
+            lockouts,
+        }
+    }
+
+    /// The clock's now (for parsing relative to the same time the service uses).
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Stores a parsed batch (idempotent by `event_id`), then feeds every event to the
+    /// lockout signals in time order and answers each account's status.
+    pub async fn auth_events(&self, mut events: Vec<AuthEvent>) -> Result<Outcome, Error> {
+        let now = self.clock.now_ms();
+        let accepted = store::insert_auth(&self.durable, &events, now).await?;
+        let duplicates = events.len() as u64 - accepted;
+        events.sort_by_key(|e| e.ts_ms);
+        let mut latest: BTreeMap<String, (usize, LoginContext)> = BTreeMap::new();
+        for (order, event) in events.iter().enumerate() {
+            match event.kind {
+                AuthKind::LoginFailure => {
+                    self.lockouts
+                        .record_failure(&event.context, &event.event_id, event.ts_ms)
+                        .await?
+                }
+                AuthKind::LoginSuccess => {
+                    self.lockouts
+                        .record_success(&event.context, event.ts_ms)
+                        .await?
+                }
+            }
+            let first_seen = latest
+                .get(&event.context.account_name)
+                .map_or(order, |(seen, _)| *seen);
+            latest.insert(
+                event.context.account_name.clone(),
+                (first_seen, event.context.clone()),
+            );
+        }
+        let mut ordered: Vec<(usize, String, LoginContext)> =
+            latest.into_iter().map(|(a, (o, c))| (o, a, c)).collect();
+        ordered.sort_by_key(|(order, _, _)| *order);
+        let mut decisions = Vec::with_capacity(ordered.len());
+        for (_, account, context) in ordered {
+            decisions.push((account, self.lockouts.status(&context).await?));
+        }
+        Ok(Outcome {
+            accepted,
+            duplicates,
+            decisions,
+        })
+    }
+
+    /// Deletes raw auth events older than `older_than_ms` (lockouts are kept); returns the
+    /// number deleted. Run by a background task; tests call it directly.
+    pub async fn prune_once(&self, older_than_ms: i64) -> Result<u64, Error> {
+        Ok(store::prune(&self.durable, older_than_ms).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const LIMITS: Limits = Limits {
+        max_key_length: 64,
+        ipv6_prefix_len: 64,
+    };
+
+    #[test]
+    fn a_bad_event_rejects_the_batch_with_every_index_and_reason() {
+        let now = 1_800_000_000_000;
+        let batch = vec![
+            json!({"event_id": "a", "type": "login_failure", "account": "alice", "ip": "192.0.2.1"}),
+            json!({"event_id": "b", "type": "login_maybe", "account": "alice", "ip": "192.0.2.1"}),
+            json!({"event_id": "c", "type": "login_failure", "account": "alice", "ip": "nope"}),
+            json!({"event_id": "d", "type": "login_failure", "account": "alice", "ip": "192.0.2.1", "ts": "2020-01-01T00:00:00Z"}),
+            json!({"event_id": "", "type": "login_failure", "account": "alice", "ip": "192.0.2.1"}),
+        ];
+        let errors = parse_auth_batch(&batch, now, LIMITS).unwrap_err();
+        let indexes: Vec<usize> = errors.iter().map(|e| e.index).collect();
+        assert_eq!(indexes, vec![1, 2, 3, 4]);
+        assert!(errors[2].reason.contains("24 h"));
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_and_timestamps_are_normalised() {
+        let now = 1_800_000_000_000;
+        let ts = chrono::DateTime::from_timestamp_millis(now - 1000)
+            .unwrap()
+            .to_rfc3339();
+        let batch = vec![
+            json!({"event_id": "a", "type": "login_success", "account": "bob", "ip": "::ffff:198.51.100.4", "ts": ts}),
+        ];
+        let events = parse_auth_batch(&batch, now, LIMITS).unwrap();
+        assert_eq!(events[0].context.ip.addr().to_string(), "198.51.100.4");
+        assert_eq!(events[0].ts_ms, now - 1000);
+    }
+}

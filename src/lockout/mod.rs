@@ -1,0 +1,533 @@
+//! Login velocity, challenges and lockouts.
+//!
+//! Owns the sliding-window counters (hot store, [`velocity`]) and lockout records (durable
+//! store, [`store`]). Decides `none | challenge | lockout` in [`policy::decide`], which is
+//! pure; read it first. Does not know HTTP: `api::lockouts` maps [`Lockout`] to JSON.
+//!
+//! Lockout-DoS rule: an account lockout refuses attempts only from IPs and devices the
+//! account has **not** logged in from successfully (within `known_for_days`); from a known
+//! IP or device the answer is a challenge at worst, so knowing a victim's account name is not
+//! enough to lock the victim out of their own phone.
+
+pub mod policy;
+mod store;
+pub mod velocity;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use policy::{Action, Reason};
+
+use crate::audit::{Actor, Audit};
+use crate::clock::Clock;
+use crate::config::LockoutSettings;
+use crate::limiter::Limiter;
+use crate::model::{ClientIp, SubjectKey};
+use crate::store::{Durable, Hot, Keys, Stores};
+use velocity::WindowOp;
+
+/// A lockout record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Lockout {
+    /// ULID.
+    pub id: String,
+    /// The account.
+    pub account: String,
+    /// What is locked: `account`.
+    pub scope: String,
+    /// Reason code, e.g. `account_failures`.
+    pub reason: String,
+    /// Failures in the window when it was created.
+    pub failures: u32,
+    /// Escalation level (1 = first within the decay period).
+    pub level: u32,
+    /// Unix ms.
+    pub created_at_ms: i64,
+    /// Unix ms (far future for a permanent lockout).
+    pub locked_until_ms: i64,
+    /// Unix ms, if released.
+    pub released_at_ms: Option<i64>,
+    /// Name of the token that released it.
+    pub released_by: Option<String>,
+    /// Why it was released.
+    pub release_reason: Option<String>,
+}
+
+/// A failure event that caused a lockout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LockoutEvent {
+    /// The auth service's event id.
+    pub event_id: String,
+    /// `login_failure` or `login_success`.
+    pub kind: String,
+    /// Account.
+    pub account: String,
+    /// Client IP.
+    pub ip: String,
+    /// Device, if sent.
+    pub device_id: Option<String>,
+    /// Endpoint, if sent.
+    pub endpoint: Option<String>,
+    /// Event time, Unix ms.
+    pub ts_ms: i64,
+}
+
+/// Which lockouts to list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Not released and not yet expired.
+    Active,
+    /// Released by an analyst.
+    Released,
+    /// Ran out by themselves.
+    Expired,
+    /// Every lockout.
+    All,
+}
+
+/// A filter and page position for [`Lockouts::list`].
+#[derive(Debug, Clone)]
+pub struct Query {
+    /// Status filter.
+    pub status: Status,
+    /// Only this account.
+    pub account: Option<String>,
+    /// Only lockouts created at or after this Unix ms.
+    pub since_ms: Option<i64>,
+    /// Only lockouts older than this id (the previous page's cursor).
+    pub before: Option<ulid::Ulid>,
+    /// Page size 1..=500.
+    pub limit: u32,
+}
+
+/// What the auth service must do for one login context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountStatus {
+    /// The action.
+    pub action: Action,
+    /// Until when, if locked (Unix ms).
+    pub locked_until_ms: Option<i64>,
+    /// The lockout, if locked.
+    pub lockout_id: Option<String>,
+    /// Failures of the account in the window.
+    pub failures_in_window: u32,
+    /// Why.
+    pub reasons: Vec<Reason>,
+}
+
+/// One login attempt's subjects, parsed at the boundary.
+#[derive(Debug, Clone)]
+pub struct LoginContext {
+    /// The account (`user:…`, the key the limiter's auth budgets use).
+    pub account: SubjectKey,
+    /// The account name as sent.
+    pub account_name: String,
+    /// Client IP.
+    pub ip: ClientIp,
+    /// Device, if known.
+    pub device: Option<SubjectKey>,
+}
+
+/// Why a lockout operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No lockout with this id.
+    #[error("no lockout with id {0:?}")]
+    NotFound(String),
+    /// Released before.
+    #[error("lockout {0} is already released")]
+    AlreadyReleased(String),
+    /// A store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+}
+
+/// The lockout service.
+#[derive(Debug)]
+pub struct Lockouts {
+    durable: Durable,
+    hot: Hot,
+    keys: Keys,
+    clock: Arc<dyn Clock>,
+    settings: LockoutSettings,
+    limiter: Arc<Limiter>,
+    audit: Audit,
+    ipv6_prefix_len: u8,
+}
+
+const PERMANENT_MS: i64 = 100 * 365 * 86_400_000;
+
+impl Lockouts {
+    /// The service (`ipv6_prefix_len` keys IPv6 clients as the limiter does); `limiter` receives the `user:` multiplier 0 of locked accounts and the
+    /// `ip:` / `device:` multiplier 0 of spraying sources.
+    pub fn new(
+        stores: &Stores,
+        clock: Arc<dyn Clock>,
+        settings: LockoutSettings,
+        limiter: Arc<Limiter>,
+        audit: Audit,
+        ipv6_prefix_len: u8,
+    ) -> Self {
+        Self {
+            durable: stores.durable.clone(),
+            hot: stores.hot.clone(),
+            keys: stores.keys.clone(),
+            clock,
+            settings,
+            limiter,
+            audit,
+            ipv6_prefix_len,
+        }
+    }
+
+    fn window_ms(&self) -> i64 {
+        i64::try_from(self.settings.window_s.saturating_mul(1000)).unwrap_or(i64::MAX)
+    }
+
+    fn context_windows(&self, context: &LoginContext, add: Option<(String, i64)>) -> Vec<WindowOp> {
+        let mut ops = vec![
+            WindowOp {
+                key: self.keys.window(&context.account, "f"),
+                add: add.clone(),
+            },
+            WindowOp {
+                key: self.keys.window(
+                    &context.account,
+                    &format!("fi:{}", SubjectKey::ip(&context.ip)),
+                ),
+                add: add.clone(),
+            },
+        ];
+        if let Some(device) = &context.device {
+            ops.push(WindowOp {
+                key: self.keys.window(&context.account, &format!("fd:{device}")),
+                add,
+            });
+        }
+        ops
+    }
+
+    /// Records a failed login (idempotent by `event_id`); locks the account when its
+    /// failures reach `lockout_after`, and blocks spraying IPs/devices on the auth class.
+    pub async fn record_failure(
+        &self,
+        context: &LoginContext,
+        event_id: &str,
+        ts_ms: i64,
+    ) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        let window = self.window_ms();
+        let ops = self.context_windows(context, Some((event_id.to_owned(), ts_ms)));
+        let counts = velocity::record(&self.hot, &ops, now, window, velocity::WINDOW_CAP).await?;
+        let account_failures = counts.first().map_or(0, |c| c.0);
+
+        let mut sources = vec![SubjectKey::ip(&context.ip)];
+        sources.extend(context.device.clone());
+        for source in sources {
+            let op = WindowOp {
+                key: self.keys.window(&source, "a"),
+                add: Some((context.account.as_str().to_owned(), ts_ms)),
+            };
+            let distinct =
+                velocity::record(&self.hot, &[op], now, window, velocity::WINDOW_CAP).await?;
+            if distinct
+                .first()
+                .is_some_and(|c| c.0 >= self.settings.spray_accounts)
+            {
+                let ttl = Duration::from_secs(self.settings.spray_block_s);
+                self.limiter
+                    .publish_multiplier(&source, Some("auth"), 0.0, Some(ttl))
+                    .await?;
+                tracing::info!(subject.key = %source, "spraying: {source} failed on many accounts; auth multiplier 0");
+            }
+        }
+
+        if account_failures >= self.settings.lockout_after {
+            self.lock(context, account_failures, now).await?;
+        }
+        Ok(())
+    }
+
+    async fn lock(&self, context: &LoginContext, failures: u32, now: i64) -> Result<(), Error> {
+        if velocity::lock(&self.hot, &self.keys, &context.account, now)
+            .await?
+            .is_some()
+        {
+            return Ok(());
+        }
+        let decay_ms =
+            i64::try_from(self.settings.decay_s.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let level =
+            store::recent_count(&self.durable, &context.account_name, now - decay_ms).await? + 1;
+        let duration_ms = policy::lockout_seconds(level, &self.settings)
+            .map_or(PERMANENT_MS, |s| {
+                i64::try_from(s.saturating_mul(1000)).unwrap_or(PERMANENT_MS)
+            });
+        let id = ulid::Ulid::new().to_string();
+        // Exactly one instance wins the marker and writes the lockout.
+        if !velocity::lock_if_absent(
+            &self.hot,
+            &self.keys,
+            &context.account,
+            &id,
+            now,
+            duration_ms,
+        )
+        .await?
+        {
+            return Ok(());
+        }
+        let events = velocity::members(
+            &self.hot,
+            &self.keys.window(&context.account, "f"),
+            now,
+            self.window_ms(),
+        )
+        .await?;
+        let lockout = Lockout {
+            id: id.clone(),
+            account: context.account_name.clone(),
+            scope: "account".to_owned(),
+            reason: "account_failures".to_owned(),
+            failures,
+            level,
+            created_at_ms: now,
+            locked_until_ms: now.saturating_add(duration_ms),
+            released_at_ms: None,
+            released_by: None,
+            release_reason: None,
+        };
+        if let Err(err) = store::insert(&self.durable, &lockout, &events).await {
+            velocity::unlock(&self.hot, &self.keys, &context.account, &id, now).await?;
+            return Err(err.into());
+        }
+        let ttl = Duration::from_millis(u64::try_from(duration_ms).unwrap_or(u64::MAX));
+        self.limiter
+            .publish_multiplier(&context.account, Some("auth"), 0.0, Some(ttl))
+            .await?;
+        tracing::info!(
+            lockout.id = %id, account.id = %context.account_name, lockout.level = level,
+            "locked account {} for {} s (level {level})", context.account_name, duration_ms / 1000
+        );
+        Ok(())
+    }
+
+    /// Records a successful login: its IP and device become known to the account (the
+    /// lockout-DoS rule), and the account+IP / account+device failure windows are cleared.
+    pub async fn record_success(&self, context: &LoginContext, ts_ms: i64) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        let known_ms = i64::try_from(self.settings.known_for_days.saturating_mul(86_400_000))
+            .unwrap_or(i64::MAX);
+        let mut members = vec![SubjectKey::ip(&context.ip).to_string()];
+        members.extend(context.device.as_ref().map(ToString::to_string));
+        let known = self.keys.known(&context.account);
+        let ops: Vec<WindowOp> = members
+            .into_iter()
+            .map(|member| WindowOp {
+                key: known.clone(),
+                add: Some((member, ts_ms)),
+            })
+            .collect();
+        for op in ops {
+            velocity::record(&self.hot, &[op], now, known_ms, velocity::KNOWN_CAP).await?;
+        }
+        let pairs: Vec<String> = self
+            .context_windows(context, None)
+            .into_iter()
+            .skip(1)
+            .map(|op| op.key)
+            .collect();
+        velocity::clear(&self.hot, &pairs).await?;
+        Ok(())
+    }
+
+    async fn is_known(&self, context: &LoginContext, now: i64) -> Result<bool, Error> {
+        let known_ms = i64::try_from(self.settings.known_for_days.saturating_mul(86_400_000))
+            .unwrap_or(i64::MAX);
+        let members =
+            velocity::members(&self.hot, &self.keys.known(&context.account), now, known_ms).await?;
+        let ip = SubjectKey::ip(&context.ip).to_string();
+        let device = context.device.as_ref().map(ToString::to_string);
+        Ok(members
+            .iter()
+            .any(|m| *m == ip || Some(m) == device.as_ref()))
+    }
+
+    /// What the auth service must do for a login attempt in this context, from the hot store
+    /// only (no SQL per login).
+    pub async fn status(&self, context: &LoginContext) -> Result<AccountStatus, Error> {
+        let now = self.clock.now_ms();
+        let counts = velocity::record(
+            &self.hot,
+            &self.context_windows(context, None),
+            now,
+            self.window_ms(),
+            velocity::WINDOW_CAP,
+        )
+        .await?;
+        let count = |i: usize| counts.get(i).map_or(0, |c| c.0);
+        let previous_gap = self.last_gap(context, now).await?;
+        let failures = count(0);
+        if let Some((lockout_id, ttl_ms)) =
+            velocity::lock(&self.hot, &self.keys, &context.account, now).await?
+        {
+            let locked_until = now.saturating_add(ttl_ms.min(PERMANENT_MS));
+            if self.is_known(context, now).await? {
+                return Ok(AccountStatus {
+                    action: Action::Challenge,
+                    locked_until_ms: None,
+                    lockout_id: Some(lockout_id),
+                    failures_in_window: failures,
+                    reasons: vec![Reason::new(
+                        "known_context",
+                        "the account is locked, but this IP or device logged in successfully before: challenge instead",
+                    )],
+                });
+            }
+            return Ok(AccountStatus {
+                action: Action::Lockout,
+                locked_until_ms: Some(locked_until),
+                lockout_id: Some(lockout_id),
+                failures_in_window: failures,
+                reasons: vec![Reason::new(
+                    "account_locked",
+                    "the account is locked after repeated failures",
+                )],
+            });
+        }
+        let too_fast = previous_gap.is_some_and(|gap| {
+            gap > 0 && gap < i64::try_from(self.settings.human_interval_ms).unwrap_or(0)
+        });
+        let (mut action, mut reasons) = policy::decide(
+            policy::Counts {
+                account: failures,
+                pair_ip: count(1),
+                pair_device: count(2),
+                too_fast,
+            },
+            &self.settings,
+        );
+        // Only a lockout record (its hot marker) locks. Once it has expired or been released,
+        // failures still in the window ask for a challenge until they age out.
+        if action == Action::Lockout {
+            action = Action::Challenge;
+            reasons.push(Reason::new(
+                "lockout_ended",
+                "the last lockout has ended; failures are still in the window",
+            ));
+        }
+        Ok(AccountStatus {
+            action,
+            locked_until_ms: None,
+            lockout_id: None,
+            failures_in_window: failures,
+            reasons,
+        })
+    }
+
+    /// Milliseconds between the account's two newest failures in the window, if two exist.
+    async fn last_gap(&self, context: &LoginContext, now: i64) -> Result<Option<i64>, Error> {
+        if self.settings.human_interval_ms == 0 {
+            return Ok(None);
+        }
+        let key = self.keys.window(&context.account, "f");
+        let scores = match &self.hot {
+            Hot::Memory(memory) => memory.window_scores(&key, now, self.window_ms()),
+            Hot::Redis(redis) => {
+                let mut cmd = redis::cmd("ZRANGE");
+                cmd.arg(&key).arg(-2).arg(-1).arg("WITHSCORES");
+                let pairs: Vec<(String, f64)> = redis.query(&cmd).await?;
+                pairs.into_iter().map(|(_, score)| score as i64).collect()
+            }
+        };
+        Ok(match scores.as_slice() {
+            [.., a, b] => Some(b - a),
+            _ => None,
+        })
+    }
+
+    /// Lockouts matching `query`, newest first, and the cursor of the next page.
+    pub async fn list(&self, query: &Query) -> Result<(Vec<Lockout>, Option<String>), Error> {
+        let limit = query.limit.clamp(1, 500);
+        let mut items = store::list(&self.durable, query, self.clock.now_ms(), limit + 1).await?;
+        let next = if items.len() > limit as usize {
+            items.truncate(limit as usize);
+            items.last().map(|l| l.id.clone())
+        } else {
+            None
+        };
+        Ok((items, next))
+    }
+
+    /// One lockout with the failure events that caused it.
+    pub async fn get(&self, id: &str) -> Result<(Lockout, Vec<LockoutEvent>), Error> {
+        let lockout = store::get(&self.durable, id)
+            .await?
+            .ok_or_else(|| Error::NotFound(id.to_owned()))?;
+        let events = store::events(&self.durable, id).await?;
+        Ok((lockout, events))
+    }
+
+    /// Releases a lockout: at once on every instance (the hot marker, the account's failure
+    /// window and its auth multiplier are cleared), audited as `lockout.release`.
+    pub async fn release(
+        &self,
+        id: &str,
+        reason: &str,
+        actor: &Actor,
+        request_id: &str,
+    ) -> Result<Lockout, Error> {
+        let lockout = store::get(&self.durable, id)
+            .await?
+            .ok_or_else(|| Error::NotFound(id.to_owned()))?;
+        let now = self.clock.now_ms();
+        if lockout.released_at_ms.is_some()
+            || !store::release(&self.durable, id, now, &actor.name, reason).await?
+        {
+            return Err(Error::AlreadyReleased(id.to_owned()));
+        }
+        // Account names were bounded when the lockout was made; a stored one always parses.
+        if let Ok(account) = SubjectKey::user(&lockout.account, usize::MAX) {
+            velocity::unlock(&self.hot, &self.keys, &account, id, now).await?;
+            // The account window and the pair windows of the IPs/devices that caused it.
+            let mut windows = vec![self.keys.window(&account, "f")];
+            for event in store::events(&self.durable, id).await? {
+                if let Some(ip) = ClientIp::parse(&event.ip, self.ipv6_prefix_len) {
+                    windows.push(
+                        self.keys
+                            .window(&account, &format!("fi:{}", SubjectKey::ip(&ip))),
+                    );
+                }
+                if let Some(device) = event
+                    .device_id
+                    .as_deref()
+                    .and_then(|d| SubjectKey::device(d, usize::MAX).ok())
+                {
+                    windows.push(self.keys.window(&account, &format!("fd:{device}")));
+                }
+            }
+            windows.sort();
+            windows.dedup();
+            velocity::clear(&self.hot, &windows).await?;
+            self.limiter
+                .clear_multiplier(&account, Some("auth"))
+                .await?;
+        }
+        self.audit
+            .record(
+                actor,
+                "lockout.release",
+                id,
+                serde_json::json!({ "account": lockout.account, "reason": reason }),
+                request_id,
+            )
+            .await?;
+        tracing::info!(lockout.id = %id, account.id = %lockout.account, "released lockout {id} for account {}", lockout.account);
+        store::get(&self.durable, id)
+            .await?
+            .ok_or_else(|| Error::NotFound(id.to_owned()))
+    }
+}

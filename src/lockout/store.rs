@@ -1,0 +1,184 @@
+//! SQL of lockouts (portable between Postgres and SQLite).
+
+use super::{Lockout, LockoutEvent, Query, Status};
+use crate::store::{Durable, Error};
+use crate::with_pool;
+
+const INSERT: &str = "INSERT INTO lockouts (id, account, scope, reason, failures, level, created_at, locked_until) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+const INSERT_EVENT: &str =
+    "INSERT INTO lockout_events (lockout_id, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+const RECENT: &str = "SELECT COUNT(*) FROM lockouts WHERE account = $1 AND created_at >= $2";
+const GET: &str = "SELECT id, account, scope, reason, failures, level, created_at, locked_until, released_at, released_by, release_reason \
+    FROM lockouts WHERE id = $1";
+// One statement for every filter: `$n IS NULL OR …` (both planners fold the constants).
+const LIST: &str = "SELECT id, account, scope, reason, failures, level, created_at, locked_until, released_at, released_by, release_reason \
+    FROM lockouts \
+    WHERE ($1 IS NULL OR account = $1) AND ($2 IS NULL OR created_at >= $2) AND ($3 IS NULL OR id < $3) \
+      AND ($4 = 'all' \
+        OR ($4 = 'active' AND released_at IS NULL AND locked_until > $5) \
+        OR ($4 = 'expired' AND released_at IS NULL AND locked_until <= $5) \
+        OR ($4 = 'released' AND released_at IS NOT NULL)) \
+    ORDER BY id DESC LIMIT $6";
+const RELEASE: &str = "UPDATE lockouts SET released_at = $2, released_by = $3, release_reason = $4 \
+    WHERE id = $1 AND released_at IS NULL";
+const EVENTS: &str = "SELECT e.event_id, e.kind, e.account, e.ip, e.device_id, e.endpoint, e.ts \
+    FROM lockout_events l JOIN auth_events e ON e.event_id = l.event_id \
+    WHERE l.lockout_id = $1 ORDER BY e.ts";
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: String,
+    account: String,
+    scope: String,
+    reason: String,
+    failures: i64,
+    level: i64,
+    created_at: i64,
+    locked_until: i64,
+    released_at: Option<i64>,
+    released_by: Option<String>,
+    release_reason: Option<String>,
+}
+
+impl From<Row> for Lockout {
+    fn from(row: Row) -> Self {
+        Lockout {
+            id: row.id,
+            account: row.account,
+            scope: row.scope,
+            reason: row.reason,
+            failures: u32::try_from(row.failures).unwrap_or(0),
+            level: u32::try_from(row.level).unwrap_or(0),
+            created_at_ms: row.created_at,
+            locked_until_ms: row.locked_until,
+            released_at_ms: row.released_at,
+            released_by: row.released_by,
+            release_reason: row.release_reason,
+        }
+    }
+}
+
+pub(super) async fn insert(
+    durable: &Durable,
+    lockout: &Lockout,
+    event_ids: &[String],
+) -> Result<(), Error> {
+    with_pool!(durable, |pool| {
+        let mut tx = pool.begin().await?;
+        sqlx::query(INSERT)
+            .bind(&lockout.id)
+            .bind(&lockout.account)
+            .bind(&lockout.scope)
+            .bind(&lockout.reason)
+            .bind(i64::from(lockout.failures))
+            .bind(i64::from(lockout.level))
+            .bind(lockout.created_at_ms)
+            .bind(lockout.locked_until_ms)
+            .execute(&mut *tx)
+            .await?;
+        for event_id in event_ids {
+            sqlx::query(INSERT_EVENT)
+                .bind(&lockout.id)
+                .bind(event_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await
+    })?;
+    Ok(())
+}
+
+pub(super) async fn recent_count(
+    durable: &Durable,
+    account: &str,
+    since_ms: i64,
+) -> Result<u32, Error> {
+    let (count,): (i64,) = with_pool!(durable, |pool| sqlx::query_as(RECENT)
+        .bind(account)
+        .bind(since_ms)
+        .fetch_one(pool)
+        .await)?;
+    Ok(u32::try_from(count).unwrap_or(u32::MAX))
+}
+
+pub(super) async fn get(durable: &Durable, id: &str) -> Result<Option<Lockout>, Error> {
+    let row: Option<Row> = with_pool!(durable, |pool| sqlx::query_as(GET)
+        .bind(id)
+        .fetch_optional(pool)
+        .await)?;
+    Ok(row.map(Lockout::from))
+}
+
+pub(super) async fn list(
+    durable: &Durable,
+    query: &Query,
+    now_ms: i64,
+    limit: u32,
+) -> Result<Vec<Lockout>, Error> {
+    let status = match query.status {
+        Status::Active => "active",
+        Status::Released => "released",
+        Status::Expired => "expired",
+        Status::All => "all",
+    };
+    let before = query.before.map(|id| id.to_string());
+    let rows: Vec<Row> = with_pool!(durable, |pool| sqlx::query_as(LIST)
+        .bind(query.account.as_deref())
+        .bind(query.since_ms)
+        .bind(before.as_deref())
+        .bind(status)
+        .bind(now_ms)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await)?;
+    Ok(rows.into_iter().map(Lockout::from).collect())
+}
+
+pub(super) async fn release(
+    durable: &Durable,
+    id: &str,
+    at_ms: i64,
+    by: &str,
+    reason: &str,
+) -> Result<bool, Error> {
+    let changed = with_pool!(durable, |pool| sqlx::query(RELEASE)
+        .bind(id)
+        .bind(at_ms)
+        .bind(by)
+        .bind(reason)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()))?;
+    Ok(changed > 0)
+}
+
+#[derive(sqlx::FromRow)]
+struct EventRow {
+    event_id: String,
+    kind: String,
+    account: String,
+    ip: String,
+    device_id: Option<String>,
+    endpoint: Option<String>,
+    ts: i64,
+}
+
+pub(super) async fn events(durable: &Durable, id: &str) -> Result<Vec<LockoutEvent>, Error> {
+    let rows: Vec<EventRow> = with_pool!(durable, |pool| sqlx::query_as(EVENTS)
+        .bind(id)
+        .fetch_all(pool)
+        .await)?;
+    Ok(rows
+        .into_iter()
+        .map(|r| LockoutEvent {
+            event_id: r.event_id,
+            kind: r.kind,
+            account: r.account,
+            ip: r.ip,
+            device_id: r.device_id,
+            endpoint: r.endpoint,
+            ts_ms: r.ts,
+        })
+        .collect())
+}

@@ -1,0 +1,416 @@
+//! Lockouts: scenario tests of the attacks they model, on both backends.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{ADMIN_TOKEN, Backend, TestApp, assert_envelope};
+use crate::on_both_backends;
+
+on_both_backends!(
+    brute_force_on_one_account_challenges_at_5_and_locks_at_10,
+    distributed_brute_force_on_one_account_locks_it,
+    password_spraying_from_one_ip_blocks_the_ip_on_auth,
+    lockout_dos_cannot_lock_a_victim_out_of_a_known_device,
+    repeat_lockouts_escalate_and_expire,
+    release_takes_effect_at_once_and_is_audited,
+    retried_batches_count_nothing_twice,
+    two_instances_ingesting_one_account_create_exactly_one_lockout,
+    analyst_cannot_ingest_and_ingest_cannot_release,
+    a_bad_event_rejects_the_whole_batch,
+    old_events_are_pruned_and_lockouts_kept,
+);
+
+fn failure(id: &str, account: &str, ip: &str) -> Value {
+    json!({"event_id": id, "type": "login_failure", "account": account, "ip": ip})
+}
+
+impl TestApp {
+    async fn post_auth(&self, events: Vec<Value>) -> Value {
+        let response = self
+            .post(
+                "/v1/events/auth",
+                Some(ADMIN_TOKEN),
+                &json!({ "events": events }),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.json().await.unwrap()
+    }
+
+    async fn status(&self, account: &str, ip: &str, device: Option<&str>) -> Value {
+        let mut path = format!("/v1/accounts/{account}/status?ip={ip}");
+        if let Some(device) = device {
+            path.push_str(&format!("&device_id={device}"));
+        }
+        let response = self.get(&path, Some(ADMIN_TOKEN)).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.json().await.unwrap()
+    }
+
+    /// `n` failures of `account`, event ids `prefix-0…`, one IP per event from `ips`.
+    async fn fail(&self, prefix: &str, account: &str, ips: &[&str], n: usize) -> Value {
+        let events = (0..n)
+            .map(|i| failure(&format!("{prefix}-{i}"), account, ips[i % ips.len()]))
+            .collect();
+        self.post_auth(events).await
+    }
+
+    async fn lockouts(&self, query: &str) -> Vec<Value> {
+        let page: Value = self
+            .get(&format!("/v1/lockouts{query}"), Some(ADMIN_TOKEN))
+            .await
+            .json()
+            .await
+            .unwrap();
+        page["items"].as_array().unwrap().clone()
+    }
+}
+
+/// Classic brute force: one account guessed from one IP.
+async fn brute_force_on_one_account_challenges_at_5_and_locks_at_10(app: TestApp) {
+    let answer = app.fail("bf-a", "alice", &["203.0.113.1"], 4).await;
+    assert_eq!(answer["decisions"][0]["action"], "none");
+    let answer = app.fail("bf-b", "alice", &["203.0.113.1"], 1).await;
+    assert_eq!(answer["decisions"][0]["action"], "challenge");
+    let answer = app.fail("bf-c", "alice", &["203.0.113.1"], 5).await;
+    assert_eq!(answer["decisions"][0]["action"], "lockout");
+    assert!(answer["decisions"][0]["locked_until"].is_string());
+
+    let status = app.status("alice", "203.0.113.1", None).await;
+    assert_eq!(status["action"], "lockout");
+    assert_eq!(status["failures_in_window"], 10);
+    let lockouts = app.lockouts("?account=alice").await;
+    assert_eq!(lockouts.len(), 1);
+    assert_eq!(lockouts[0]["failures"], 10);
+    assert_eq!(lockouts[0]["level"], 1);
+    let id = lockouts[0]["id"].as_str().unwrap();
+    let detail: Value = app
+        .get(&format!("/v1/lockouts/{id}"), Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(detail["events"].as_array().unwrap().len(), 10);
+    assert_eq!(detail["events"][0]["type"], "login_failure");
+
+    // The locked account's auth budget is closed in the limiter too.
+    let check = app
+        .limit_check(&json!({"endpoint": "/auth/login", "method": "POST", "ip": "198.51.100.9", "user_id": "alice"}))
+        .await;
+    let body = assert_envelope(check, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    assert_eq!(body["error"]["details"]["scope"], "endpoint_user");
+}
+
+/// A botnet guesses one account's password from many IPs, none of them failing often.
+async fn distributed_brute_force_on_one_account_locks_it(app: TestApp) {
+    let ips: Vec<String> = (1..=10).map(|i| format!("198.51.100.{i}")).collect();
+    let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+    let answer = app.fail("dbf", "bob", &ips, 10).await;
+    assert_eq!(answer["decisions"][0]["action"], "lockout");
+    assert_eq!(
+        app.status("bob", "192.0.2.200", None).await["action"],
+        "lockout"
+    );
+}
+
+/// Password spraying: one IP tries a common password on many accounts.
+async fn password_spraying_from_one_ip_blocks_the_ip_on_auth(app: TestApp) {
+    let events: Vec<Value> = (0..20)
+        .map(|i| failure(&format!("spray-{i}"), &format!("user{i}"), "203.0.113.66"))
+        .collect();
+    app.post_auth(events).await;
+    let check = app
+        .limit_check(&json!({"endpoint": "/auth/login", "method": "POST", "ip": "203.0.113.66", "user_id": "fresh-account"}))
+        .await;
+    let body = assert_envelope(check, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    // Every scope keyed by the IP is closed (ip-authn and auth-ip block equally long).
+    let scope = body["error"]["details"]["scope"].as_str().unwrap();
+    assert!(scope == "endpoint_ip" || scope == "ip", "{scope}");
+    // No single account reached a lockout; other IPs are unaffected.
+    assert!(app.lockouts("").await.is_empty());
+    let other = app
+        .limit_check(&json!({"endpoint": "/auth/login", "method": "POST", "ip": "203.0.113.67", "user_id": "fresh-account"}))
+        .await;
+    assert_eq!(other.status(), StatusCode::OK);
+}
+
+/// Lockout-DoS: an attacker who knows only the victim's account name fails on purpose to lock
+/// the victim out. The victim's known device and IP still get in (with a challenge).
+async fn lockout_dos_cannot_lock_a_victim_out_of_a_known_device(app: TestApp) {
+    app.post_auth(vec![
+        json!({"event_id": "v-ok", "type": "login_success", "account": "carol",
+        "ip": "192.0.2.10", "device_id": "carols-phone"}),
+    ])
+    .await;
+    app.fail("dos", "carol", &["203.0.113.99"], 10).await;
+    assert_eq!(
+        app.status("carol", "203.0.113.99", None).await["action"],
+        "lockout",
+        "the attacker is locked out"
+    );
+    let from_phone = app
+        .status("carol", "198.51.100.50", Some("carols-phone"))
+        .await;
+    assert_eq!(from_phone["action"], "challenge", "{from_phone}");
+    assert_eq!(from_phone["reasons"][0]["code"], "known_context");
+    assert_eq!(
+        app.status("carol", "192.0.2.10", None).await["action"],
+        "challenge",
+        "known IP"
+    );
+}
+
+/// Repeat lockouts within the decay period escalate (×2); each expires by itself.
+async fn repeat_lockouts_escalate_and_expire(app: TestApp) {
+    let app = TestApp::spawn_with(app.backend, |s| {
+        s.lockout.base_lockout_s = 1;
+        s.lockout.max_lockout_s = 60;
+    })
+    .await
+    .unwrap();
+    app.fail("esc-a", "dave", &["192.0.2.30"], 10).await;
+    assert_eq!(
+        app.status("dave", "192.0.2.30", None).await["action"],
+        "lockout"
+    );
+    app.advance(Duration::from_millis(1100)).await;
+    let after = app.status("dave", "192.0.2.30", None).await;
+    assert_eq!(
+        after["action"], "challenge",
+        "expired: failures still in the window ask for a challenge"
+    );
+    app.fail("esc-b", "dave", &["192.0.2.30"], 1).await;
+    let lockouts = app.lockouts("?account=dave&status=all").await;
+    let levels: Vec<u64> = lockouts
+        .iter()
+        .map(|l| l["level"].as_u64().unwrap())
+        .collect();
+    assert_eq!(levels, vec![2, 1], "newest first");
+    let second = &lockouts[0];
+    let created =
+        chrono::DateTime::parse_from_rfc3339(second["created_at"].as_str().unwrap()).unwrap();
+    let until =
+        chrono::DateTime::parse_from_rfc3339(second["locked_until"].as_str().unwrap()).unwrap();
+    assert_eq!((until - created).num_milliseconds(), 2000);
+    assert_eq!(app.lockouts("?account=dave&status=expired").await.len(), 1);
+}
+
+async fn release_takes_effect_at_once_and_is_audited(app: TestApp) {
+    let (_, analyst) = app.create_token("analyst", "sam").await;
+    let second = app.another_instance().await;
+    app.fail("rel", "erin", &["192.0.2.40"], 10).await;
+    let id = app.lockouts("?account=erin").await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let released = app
+        .post(
+            &format!("/v1/lockouts/{id}/release"),
+            Some(&analyst),
+            &json!({"reason": "verified by phone"}),
+        )
+        .await;
+    assert_eq!(released.status(), StatusCode::OK);
+    let released: Value = released.json().await.unwrap();
+    assert_eq!(released["released_by"], "sam");
+    assert_eq!(released["release_reason"], "verified by phone");
+    // Every instance sharing the stores sees it (embedded: one process, the same app).
+    let instance = if app.backend == Backend::Production {
+        &second
+    } else {
+        &app
+    };
+    assert_eq!(
+        instance.status("erin", "192.0.2.40", None).await["action"],
+        "none"
+    );
+    let check = instance
+        .limit_check(&json!({"endpoint": "/auth/login", "method": "POST", "ip": "192.0.2.41", "user_id": "erin"}))
+        .await;
+    assert_eq!(check.status(), StatusCode::OK);
+    assert_eq!(app.lockouts("?account=erin&status=released").await.len(), 1);
+    let again = app
+        .post(
+            &format!("/v1/lockouts/{id}/release"),
+            Some(&analyst),
+            &json!({"reason": "twice"}),
+        )
+        .await;
+    assert_envelope(again, StatusCode::CONFLICT, "CONFLICT").await;
+    let missing = app
+        .post(
+            "/v1/lockouts/01ARZ3NDEKTSV4RRFFQ69G5FAV/release",
+            Some(&analyst),
+            &json!({"reason": "x"}),
+        )
+        .await;
+    assert_envelope(missing, StatusCode::NOT_FOUND, "NOT_FOUND").await;
+    let audit: Value = app
+        .get("/v1/audit?action=lockout.release", Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(audit["items"][0]["actor"]["name"], "sam");
+    assert_eq!(audit["items"][0]["target"], id.as_str());
+}
+
+async fn retried_batches_count_nothing_twice(app: TestApp) {
+    let batch: Vec<Value> = (0..3)
+        .map(|i| failure(&format!("retry-{i}"), "frank", "192.0.2.50"))
+        .collect();
+    let first = app.post_auth(batch.clone()).await;
+    assert_eq!(
+        (first["accepted"].as_u64(), first["duplicates"].as_u64()),
+        (Some(3), Some(0))
+    );
+    let second = app.post_auth(batch).await;
+    assert_eq!(
+        (second["accepted"].as_u64(), second["duplicates"].as_u64()),
+        (Some(0), Some(3))
+    );
+    assert_eq!(
+        app.status("frank", "192.0.2.50", None).await["failures_in_window"],
+        3
+    );
+}
+
+/// Two instances ingesting the same account's failures at the same time create one lockout.
+async fn two_instances_ingesting_one_account_create_exactly_one_lockout(app: TestApp) {
+    let second = match app.backend {
+        Backend::Production => Some(app.another_instance().await),
+        Backend::Embedded => None,
+    };
+    let target = second.as_ref().unwrap_or(&app);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, base) in [&app.base, &target.base, &app.base, &target.base]
+        .into_iter()
+        .enumerate()
+    {
+        let events: Vec<Value> = (0..6)
+            .map(|k| failure(&format!("race-{i}-{k}"), "gina", "192.0.2.60"))
+            .collect();
+        let (client, url) = (app.client.clone(), format!("{base}/v1/events/auth"));
+        tasks.spawn(async move {
+            client
+                .post(url)
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&json!({ "events": events }))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        });
+    }
+    while let Some(status) = tasks.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(app.lockouts("?account=gina&status=all").await.len(), 1);
+}
+
+async fn analyst_cannot_ingest_and_ingest_cannot_release(app: TestApp) {
+    let (_, analyst) = app.create_token("analyst", "ana").await;
+    let (_, ingest) = app.create_token("ingest", "auth-svc").await;
+    let batch = json!({"events": [failure("role-1", "hank", "192.0.2.70")]});
+    assert_envelope(
+        app.post("/v1/events/auth", Some(&analyst), &batch).await,
+        StatusCode::FORBIDDEN,
+        "FORBIDDEN",
+    )
+    .await;
+    assert_eq!(
+        app.post("/v1/events/auth", Some(&ingest), &batch)
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    let release = app
+        .post(
+            "/v1/lockouts/01ARZ3NDEKTSV4RRFFQ69G5FAV/release",
+            Some(&ingest),
+            &json!({"reason": "x"}),
+        )
+        .await;
+    assert_envelope(release, StatusCode::FORBIDDEN, "FORBIDDEN").await;
+    assert_envelope(
+        app.get("/v1/lockouts", Some(&ingest)).await,
+        StatusCode::FORBIDDEN,
+        "FORBIDDEN",
+    )
+    .await;
+    assert_eq!(
+        app.get("/v1/lockouts", Some(&analyst)).await.status(),
+        StatusCode::OK
+    );
+    let status = app
+        .get("/v1/accounts/hank/status?ip=192.0.2.70", Some(&analyst))
+        .await;
+    assert_envelope(status, StatusCode::FORBIDDEN, "FORBIDDEN").await;
+}
+
+async fn a_bad_event_rejects_the_whole_batch(app: TestApp) {
+    let batch = json!({"events": [
+        failure("bad-0", "ivy", "192.0.2.80"),
+        {"event_id": "bad-1", "type": "login_failure", "account": "ivy", "ip": "300.1.1.1"},
+        {"event_id": "bad-2", "type": "login_failure", "account": "ivy", "ip": "192.0.2.80", "ts": "yesterday"},
+    ]});
+    let response = app.post("/v1/events/auth", Some(ADMIN_TOKEN), &batch).await;
+    let body = assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    let indexes: Vec<u64> = body["error"]["details"]["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indexes, vec![1, 2]);
+    assert_eq!(
+        app.status("ivy", "192.0.2.80", None).await["failures_in_window"],
+        0,
+        "nothing stored or counted"
+    );
+    let too_many: Vec<Value> = (0..1001)
+        .map(|i| failure(&format!("many-{i}"), "ivy", "192.0.2.80"))
+        .collect();
+    let response = app
+        .post(
+            "/v1/events/auth",
+            Some(ADMIN_TOKEN),
+            &json!({ "events": too_many }),
+        )
+        .await;
+    assert_envelope(response, StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE").await;
+    let empty = app
+        .post(
+            "/v1/events/auth",
+            Some(ADMIN_TOKEN),
+            &json!({ "events": [] }),
+        )
+        .await;
+    assert_envelope(empty, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    let bad_status = app
+        .get("/v1/accounts/ivy/status?ip=nope", Some(ADMIN_TOKEN))
+        .await;
+    assert_envelope(bad_status, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    let bad_list = app
+        .get("/v1/lockouts?status=sleeping", Some(ADMIN_TOKEN))
+        .await;
+    assert_envelope(bad_list, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    let bad_id = app
+        .request(
+            Method::GET,
+            "/v1/lockouts/not-an-id",
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_envelope(bad_id, StatusCode::NOT_FOUND, "NOT_FOUND").await;
+}
+
+async fn old_events_are_pruned_and_lockouts_kept(app: TestApp) {
+    app.fail("prune", "jack", &["192.0.2.90"], 10).await;
+    let deleted = app.app.ingest.prune_once(i64::MAX).await.unwrap();
+    assert_eq!(deleted, 10);
+    assert_eq!(app.lockouts("?account=jack&status=all").await.len(), 1);
+}
