@@ -424,6 +424,232 @@ fn wrk(base: &str, concurrency: u64, seconds: u64) -> Option<(f64, f64, f64, f64
     Some((v[0] / v[1], v[2], v[3], v[4], v[5] as u64))
 }
 
+/// A fresh Postgres database for the ingest section, dropped at the end.
+struct BenchDatabase {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl BenchDatabase {
+    async fn create() -> BenchDatabase {
+        use sqlx::Connection;
+        let admin = std::env::var("PALISADE_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let name = format!("pal_bench_{}", ulid::Ulid::new().to_string().to_lowercase());
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("Postgres for the ingest benchmark");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let mut url = reqwest::Url::parse(&admin).unwrap();
+        url.set_path(&format!("/{name}"));
+        BenchDatabase {
+            admin,
+            name,
+            url: url.to_string(),
+        }
+    }
+
+    async fn drop_it(self) {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&self.admin).await.unwrap();
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            self.name
+        )))
+        .execute(&mut conn)
+        .await;
+    }
+}
+
+fn auth_event(i: u64, now: chrono::DateTime<chrono::Utc>) -> serde_json::Value {
+    serde_json::json!({
+        "event_id": format!("ev-{i}"),
+        "type": "login_failure",
+        "account": format!("acct{}", i % 100_000),
+        "ip": format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+        "ts": now.to_rfc3339(),
+    })
+}
+
+/// Ingest: `POST /v1/events/auth` (batches of 500, Postgres + Redis) vs a raw COPY of the same
+/// rows into the same table, then `GET /v1/accounts/{a}/status` latency.
+fn ingest_section(redis_port: u16, seconds: u64) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let database = runtime.block_on(BenchDatabase::create());
+    let mut settings = Settings {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        database_url: database.url.clone(),
+        redis_url: Some(format!("redis://127.0.0.1:{redis_port}")),
+        bootstrap_token: Some(Secret::new(TOKEN)),
+        ..Settings::default()
+    };
+    settings.store.redis_key_prefix = "ingest".to_owned();
+    let settings = settings.validate().unwrap();
+    let base = runtime.block_on(async {
+        let app = App::build(settings.clone()).await.unwrap().into_state();
+        let listener = tokio::net::TcpListener::bind(settings.listen)
+            .await
+            .unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(palisade::serve(app, listener, std::future::pending()));
+        base
+    });
+    let (events, elapsed) = runtime.block_on(async {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for worker in 0..4u64 {
+            let (client, base) = (client.clone(), base.clone());
+            tasks.spawn(async move {
+                let mut sent = 0u64;
+                let mut next = worker * 100_000_000;
+                while Instant::now() < deadline {
+                    let now = chrono::Utc::now();
+                    let batch: Vec<serde_json::Value> =
+                        (0..500).map(|k| auth_event(next + k, now)).collect();
+                    next += 500;
+                    let response = client
+                        .post(format!("{base}/v1/events/auth"))
+                        .bearer_auth(TOKEN)
+                        .json(&serde_json::json!({ "events": batch }))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(
+                        response.status(),
+                        200,
+                        "{}",
+                        response.text().await.unwrap_or_default()
+                    );
+                    sent += 500;
+                }
+                sent
+            });
+        }
+        let mut total = 0;
+        while let Some(sent) = tasks.join_next().await {
+            total += sent.unwrap();
+        }
+        (total, started.elapsed().as_secs_f64())
+    });
+    let ours = events as f64 / elapsed;
+
+    // The same rows by COPY into a copy of the table: the database's own ceiling here.
+    let copy_rate = runtime.block_on(async {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&database.url).await.unwrap();
+        sqlx::query("CREATE TABLE copy_target (LIKE auth_events INCLUDING ALL)").execute(&mut conn).await.unwrap();
+        let rows = events.max(50_000);
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let mut csv = String::with_capacity(rows as usize * 64);
+        for i in 0..rows {
+            csv.push_str(&format!(
+                "copy-{i},login_failure,acct{},10.{}.{}.{},,,{now_ms},{now_ms}\n",
+                i % 100_000,
+                i >> 16 & 255,
+                i >> 8 & 255,
+                i & 255
+            ));
+        }
+        let started = Instant::now();
+        let mut copy = conn
+            .copy_in_raw("COPY copy_target (event_id, kind, account, ip, device_id, endpoint, ts, received_at) FROM STDIN WITH (FORMAT csv)")
+            .await
+            .unwrap();
+        copy.send(csv.as_bytes()).await.unwrap();
+        copy.finish().await.unwrap();
+        rows as f64 / started.elapsed().as_secs_f64()
+    });
+
+    let status: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync> = Arc::new(|rng| {
+        let n: u32 = rng.random_range(0..100_000);
+        format!(
+            "acct{n}?ip=10.{}.{}.{}",
+            n >> 16 & 255,
+            n >> 8 & 255,
+            n & 255
+        )
+    });
+    let status_run = drive_get(&base, 50, seconds.min(5), status);
+    println!("\n## Ingest: auth events, batches of 500, Postgres + Redis, 4 concurrent posters\n");
+    println!("| what | events/s | ratio |\n|---|---|---|");
+    println!(
+        "| palisade `POST /v1/events/auth` (stored + velocity + lockouts) | {ours:.0} | {:.2} |",
+        ours / copy_rate
+    );
+    println!("| raw `COPY` of the same rows into the same table | {copy_rate:.0} | 1.00 |");
+    println!(
+        "\n`GET /v1/accounts/{{a}}/status` right after, 50 connections: {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms\n",
+        status_run.rps(),
+        status_run.percentile_ms(0.5),
+        status_run.percentile_ms(0.99),
+        status_run.percentile_ms(0.999)
+    );
+    runtime.block_on(database.drop_it());
+}
+
+/// Like [`drive`] for `GET /v1/accounts/{path}/status`.
+fn drive_get(
+    base: &str,
+    concurrency: u64,
+    seconds: u64,
+    path: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync>,
+) -> Run {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let base = base.to_owned();
+    runtime.block_on(async move {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..concurrency {
+            let (client, base, path) = (client.clone(), base.clone(), path.clone());
+            tasks.spawn(async move {
+                let mut latencies = Vec::new();
+                while Instant::now() < deadline {
+                    let url = format!(
+                        "{base}/v1/accounts/{}",
+                        path(&mut rand::rng()).replacen('?', "/status?", 1)
+                    );
+                    let sent = Instant::now();
+                    let response = client.get(url).bearer_auth(TOKEN).send().await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    let _ = response.bytes().await;
+                    latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+                }
+                latencies
+            });
+        }
+        let mut run = Run {
+            requests: 0,
+            seconds: 0.0,
+            latencies_us: Vec::new(),
+            statuses: [0; 3],
+        };
+        while let Some(latencies) = tasks.join_next().await {
+            let latencies = latencies.unwrap();
+            run.requests += latencies.len() as u64;
+            run.latencies_us.extend(latencies);
+        }
+        run.seconds = started.elapsed().as_secs_f64();
+        run.latencies_us.sort_unstable();
+        run
+    })
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -435,6 +661,10 @@ fn main() {
     let concurrency = env_or("LOAD_CONCURRENCY", 50);
     let keys = env_or("LOAD_KEYS", 1_000_000);
     let redis = start_redis();
+    if std::env::var("LOAD_ONLY").is_ok_and(|v| v == "ingest") {
+        ingest_section(redis.port, seconds);
+        return;
+    }
     println!(
         "# Palisade load benchmark ({} cores, {seconds} s per HTTP run, concurrency {concurrency})",
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -499,6 +729,8 @@ fn main() {
     println!(
         "| redis-benchmark EVALSHA, same script and keys | {raw_rps:.0} | | {raw_p99:.2} | | 1.00 |"
     );
+
+    ingest_section(redis.port, seconds);
 
     let hot_blocked: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync> =
         Arc::new(|_| {

@@ -21,6 +21,8 @@ use crate::store::Durable;
 pub const MAX_AUTH_BATCH: usize = 1000;
 /// Events older than this are rejected (ms).
 pub const MAX_AGE_MS: i64 = 24 * 3_600_000;
+/// Accounts of one batch processed at once.
+const CONCURRENT_ACCOUNTS: usize = 64;
 /// Events further in the future than this are rejected (ms).
 pub const MAX_FUTURE_MS: i64 = 5 * 60_000;
 
@@ -215,41 +217,70 @@ impl Ingest {
     }
 
     /// Stores a parsed batch (idempotent by `event_id`), then feeds every event to the
-    /// lockout signals in time order and answers each account's status.
-    pub async fn auth_events(&self, mut events: Vec<AuthEvent>) -> Result<Outcome, Error> {
+    /// lockout signals and answers each account's status.
+    ///
+    /// Accounts are independent, so their events are processed concurrently (the Redis
+    /// connection pipelines the commands); one account's events run in time order.
+    pub async fn auth_events(&self, events: Vec<AuthEvent>) -> Result<Outcome, Error> {
+        use futures_util::stream::{self, StreamExt, TryStreamExt};
+
         let now = self.clock.now_ms();
         let accepted = store::insert_auth(&self.durable, &events, now).await?;
         let duplicates = events.len() as u64 - accepted;
-        events.sort_by_key(|e| e.ts_ms);
-        let mut latest: BTreeMap<String, (usize, LoginContext)> = BTreeMap::new();
-        for (order, event) in events.iter().enumerate() {
-            match event.kind {
-                AuthKind::LoginFailure => {
-                    self.lockouts
-                        .record_failure(&event.context, &event.event_id, event.ts_ms)
-                        .await?
-                }
-                AuthKind::LoginSuccess => {
-                    self.lockouts
-                        .record_success(&event.context, event.ts_ms)
-                        .await?
-                }
-            }
-            let first_seen = latest
-                .get(&event.context.account_name)
-                .map_or(order, |(seen, _)| *seen);
-            latest.insert(
-                event.context.account_name.clone(),
-                (first_seen, event.context.clone()),
-            );
+        // Accounts in first-seen order, each with its events in time order (owned, so each
+        // group's future owns what it needs).
+        let mut groups: Vec<Vec<AuthEvent>> = Vec::new();
+        let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        for event in events {
+            let slot = *index
+                .entry(event.context.account_name.clone())
+                .or_insert_with(|| {
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                });
+            groups[slot].push(event);
         }
-        let mut ordered: Vec<(usize, String, LoginContext)> =
-            latest.into_iter().map(|(a, (o, c))| (o, a, c)).collect();
-        ordered.sort_by_key(|(order, _, _)| *order);
-        let mut decisions = Vec::with_capacity(ordered.len());
-        for (_, account, context) in ordered {
-            decisions.push((account, self.lockouts.status(&context).await?));
+        for group in &mut groups {
+            group.sort_by_key(|e| e.ts_ms);
         }
+        let contexts: Vec<(String, LoginContext)> = groups
+            .iter()
+            .filter_map(|group| {
+                group
+                    .last()
+                    .map(|e| (e.context.account_name.clone(), e.context.clone()))
+            })
+            .collect();
+        stream::iter(groups)
+            .map(|group| {
+                let lockouts = self.lockouts.clone();
+                async move {
+                    for event in group {
+                        match event.kind {
+                            AuthKind::LoginFailure => {
+                                lockouts
+                                    .record_failure(&event.context, &event.event_id, event.ts_ms)
+                                    .await?;
+                            }
+                            AuthKind::LoginSuccess => {
+                                lockouts.record_success(&event.context, event.ts_ms).await?
+                            }
+                        }
+                    }
+                    Ok::<(), Error>(())
+                }
+            })
+            .buffer_unordered(CONCURRENT_ACCOUNTS)
+            .try_collect::<Vec<()>>()
+            .await?;
+        let decisions = stream::iter(contexts)
+            .map(|(account, context)| {
+                let lockouts = self.lockouts.clone();
+                async move { Ok::<_, Error>((account, lockouts.status(&context).await?)) }
+            })
+            .buffered(CONCURRENT_ACCOUNTS)
+            .try_collect()
+            .await?;
         Ok(Outcome {
             accepted,
             duplicates,
