@@ -237,12 +237,34 @@ fn drive(
     seconds: u64,
     body: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync>,
 ) -> Run {
+    drive_with(
+        base,
+        concurrency,
+        seconds,
+        Arc::new(move |client, base, rng| {
+            client
+                .post(format!("{base}/v1/limit/check"))
+                .header("content-type", "application/json")
+                .body(body(rng))
+        }),
+    )
+}
+
+type MakeRequest = Arc<
+    dyn Fn(&reqwest::Client, &str, &mut rand::rngs::ThreadRng) -> reqwest::RequestBuilder
+        + Send
+        + Sync,
+>;
+
+/// Sends requests made by `make` from `concurrency` tasks for `seconds`; records latency and
+/// status of each.
+fn drive_with(base: &str, concurrency: u64, seconds: u64, make: MakeRequest) -> Run {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let url = format!("{base}/v1/limit/check");
+    let base = base.to_owned();
     runtime.block_on(async move {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(concurrency as usize)
@@ -252,21 +274,14 @@ fn drive(
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..concurrency {
-            let (client, url, body) = (client.clone(), url.clone(), body.clone());
+            let (client, base, make) = (client.clone(), base.clone(), make.clone());
             tasks.spawn(async move {
                 let mut latencies = Vec::new();
                 let mut statuses = [0u64; 3];
                 while Instant::now() < deadline {
-                    let payload = body(&mut rand::rng());
+                    let request = make(&client, &base, &mut rand::rng()).bearer_auth(TOKEN);
                     let sent = Instant::now();
-                    let response = client
-                        .post(&url)
-                        .bearer_auth(TOKEN)
-                        .header("content-type", "application/json")
-                        .body(payload)
-                        .send()
-                        .await
-                        .expect("palisade answers");
+                    let response = request.send().await.expect("palisade answers");
                     let status = response.status().as_u16();
                     let _ = response.bytes().await;
                     latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
@@ -597,57 +612,24 @@ fn ingest_section(redis_port: u16, seconds: u64) {
     runtime.block_on(database.drop_it());
 }
 
-/// Like [`drive`] for `GET /v1/accounts/{path}/status`.
+/// Like [`drive`] for `GET /v1/accounts/{account}/status?ip=…` (`path` returns `account?ip=…`).
 fn drive_get(
     base: &str,
     concurrency: u64,
     seconds: u64,
     path: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync>,
 ) -> Run {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let base = base.to_owned();
-    runtime.block_on(async move {
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(seconds);
-        let started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..concurrency {
-            let (client, base, path) = (client.clone(), base.clone(), path.clone());
-            tasks.spawn(async move {
-                let mut latencies = Vec::new();
-                while Instant::now() < deadline {
-                    let url = format!(
-                        "{base}/v1/accounts/{}",
-                        path(&mut rand::rng()).replacen('?', "/status?", 1)
-                    );
-                    let sent = Instant::now();
-                    let response = client.get(url).bearer_auth(TOKEN).send().await.unwrap();
-                    assert_eq!(response.status(), 200);
-                    let _ = response.bytes().await;
-                    latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
-                }
-                latencies
-            });
-        }
-        let mut run = Run {
-            requests: 0,
-            seconds: 0.0,
-            latencies_us: Vec::new(),
-            statuses: [0; 3],
-        };
-        while let Some(latencies) = tasks.join_next().await {
-            let latencies = latencies.unwrap();
-            run.requests += latencies.len() as u64;
-            run.latencies_us.extend(latencies);
-        }
-        run.seconds = started.elapsed().as_secs_f64();
-        run.latencies_us.sort_unstable();
-        run
-    })
+    drive_with(
+        base,
+        concurrency,
+        seconds,
+        Arc::new(move |client, base, rng| {
+            client.get(format!(
+                "{base}/v1/accounts/{}",
+                path(rng).replacen('?', "/status?", 1)
+            ))
+        }),
+    )
 }
 
 fn main() {

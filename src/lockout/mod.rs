@@ -434,8 +434,12 @@ impl Lockouts {
             return Ok(None);
         }
         let key = self.keys.window(&context.account, "f");
-        let scores = match &self.hot {
-            Hot::Memory(memory) => memory.window_scores(&key, now, self.window_ms()),
+        let scores: Vec<i64> = match &self.hot {
+            Hot::Memory(memory) => memory
+                .window_entries(&key, now, self.window_ms())
+                .into_iter()
+                .map(|(score, _)| score)
+                .collect(),
             Hot::Redis(redis) => {
                 let mut cmd = redis::cmd("ZRANGE");
                 cmd.arg(&key).arg(-2).arg(-1).arg("WITHSCORES");

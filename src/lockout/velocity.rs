@@ -80,7 +80,11 @@ pub async fn members(
     window_ms: i64,
 ) -> Result<Vec<String>, Error> {
     match hot {
-        Hot::Memory(memory) => Ok(memory.window_members(key, now_ms, window_ms)),
+        Hot::Memory(memory) => Ok(memory
+            .window_entries(key, now_ms, window_ms)
+            .into_iter()
+            .map(|(_, m)| m)
+            .collect()),
         Hot::Redis(redis) => {
             let mut cmd = redis::cmd("ZRANGE");
             cmd.arg(key)

@@ -191,8 +191,8 @@ impl MemoryHot {
             .collect()
     }
 
-    /// Members of a window (newest last), for a lockout's event list.
-    pub fn window_members(&self, key: &str, now_ms: i64, window_ms: i64) -> Vec<String> {
+    /// Entries `(score, member)` of a window within `window_ms` of `now_ms`, oldest first.
+    pub fn window_entries(&self, key: &str, now_ms: i64, window_ms: i64) -> Vec<(i64, String)> {
         let windows = self
             .inner
             .windows
@@ -202,23 +202,7 @@ impl MemoryHot {
             w.entries
                 .iter()
                 .filter(|(score, _)| *score >= now_ms - window_ms)
-                .map(|(_, member)| member.to_string())
-                .collect()
-        })
-    }
-
-    /// Scores of a window's entries within the window (oldest first).
-    pub fn window_scores(&self, key: &str, now_ms: i64, window_ms: i64) -> Vec<i64> {
-        let windows = self
-            .inner
-            .windows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        windows.get(key).map_or_else(Vec::new, |w| {
-            w.entries
-                .iter()
-                .map(|(score, _)| *score)
-                .filter(|s| *s >= now_ms - window_ms)
+                .map(|(score, member)| (*score, member.to_string()))
                 .collect()
         })
     }

@@ -39,6 +39,22 @@ fn unavailable(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> E
     }
 }
 
+/// Runs `$call` (an expression using `$conn`) on whichever connection this is, bounded by
+/// the command timeout; a timeout is [`Error::Unavailable`].
+macro_rules! bounded {
+    ($self:expr, |$conn:ident| $call:expr) => {{
+        let run = async {
+            match $self.conn.clone() {
+                Conn::Single(mut $conn) => $call.await,
+                Conn::Cluster(mut $conn) => $call.await,
+            }
+        };
+        Ok(tokio::time::timeout($self.timeout, run)
+            .await
+            .map_err(unavailable)??)
+    }};
+}
+
 impl RedisHot {
     /// Connects to `redis://…` / `rediss://…` lazily (the service starts while Redis is
     /// down and reconnects by itself), or to `redis+cluster://h1:p1,h2:p2` (seed nodes;
@@ -76,15 +92,7 @@ impl RedisHot {
 
     /// Runs a command, bounded by the timeout.
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
-        let run = async {
-            match self.conn.clone() {
-                Conn::Single(mut conn) => cmd.query_async(&mut conn).await,
-                Conn::Cluster(mut conn) => cmd.query_async(&mut conn).await,
-            }
-        };
-        Ok(tokio::time::timeout(self.timeout, run)
-            .await
-            .map_err(unavailable)??)
+        bounded!(self, |conn| cmd.query_async(&mut conn))
     }
 
     /// Runs a pipeline (one slot on a cluster), bounded by the timeout.
