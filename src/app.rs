@@ -12,6 +12,7 @@ use crate::config::Settings;
 use crate::ingest::Ingest;
 use crate::limiter::Limiter;
 use crate::lockout::Lockouts;
+use crate::reputation::Reputation;
 use crate::store::Stores;
 
 /// Everything a request handler or background task needs.
@@ -31,10 +32,23 @@ pub struct App {
     pub lockouts: Arc<Lockouts>,
     /// Auth-event batches.
     pub ingest: Ingest,
+    /// IP/ASN reputation (range sources and ASN databases from the data dir).
+    pub reputation: Reputation,
     /// Wall and monotonic time for every domain.
     pub clock: Arc<dyn Clock>,
     /// Prometheus exposition of this process's metrics.
     pub metrics: PrometheusHandle,
+}
+
+/// Why the app could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A store could not be opened or migrated.
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+    /// A data file could not be loaded (named with its line).
+    #[error("PALISADE_DATA_DIR: {0}")]
+    Data(#[from] crate::reputation::LoadError),
 }
 
 /// Shared state of the HTTP application (cheap to clone).
@@ -51,7 +65,7 @@ impl Deref for AppState {
 
 impl App {
     /// Opens the stores (applying migrations) and builds every service with the real clock.
-    pub async fn build(settings: Settings) -> Result<App, crate::store::Error> {
+    pub async fn build(settings: Settings) -> Result<App, BuildError> {
         Self::build_with_clock(settings, Arc::new(SystemClock::new())).await
     }
 
@@ -59,8 +73,9 @@ impl App {
     pub async fn build_with_clock(
         settings: Settings,
         clock: Arc<dyn Clock>,
-    ) -> Result<App, crate::store::Error> {
+    ) -> Result<App, BuildError> {
         let stores = Stores::open(&settings).await?;
+        let reputation = Reputation::open(&settings.data_dir)?;
         let access = Access::new(
             stores.durable.clone(),
             clock.clone(),
@@ -90,6 +105,7 @@ impl App {
             limiter,
             lockouts,
             ingest,
+            reputation,
             clock,
             metrics: crate::telemetry::metrics::handle(),
         })

@@ -1,4 +1,4 @@
-//! Command line: `serve` (default) | `migrate` | `budgets` | `token create`.
+//! Command line: `serve` (default) | `migrate` | `budgets` | `lookup IP` | `token create`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,6 +32,11 @@ pub enum Command {
     Migrate,
     /// Print every effective budget and class as Markdown tables.
     Budgets,
+    /// Print the reputation of one IP from the data dir (offline), as JSON.
+    Lookup {
+        /// IPv4 or IPv6 address.
+        ip: std::net::IpAddr,
+    },
     /// Manage API tokens.
     Token {
         /// What to do with tokens.
@@ -100,6 +105,12 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Lookup { ip } => {
+            let reputation = crate::reputation::Reputation::open(&settings.data_dir)
+                .context("PALISADE_DATA_DIR")?;
+            println!("{}", serde_json::to_string_pretty(&reputation.lookup(ip))?);
+            Ok(())
+        }
         Command::Migrate => {
             let durable = Durable::connect(
                 &settings.database_url,
@@ -161,10 +172,34 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let state = app.into_state();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     App::spawn_background(&state, stopped);
+    spawn_sighup_reload(&state);
     crate::api::serve(state, listener, shutdown_signal()).await?;
     let _ = stop.send(true);
     tracing::info!("shut down");
     Ok(())
+}
+
+/// SIGHUP re-reads the data dir (like `POST /v1/admin/reload`); a broken file is logged and
+/// the old data stays.
+fn spawn_sighup_reload(state: &crate::app::AppState) {
+    #[cfg(unix)]
+    {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let Ok(mut hangup) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                return;
+            };
+            while hangup.recv().await.is_some() {
+                if let Err(err) = state.reputation.reload().await {
+                    tracing::error!(error.cause = %err, "SIGHUP reload rejected; keeping the old data: {err}");
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = state;
 }
 
 /// Completes on ctrl-c or SIGTERM.

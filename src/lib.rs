@@ -7,6 +7,7 @@
 //! - [`api`]: the HTTP edge (routes, roles, error envelope, OpenAPI).
 //! - [`limiter`]: layered token buckets (Lua in Redis, or in-process); [`model`]: shared nouns.
 //! - [`ingest`]: auth-event batches; [`lockout`]: login velocity, challenges, lockouts.
+//! - [`reputation`]: IP/ASN range sources, ASN databases, the lookup table, hot reload.
 //! - [`access`]: API tokens and roles; [`audit`]: who did what.
 //! - [`store`]: durable (Postgres/SQLite) and hot (Redis/in-process) backends.
 //! - [`config`]: settings; [`telemetry`]: logs and metrics; [`clock`]: time, passed in.
@@ -22,6 +23,7 @@ pub mod ingest;
 pub mod limiter;
 pub mod lockout;
 pub mod model;
+pub mod reputation;
 pub mod store;
 pub mod telemetry;
 

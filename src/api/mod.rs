@@ -11,6 +11,7 @@ pub mod extract;
 pub mod health;
 pub mod limit;
 pub mod lockouts;
+pub mod reputation;
 pub mod request_id;
 
 use std::sync::Arc;
@@ -71,6 +72,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(limit::routes())
         .merge(events::routes())
         .merge(lockouts::routes())
+        .merge(reputation::routes())
 }
 
 /// Builds the whole HTTP application.

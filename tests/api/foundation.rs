@@ -380,6 +380,8 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/lockouts"),
     ("get", "/v1/lockouts/{id}"),
     ("post", "/v1/lockouts/{id}/release"),
+    ("get", "/v1/reputation/{ip}"),
+    ("post", "/v1/admin/reload"),
 ];
 
 async fn openapi_document_lists_every_route(app: TestApp) {

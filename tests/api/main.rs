@@ -8,3 +8,4 @@ mod foundation;
 mod fuzz;
 mod limiter;
 mod lockout;
+mod reputation;

@@ -1,0 +1,429 @@
+//! IP and ASN reputation: range sources, ASN databases, one immutable lookup table, hot reload.
+//!
+//! Owns loading the data dir (`ranges/<class>/*`, `asns/<class>.txt`, `asn/*.mmdb`,
+//! `asn/*.csv`), the parsers ([`parse`]), the [`table::RangeTable`] and the swap. Read
+//! [`Reputation::lookup`] first. A broken file is named with its line, and the old
+//! snapshot stays in force.
+
+pub mod parse;
+pub mod table;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+
+use crate::lockout::Reason;
+use table::RangeTable;
+
+/// Factor of a class when no other is configured: unknown classes count like datacenters.
+pub const DEFAULT_FACTOR: f64 = 0.5;
+
+/// Default factors per class (on unauthenticated endpoints; scoring applies them).
+pub fn class_factor(class: &str) -> f64 {
+    match class {
+        "tor" | "proxy" => 0.25,
+        "allow" => 1.0,
+        "deny" => 0.0,
+        _ => DEFAULT_FACTOR,
+    }
+}
+
+/// A file that could not be loaded: which, where, why.
+#[derive(Debug, Clone, thiserror::Error, Serialize)]
+#[error("{file}: line {line}: {reason}")]
+pub struct LoadError {
+    /// Path relative to the data dir.
+    pub file: String,
+    /// 1-based line (0: the whole file).
+    pub line: usize,
+    /// Why.
+    pub reason: String,
+}
+
+/// One loaded source.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Source {
+    /// Path relative to the data dir, e.g. `ranges/tor/exits.csv`.
+    pub file: String,
+    /// Class it assigns.
+    pub class: String,
+    /// Ranges (or ASNs) read.
+    pub entries: usize,
+}
+
+/// IP→ASN ranges from a CSV (`start,end,asn,org`), sorted by start.
+#[derive(Debug, Default)]
+struct AsnRanges {
+    starts: Vec<u128>,
+    ends: Vec<u128>,
+    asns: Vec<u32>,
+    orgs: Vec<Arc<str>>,
+}
+
+impl AsnRanges {
+    fn lookup(&self, position: u128) -> Option<(u32, Arc<str>)> {
+        let i = self
+            .starts
+            .partition_point(|&s| s <= position)
+            .checked_sub(1)?;
+        (position <= self.ends[i]).then(|| (self.asns[i], self.orgs[i].clone()))
+    }
+}
+
+/// Everything loaded from the data dir at one time.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    table: RangeTable,
+    sources: Vec<Source>,
+    mmdbs: Vec<maxminddb::Reader<Vec<u8>>>,
+    asn_ranges: AsnRanges,
+    asn_classes: HashMap<u32, Vec<u16>>,
+    /// Ranges read over all range sources.
+    pub ranges: usize,
+}
+
+impl Snapshot {
+    /// Number of disjoint segments in the lookup table.
+    pub fn segments(&self) -> usize {
+        self.table.segments()
+    }
+
+    /// The sources.
+    pub fn sources(&self) -> &[Source] {
+        &self.sources
+    }
+
+    /// ASN databases (mmdb files) and IP→ASN ranges loaded.
+    pub fn asn_databases(&self) -> (usize, usize) {
+        (self.mmdbs.len(), self.asn_ranges.starts.len())
+    }
+}
+
+/// The reputation of one IP.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// The address as normalised (IPv4-mapped IPv6 → IPv4).
+    pub ip: IpAddr,
+    /// Autonomous system, if an ASN source knows it.
+    pub asn: Option<u32>,
+    /// Its organisation.
+    pub as_org: Option<String>,
+    /// Classes, sorted, unique.
+    pub classes: Vec<String>,
+    /// Every source that lists it (range files by address, ASN lists by its ASN).
+    pub sources: Vec<String>,
+    /// The strictest class factor (1.0 when clean).
+    pub multiplier: f64,
+    /// One reason per class.
+    pub reasons: Vec<Reason>,
+}
+
+fn relative(dir: &Path, path: &Path) -> String {
+    path.strip_prefix(dir).unwrap_or(path).display().to_string()
+}
+
+fn read(dir: &Path, path: &Path) -> Result<String, LoadError> {
+    std::fs::read_to_string(path).map_err(|e| LoadError {
+        file: relative(dir, path),
+        line: 0,
+        reason: e.to_string(),
+    })
+}
+
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+fn dirs_in(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    dirs.sort();
+    dirs
+}
+
+fn hidden(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_none_or(|n| n.starts_with('.') || n.eq_ignore_ascii_case("README.md"))
+}
+
+/// Loads a snapshot from the data-dir convention. A missing dir is an empty snapshot.
+pub fn load(dir: &Path) -> Result<Snapshot, LoadError> {
+    let mut snapshot = Snapshot::default();
+    let mut triples = Vec::new();
+    let add_source = |snapshot: &mut Snapshot,
+                      file: String,
+                      class: String,
+                      entries: usize|
+     -> Result<u16, LoadError> {
+        let id = u16::try_from(snapshot.sources.len()).map_err(|_| LoadError {
+            file: file.clone(),
+            line: 0,
+            reason: "more than 65535 sources".to_owned(),
+        })?;
+        snapshot.sources.push(Source {
+            file,
+            class,
+            entries,
+        });
+        Ok(id)
+    };
+    for class_dir in dirs_in(&dir.join("ranges")) {
+        let class = class_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("other")
+            .to_owned();
+        for path in files_in(&class_dir).into_iter().filter(|p| !hidden(p)) {
+            let text = read(dir, &path)?;
+            let ranges = parse::parse_ranges(&text).map_err(|e| LoadError {
+                file: relative(dir, &path),
+                line: e.line,
+                reason: e.reason,
+            })?;
+            let id = add_source(
+                &mut snapshot,
+                relative(dir, &path),
+                class.clone(),
+                ranges.len(),
+            )?;
+            snapshot.ranges += ranges.len();
+            triples.extend(ranges.into_iter().map(|(s, e)| (s, e, id)));
+        }
+    }
+    snapshot.table = RangeTable::build(triples);
+    for path in files_in(&dir.join("asns"))
+        .into_iter()
+        .filter(|p| !hidden(p))
+    {
+        let class = path
+            .file_stem()
+            .and_then(|n| n.to_str())
+            .unwrap_or("other")
+            .to_owned();
+        let text = read(dir, &path)?;
+        let asns = parse::parse_asns(&text).map_err(|e| LoadError {
+            file: relative(dir, &path),
+            line: e.line,
+            reason: e.reason,
+        })?;
+        let id = add_source(&mut snapshot, relative(dir, &path), class, asns.len())?;
+        for asn in asns {
+            let entry = snapshot.asn_classes.entry(asn).or_default();
+            if !entry.contains(&id) {
+                entry.push(id);
+            }
+        }
+    }
+    let mut asn_rows: Vec<(u128, u128, u32, Arc<str>)> = Vec::new();
+    for path in files_in(&dir.join("asn"))
+        .into_iter()
+        .filter(|p| !hidden(p))
+    {
+        let name = relative(dir, &path);
+        if path.extension().is_some_and(|e| e == "mmdb") {
+            let reader = maxminddb::Reader::open_readfile(&path).map_err(|e| LoadError {
+                file: name.clone(),
+                line: 0,
+                reason: e.to_string(),
+            })?;
+            reader.verify().map_err(|e| LoadError {
+                file: name.clone(),
+                line: 0,
+                reason: format!("corrupt database: {e}"),
+            })?;
+            snapshot.mmdbs.push(reader);
+        } else {
+            let text = read(dir, &path)?;
+            for (index, line) in text.lines().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let bad = |reason: &str| LoadError {
+                    file: name.clone(),
+                    line: index + 1,
+                    reason: reason.to_owned(),
+                };
+                let mut columns = line.splitn(4, ',');
+                let start: IpAddr = columns
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad("start is not an IP"))?;
+                let end: IpAddr = columns
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad("end is not an IP"))?;
+                let asn: u32 = columns
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .trim_start_matches("AS")
+                    .parse()
+                    .map_err(|_| bad("asn is not a number"))?;
+                let org = columns.next().unwrap_or("").trim().trim_matches('"');
+                asn_rows.push((
+                    parse::position(start),
+                    parse::position(end),
+                    asn,
+                    Arc::from(org),
+                ));
+            }
+        }
+    }
+    asn_rows.sort_by_key(|row| row.0);
+    for (start, end, asn, org) in asn_rows {
+        snapshot.asn_ranges.starts.push(start);
+        snapshot.asn_ranges.ends.push(end);
+        snapshot.asn_ranges.asns.push(asn);
+        snapshot.asn_ranges.orgs.push(org);
+    }
+    Ok(snapshot)
+}
+
+impl Snapshot {
+    fn asn_of(&self, ip: IpAddr, position: u128) -> Option<(u32, String)> {
+        for reader in &self.mmdbs {
+            if let Ok(result) = reader.lookup(ip)
+                && let Ok(Some(asn)) = result.decode::<maxminddb::geoip2::Asn<'_>>()
+                && let Some(number) = asn.autonomous_system_number
+            {
+                return Some((
+                    number,
+                    asn.autonomous_system_organization.unwrap_or("").to_owned(),
+                ));
+            }
+        }
+        self.asn_ranges
+            .lookup(position)
+            .map(|(asn, org)| (asn, org.to_string()))
+    }
+
+    /// All classes, sources and the ASN of one address.
+    pub fn lookup(&self, ip: IpAddr) -> Verdict {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        let position = parse::position(ip);
+        let mut hits: Vec<u16> = self.table.lookup(position).to_vec();
+        let asn = self.asn_of(ip, position);
+        if let Some(ids) = asn
+            .as_ref()
+            .and_then(|(number, _)| self.asn_classes.get(number))
+        {
+            hits.extend(ids);
+        }
+        let mut classes = BTreeSet::new();
+        let mut sources = Vec::new();
+        for id in hits {
+            let source = &self.sources[usize::from(id)];
+            classes.insert(source.class.clone());
+            sources.push(source.file.clone());
+        }
+        let reasons = classes
+            .iter()
+            .map(|class| {
+                let listed_by: Vec<&str> = self
+                    .sources
+                    .iter()
+                    .filter(|s| &s.class == class && sources.contains(&s.file))
+                    .map(|s| s.file.as_str())
+                    .collect();
+                Reason::new(
+                    &format!("reputation_{class}"),
+                    format!(
+                        "{class} (factor {}): {}",
+                        class_factor(class),
+                        listed_by.join(", ")
+                    ),
+                )
+            })
+            .collect();
+        let multiplier = classes.iter().map(|c| class_factor(c)).fold(1.0, f64::min);
+        Verdict {
+            ip,
+            asn: asn.as_ref().map(|(n, _)| *n),
+            as_org: asn.map(|(_, org)| org).filter(|o| !o.is_empty()),
+            classes: classes.into_iter().collect(),
+            sources,
+            multiplier,
+            reasons,
+        }
+    }
+}
+
+/// The reputation service: the current snapshot, swapped atomically on reload.
+#[derive(Debug)]
+pub struct Reputation {
+    data_dir: PathBuf,
+    current: ArcSwap<Snapshot>,
+}
+
+impl Reputation {
+    /// Loads the data dir (a broken file stops the start with its name and line).
+    pub fn open(data_dir: &Path) -> Result<Self, LoadError> {
+        let snapshot = load(data_dir)?;
+        Ok(Self {
+            data_dir: data_dir.to_owned(),
+            current: ArcSwap::from_pointee(snapshot),
+        })
+    }
+
+    /// The reputation of `ip` in the current snapshot (lock-free read).
+    pub fn lookup(&self, ip: IpAddr) -> Verdict {
+        self.current.load().lookup(ip)
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Re-reads the data dir off the request path and swaps the new snapshot in atomically;
+    /// on error the old one stays and the error names the file and line.
+    pub async fn reload(&self) -> Result<Arc<Snapshot>, LoadError> {
+        let dir = self.data_dir.clone();
+        let snapshot = tokio::task::spawn_blocking(move || load(&dir))
+            .await
+            .map_err(|e| LoadError {
+                file: String::new(),
+                line: 0,
+                reason: format!("loader failed: {e}"),
+            })??;
+        let snapshot = Arc::new(snapshot);
+        self.current.store(snapshot.clone());
+        tracing::info!(
+            reputation.sources = snapshot.sources.len(),
+            reputation.ranges = snapshot.ranges,
+            "reloaded reputation data: {} sources, {} ranges",
+            snapshot.sources.len(),
+            snapshot.ranges
+        );
+        Ok(snapshot)
+    }
+}
