@@ -13,6 +13,7 @@ use crate::ingest::Ingest;
 use crate::limiter::Limiter;
 use crate::lockout::Lockouts;
 use crate::reputation::Reputation;
+use crate::reputation::lists::Lists;
 use crate::store::Stores;
 
 /// Everything a request handler or background task needs.
@@ -34,6 +35,8 @@ pub struct App {
     pub ingest: Ingest,
     /// IP/ASN reputation (range sources and ASN databases from the data dir).
     pub reputation: Reputation,
+    /// Manual allow/deny lists.
+    pub lists: Lists,
     /// Wall and monotonic time for every domain.
     pub clock: Arc<dyn Clock>,
     /// Prometheus exposition of this process's metrics.
@@ -97,6 +100,21 @@ impl App {
             settings.limits.ipv6_prefix_len,
         ));
         let ingest = Ingest::new(stores.durable.clone(), clock.clone(), lockouts.clone());
+        let lists = Lists::new(
+            &stores,
+            clock.clone(),
+            limiter.clone(),
+            audit.clone(),
+            settings.http.max_key_length,
+            settings.limits.ipv6_prefix_len,
+        );
+        lists.refresh().await.map_err(|err| match err {
+            crate::reputation::lists::Error::Store(store) => BuildError::Store(store),
+            other => BuildError::Store(crate::store::Error::Unavailable {
+                store: "durable",
+                source: other.to_string().into(),
+            }),
+        })?;
         Ok(App {
             settings: Arc::new(settings),
             stores,
@@ -106,15 +124,31 @@ impl App {
             lockouts,
             ingest,
             reputation,
+            lists,
             clock,
             metrics: crate::telemetry::metrics::handle(),
         })
     }
 
-    /// Starts the background tasks (hourly retention pruning of raw auth events); they stop
+    /// Starts the background tasks (list refresh, hourly retention pruning); they stop
     /// when `shutdown` fires. Each has a one-step function tests call instead
     /// (`Ingest::prune_once`).
     pub fn spawn_background(state: &AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        // Lists changed on another instance are picked up within half a second.
+        let app = state.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {}
+                    _ = stop.changed() => return,
+                }
+                if let Err(err) = app.lists.refresh_if_changed().await {
+                    tracing::warn!(error.cause = %err, "refreshing allow/deny lists failed; will retry");
+                }
+            }
+        });
         let app = state.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));

@@ -10,6 +10,7 @@ pub mod events;
 pub mod extract;
 pub mod health;
 pub mod limit;
+pub mod lists;
 pub mod lockouts;
 pub mod reputation;
 pub mod request_id;
@@ -73,6 +74,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(events::routes())
         .merge(lockouts::routes())
         .merge(reputation::routes())
+        .merge(lists::routes())
 }
 
 /// Builds the whole HTTP application.

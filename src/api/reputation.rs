@@ -53,7 +53,8 @@ async fn reputation(
     let ip: std::net::IpAddr = ip
         .parse()
         .map_err(|_| ApiError::invalid(format!("{ip:.64?} is not an IPv4 or IPv6 address")))?;
-    let verdict = app.reputation.lookup(ip);
+    let mut verdict = app.reputation.lookup(ip);
+    app.lists.apply(&mut verdict);
     Ok(Json(ReputationView {
         ip: verdict.ip.to_string(),
         asn: verdict.asn,

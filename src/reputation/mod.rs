@@ -5,6 +5,7 @@
 //! [`Reputation::lookup`] first. A broken file is named with its line, and the old
 //! snapshot stays in force.
 
+pub mod lists;
 pub mod parse;
 pub mod table;
 

@@ -382,6 +382,9 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/lockouts/{id}/release"),
     ("get", "/v1/reputation/{ip}"),
     ("post", "/v1/admin/reload"),
+    ("get", "/v1/lists/{list}"),
+    ("post", "/v1/lists/{list}"),
+    ("delete", "/v1/lists/{list}/{id}"),
 ];
 
 async fn openapi_document_lists_every_route(app: TestApp) {

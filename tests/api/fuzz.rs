@@ -12,6 +12,8 @@ const JSON_ROUTES: &[&str] = &[
     "/v1/limit/check",
     "/v1/events/auth",
     "/v1/lockouts/01ARZ3NDEKTSV4RRFFQ69G5FAV/release",
+    "/v1/lists/deny",
+    "/v1/lists/allow",
 ];
 
 fn body_strategy() -> impl Strategy<Value = Vec<u8>> {

@@ -7,5 +7,6 @@ mod cli;
 mod foundation;
 mod fuzz;
 mod limiter;
+mod lists;
 mod lockout;
 mod reputation;

@@ -1,0 +1,565 @@
+//! Manual allow/deny lists: entries by CIDR, ASN, account or device, stored durably, audited,
+//! and applied on every instance.
+//!
+//! Account, device and single-subject IP entries (an IPv4 address, or an IPv6 prefix of the
+//! limiter's IPv6 key length) are published as the subject's multiplier for every class
+//! (deny 0, allow 1), so the bucket script enforces them at once. CIDR and ASN entries change
+//! `/v1/reputation` answers (allow pins the multiplier at 1 over every range class, deny makes
+//! it 0); each instance reloads the live set when the hot-store version counter moves.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+
+use super::Verdict;
+use super::parse::{parse_cidr_or_ip, position};
+use super::table::RangeTable;
+use crate::audit::{Actor, Audit};
+use crate::clock::Clock;
+use crate::limiter::Limiter;
+use crate::lockout::Reason;
+use crate::model::{ClientIp, SubjectKey};
+use crate::store::{Durable, Hot, Stores};
+use crate::with_pool;
+
+/// Which list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ListName {
+    /// Trusted: multiplier at least 1, over every range class.
+    Allow,
+    /// Blocked: multiplier 0.
+    Deny,
+}
+
+impl ListName {
+    /// Name in JSON and SQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListName::Allow => "allow",
+            ListName::Deny => "deny",
+        }
+    }
+}
+
+/// What an entry's value is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    /// An IP or CIDR.
+    Cidr,
+    /// An autonomous system (`AS13335` or `13335`).
+    Asn,
+    /// An account (user id).
+    Account,
+    /// A device id.
+    Device,
+}
+
+impl EntryKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            EntryKind::Cidr => "cidr",
+            EntryKind::Asn => "asn",
+            EntryKind::Account => "account",
+            EntryKind::Device => "device",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        [
+            EntryKind::Cidr,
+            EntryKind::Asn,
+            EntryKind::Account,
+            EntryKind::Device,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == text)
+    }
+}
+
+/// One entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Entry {
+    /// ULID.
+    pub id: String,
+    /// Its list.
+    pub list: ListName,
+    /// Its kind.
+    pub kind: EntryKind,
+    /// Normalised value: canonical CIDR, `AS123`, the account or device id.
+    pub value: String,
+    /// Why.
+    pub reason: String,
+    /// Unix ms.
+    pub created_at_ms: i64,
+    /// Token name that added it.
+    pub created_by: String,
+    /// Unix ms; absent = until deleted.
+    pub expires_at_ms: Option<i64>,
+}
+
+/// An entry to add, as given.
+#[derive(Debug, Clone)]
+pub struct NewEntry {
+    /// IP/CIDR, `AS…`, account or device id.
+    pub value: String,
+    /// Inferred for IPs, CIDRs and `AS…` when absent.
+    pub kind: Option<EntryKind>,
+    /// Why (1–500 characters).
+    pub reason: String,
+    /// Unix ms; None = until deleted.
+    pub expires_at_ms: Option<i64>,
+}
+
+/// Why a list operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The value or kind is not acceptable.
+    #[error("{0}")]
+    Invalid(String),
+    /// No live entry with this id in this list.
+    #[error("no entry with id {0:?} in this list")]
+    NotFound(String),
+    /// A store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+}
+
+/// Entries currently in force, indexed for lookups.
+#[derive(Debug, Default)]
+struct Live {
+    entries: Vec<Entry>,
+    cidrs: RangeTable,
+    asns: HashMap<u32, Vec<u16>>,
+}
+
+impl Live {
+    fn build(entries: Vec<Entry>) -> Self {
+        let mut ranges = Vec::new();
+        let mut asns: HashMap<u32, Vec<u16>> = HashMap::new();
+        for (index, entry) in entries.iter().enumerate() {
+            let Ok(index) = u16::try_from(index) else {
+                break;
+            };
+            match entry.kind {
+                EntryKind::Cidr => {
+                    if let Some((start, end)) = parse_cidr_or_ip(&entry.value) {
+                        ranges.push((start, end, index));
+                    }
+                }
+                EntryKind::Asn => {
+                    if let Ok(asn) = entry.value.trim_start_matches("AS").parse::<u32>() {
+                        asns.entry(asn).or_default().push(index);
+                    }
+                }
+                EntryKind::Account | EntryKind::Device => {}
+            }
+        }
+        Live {
+            cidrs: RangeTable::build(ranges),
+            entries,
+            asns,
+        }
+    }
+}
+
+const INSERT: &str = "INSERT INTO list_entries (id, list, kind, value, reason, created_at, created_by, expires_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+const LIVE: &str = "SELECT id, list, kind, value, reason, created_at, created_by, expires_at FROM list_entries \
+    WHERE deleted_at IS NULL AND (expires_at IS NULL OR expires_at > $1) ORDER BY id";
+const DELETE: &str = "UPDATE list_entries SET deleted_at = $3, deleted_by = $4 \
+    WHERE id = $1 AND list = $2 AND deleted_at IS NULL";
+const GET: &str = "SELECT id, list, kind, value, reason, created_at, created_by, expires_at FROM list_entries \
+    WHERE id = $1 AND list = $2";
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: String,
+    list: String,
+    kind: String,
+    value: String,
+    reason: String,
+    created_at: i64,
+    created_by: String,
+    expires_at: Option<i64>,
+}
+
+impl Row {
+    fn entry(self) -> Option<Entry> {
+        Some(Entry {
+            id: self.id,
+            list: if self.list == "allow" {
+                ListName::Allow
+            } else {
+                ListName::Deny
+            },
+            kind: EntryKind::parse(&self.kind)?,
+            value: self.value,
+            reason: self.reason,
+            created_at_ms: self.created_at,
+            created_by: self.created_by,
+            expires_at_ms: self.expires_at,
+        })
+    }
+}
+
+/// The lists service.
+#[derive(Debug)]
+pub struct Lists {
+    durable: Durable,
+    hot: Hot,
+    version_key: String,
+    clock: Arc<dyn Clock>,
+    limiter: Arc<Limiter>,
+    audit: Audit,
+    max_key_length: usize,
+    ipv6_prefix_len: u8,
+    live: ArcSwap<Live>,
+    seen_version: std::sync::atomic::AtomicI64,
+}
+
+impl Lists {
+    /// The service; call [`Lists::refresh`] once before use.
+    pub fn new(
+        stores: &Stores,
+        clock: Arc<dyn Clock>,
+        limiter: Arc<Limiter>,
+        audit: Audit,
+        max_key_length: usize,
+        ipv6_prefix_len: u8,
+    ) -> Self {
+        Self {
+            durable: stores.durable.clone(),
+            hot: stores.hot.clone(),
+            version_key: format!("{}:{{lists}}:version", stores.keys.prefix()),
+            clock,
+            limiter,
+            audit,
+            max_key_length,
+            ipv6_prefix_len,
+            live: ArcSwap::from_pointee(Live::default()),
+            seen_version: std::sync::atomic::AtomicI64::new(-1),
+        }
+    }
+
+    /// Normalises a value and infers its kind: IPs/CIDRs → `cidr`, `AS123` → `asn`;
+    /// accounts and devices need `kind`.
+    pub fn normalize(
+        &self,
+        value: &str,
+        kind: Option<EntryKind>,
+    ) -> Result<(EntryKind, String), Error> {
+        let value = value.trim();
+        let inferred = kind.or_else(|| {
+            if parse_cidr_or_ip(value).is_some() {
+                Some(EntryKind::Cidr)
+            } else if value
+                .strip_prefix("AS")
+                .or_else(|| value.strip_prefix("as"))
+                .is_some_and(|d| d.parse::<u32>().is_ok())
+            {
+                Some(EntryKind::Asn)
+            } else {
+                None
+            }
+        });
+        let kind = inferred.ok_or_else(|| {
+            Error::Invalid(format!(
+                "cannot infer the kind of {value:.64?}: give kind = account or device"
+            ))
+        })?;
+        let normalized = match kind {
+            EntryKind::Cidr => {
+                let (start, end) = parse_cidr_or_ip(value)
+                    .ok_or_else(|| Error::Invalid(format!("{value:.64?} is not an IP or CIDR")))?;
+                canonical_cidr(start, end)
+            }
+            EntryKind::Asn => {
+                let digits = value
+                    .strip_prefix("AS")
+                    .or_else(|| value.strip_prefix("as"))
+                    .unwrap_or(value);
+                let asn: u32 = digits
+                    .parse()
+                    .map_err(|_| Error::Invalid(format!("{value:.32?} is not an AS number")))?;
+                format!("AS{asn}")
+            }
+            EntryKind::Account | EntryKind::Device => {
+                let count = value.chars().count();
+                if count == 0 || count > self.max_key_length || value.chars().any(char::is_control)
+                {
+                    return Err(Error::Invalid(format!(
+                        "{} must be 1-{} printable characters",
+                        kind.as_str(),
+                        self.max_key_length
+                    )));
+                }
+                value.to_owned()
+            }
+        };
+        Ok((kind, normalized))
+    }
+
+    /// The limiter subject an entry maps to exactly, if any (then it is enforced in buckets).
+    fn subject(&self, entry: &Entry) -> Option<SubjectKey> {
+        match entry.kind {
+            EntryKind::Account => SubjectKey::user(&entry.value, self.max_key_length).ok(),
+            EntryKind::Device => SubjectKey::device(&entry.value, self.max_key_length).ok(),
+            EntryKind::Asn => None,
+            EntryKind::Cidr => {
+                let (ip, len) = entry.value.split_once('/')?;
+                let ip: IpAddr = ip.parse().ok()?;
+                let len: u8 = len.parse().ok()?;
+                let single = match ip {
+                    IpAddr::V4(_) => len == 32,
+                    IpAddr::V6(_) => len == self.ipv6_prefix_len,
+                };
+                single.then(|| SubjectKey::ip(&ClientIp::new(ip, self.ipv6_prefix_len)))
+            }
+        }
+    }
+
+    /// Adds an entry; audited as `list.add`.
+    pub async fn add(
+        &self,
+        list: ListName,
+        new: NewEntry,
+        actor: &Actor,
+        request_id: &str,
+    ) -> Result<Entry, Error> {
+        let NewEntry {
+            value,
+            kind,
+            reason,
+            expires_at_ms,
+        } = new;
+        let reason = reason.as_str();
+        let (kind, value) = self.normalize(&value, kind)?;
+        let reason = reason.trim();
+        if reason.is_empty() || reason.chars().count() > 500 {
+            return Err(Error::Invalid("reason must be 1-500 characters".to_owned()));
+        }
+        let now = self.clock.now_ms();
+        if expires_at_ms.is_some_and(|at| at <= now) {
+            return Err(Error::Invalid("expires_at is in the past".to_owned()));
+        }
+        let entry = Entry {
+            id: ulid::Ulid::new().to_string(),
+            list,
+            kind,
+            value,
+            reason: reason.to_owned(),
+            created_at_ms: now,
+            created_by: actor.name.clone(),
+            expires_at_ms,
+        };
+        with_pool!(&self.durable, |pool| sqlx::query(INSERT)
+            .bind(&entry.id)
+            .bind(list.as_str())
+            .bind(kind.as_str())
+            .bind(&entry.value)
+            .bind(&entry.reason)
+            .bind(entry.created_at_ms)
+            .bind(&entry.created_by)
+            .bind(entry.expires_at_ms)
+            .execute(pool)
+            .await
+            .map(|_| ()))
+        .map_err(crate::store::Error::from)?;
+        if let Some(subject) = self.subject(&entry) {
+            let value = if list == ListName::Deny { 0.0 } else { 1.0 };
+            let ttl =
+                expires_at_ms.map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(1)));
+            self.limiter
+                .publish_multiplier(&subject, None, value, ttl)
+                .await?;
+        }
+        self.changed().await?;
+        self.audit
+            .record(actor, "list.add", &entry.id, serde_json::json!({ "list": list, "kind": kind, "value": entry.value, "reason": entry.reason }), request_id)
+            .await?;
+        Ok(entry)
+    }
+
+    /// Deletes an entry; audited as `list.delete`.
+    pub async fn delete(
+        &self,
+        list: ListName,
+        id: &str,
+        actor: &Actor,
+        request_id: &str,
+    ) -> Result<Entry, Error> {
+        let now = self.clock.now_ms();
+        let deleted = with_pool!(&self.durable, |pool| sqlx::query(DELETE)
+            .bind(id)
+            .bind(list.as_str())
+            .bind(now)
+            .bind(&actor.name)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))
+        .map_err(crate::store::Error::from)?;
+        if deleted == 0 {
+            return Err(Error::NotFound(id.to_owned()));
+        }
+        let row: Option<Row> = with_pool!(&self.durable, |pool| sqlx::query_as(GET)
+            .bind(id)
+            .bind(list.as_str())
+            .fetch_optional(pool)
+            .await)
+        .map_err(crate::store::Error::from)?;
+        let entry = row
+            .and_then(Row::entry)
+            .ok_or_else(|| Error::NotFound(id.to_owned()))?;
+        if let Some(subject) = self.subject(&entry) {
+            self.limiter.clear_multiplier(&subject, None).await?;
+        }
+        self.changed().await?;
+        self.audit
+            .record(
+                actor,
+                "list.delete",
+                id,
+                serde_json::json!({ "list": list, "value": entry.value }),
+                request_id,
+            )
+            .await?;
+        Ok(entry)
+    }
+
+    /// Live entries of one list.
+    pub fn entries(&self, list: ListName) -> Vec<Entry> {
+        let now = self.clock.now_ms();
+        self.live
+            .load()
+            .entries
+            .iter()
+            .filter(|e| e.list == list && e.expires_at_ms.is_none_or(|at| at > now))
+            .cloned()
+            .collect()
+    }
+
+    /// Reloads the live entries from the durable store.
+    pub async fn refresh(&self) -> Result<(), Error> {
+        let rows: Vec<Row> = with_pool!(&self.durable, |pool| sqlx::query_as(LIVE)
+            .bind(self.clock.now_ms())
+            .fetch_all(pool)
+            .await)
+        .map_err(crate::store::Error::from)?;
+        self.live.store(Arc::new(Live::build(
+            rows.into_iter().filter_map(Row::entry).collect(),
+        )));
+        Ok(())
+    }
+
+    async fn changed(&self) -> Result<(), Error> {
+        if let Hot::Redis(redis) = &self.hot {
+            let version: i64 = redis
+                .query(redis::cmd("INCR").arg(&self.version_key))
+                .await?;
+            self.seen_version
+                .store(version, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.refresh().await
+    }
+
+    /// One step of the cross-instance refresh: reload when another instance changed a list.
+    pub async fn refresh_if_changed(&self) -> Result<(), Error> {
+        if let Hot::Redis(redis) = &self.hot {
+            let version: Option<i64> = redis
+                .query(redis::cmd("GET").arg(&self.version_key))
+                .await?;
+            let version = version.unwrap_or(0);
+            if self
+                .seen_version
+                .swap(version, std::sync::atomic::Ordering::SeqCst)
+                != version
+            {
+                self.refresh().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the lists to a reputation verdict: deny → multiplier 0 (deny beats allow when
+    /// both match); allow → at least 1 over every range class.
+    pub fn apply(&self, verdict: &mut Verdict) {
+        let live = self.live.load();
+        let now = self.clock.now_ms();
+        let mut hits: Vec<&Entry> = live
+            .cidrs
+            .lookup(position(verdict.ip))
+            .iter()
+            .map(|&i| &live.entries[usize::from(i)])
+            .collect();
+        if let Some(ids) = verdict.asn.and_then(|asn| live.asns.get(&asn)) {
+            hits.extend(ids.iter().map(|&i| &live.entries[usize::from(i)]));
+        }
+        hits.retain(|e| e.expires_at_ms.is_none_or(|at| at > now));
+        for list in [ListName::Allow, ListName::Deny] {
+            let matching: Vec<&&Entry> = hits.iter().filter(|e| e.list == list).collect();
+            if matching.is_empty() {
+                continue;
+            }
+            verdict.classes.push(list.as_str().to_owned());
+            for entry in &matching {
+                verdict
+                    .sources
+                    .push(format!("lists/{}/{}", list.as_str(), entry.id));
+            }
+            let values: Vec<&str> = matching.iter().map(|e| e.value.as_str()).collect();
+            verdict.reasons.push(Reason::new(
+                &format!("list_{}", list.as_str()),
+                format!("{} list: {}", list.as_str(), values.join(", ")),
+            ));
+        }
+        let denied = hits.iter().any(|e| e.list == ListName::Deny);
+        let allowed = hits.iter().any(|e| e.list == ListName::Allow);
+        if denied {
+            verdict.multiplier = 0.0;
+        } else if allowed {
+            verdict.multiplier = verdict.multiplier.max(1.0);
+        }
+        verdict.classes.sort();
+        verdict.classes.dedup();
+    }
+}
+
+/// `start..=end` as text: `a.b.c.d/n` (IPv4) or `x::/n` when it is one prefix.
+fn canonical_cidr(start: u128, end: u128) -> String {
+    // A prefix range holds 2^host_bits addresses.
+    let size = end - start;
+    let host_bits = if size == u128::MAX {
+        128
+    } else {
+        (size + 1).trailing_zeros()
+    };
+    let prefix = 128 - host_bits;
+    let v6 = std::net::Ipv6Addr::from(start);
+    match v6.to_ipv4_mapped() {
+        Some(v4) if prefix >= 96 => format!("{v4}/{}", prefix - 96),
+        _ => format!("{v6}/{prefix}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_cidrs() {
+        let (s, e) = parse_cidr_or_ip("192.0.2.7").unwrap();
+        assert_eq!(canonical_cidr(s, e), "192.0.2.7/32");
+        let (s, e) = parse_cidr_or_ip("10.1.2.3/8").unwrap();
+        assert_eq!(canonical_cidr(s, e), "10.0.0.0/8");
+        let (s, e) = parse_cidr_or_ip("2001:db8::1/64").unwrap();
+        assert_eq!(canonical_cidr(s, e), "2001:db8::/64");
+        let (s, e) = parse_cidr_or_ip("::ffff:198.51.100.1").unwrap();
+        assert_eq!(canonical_cidr(s, e), "198.51.100.1/32");
+    }
+}
