@@ -8,10 +8,13 @@ use criterion::{criterion_group, criterion_main};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod limiter;
+mod reputation;
 
 criterion_group!(
     benches,
     limiter::in_process_vs_governor,
-    limiter::full_check
+    limiter::full_check,
+    reputation::lookups,
+    reputation::asn_lookups
 );
 criterion_main!(benches);

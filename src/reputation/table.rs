@@ -4,9 +4,15 @@
 //! Written by hand rather than with a prefix-trie crate: CSV sources are start–end ranges,
 //! not prefixes, and one sorted array answers all sources of an address in one search.
 
+/// Position of `::ffff:0.0.0.0`: IPv4 addresses occupy the next 2³² positions.
+const V4_BASE: u128 = 0xffff_0000_0000;
+
 /// Disjoint segments `(start, end, set)`, sorted by start; `set` indexes `sets`.
 #[derive(Debug, Clone, Default)]
 pub struct RangeTable {
+    /// For IPv4: `v4_index[h]` is the first segment starting at or after `h.x.y.z` with
+    /// `h` the top 16 bits, so a lookup searches only the few segments of one /16.
+    v4_index: Vec<u32>,
     starts: Vec<u128>,
     ends: Vec<u128>,
     set_of: Vec<u32>,
@@ -67,12 +73,25 @@ impl RangeTable {
                 table.set_of.push(id);
             }
         }
+        table.v4_index = (0..=65_536u128)
+            .map(|h| {
+                u32::try_from(table.starts.partition_point(|&s| s < V4_BASE + (h << 16)))
+                    .unwrap_or(u32::MAX)
+            })
+            .collect();
         table
     }
 
     /// The sources covering `position` (empty when none).
     pub fn lookup(&self, position: u128) -> &[u16] {
-        let index = self.starts.partition_point(|&s| s <= position);
+        let index = match position.checked_sub(V4_BASE) {
+            Some(offset) if offset < 1 << 32 && !self.v4_index.is_empty() => {
+                let h = (offset >> 16) as usize;
+                let (lo, hi) = (self.v4_index[h] as usize, self.v4_index[h + 1] as usize);
+                lo + self.starts[lo..hi].partition_point(|&s| s <= position)
+            }
+            _ => self.starts.partition_point(|&s| s <= position),
+        };
         if index == 0 {
             return &[];
         }
@@ -91,7 +110,8 @@ impl RangeTable {
 
     /// Approximate heap bytes.
     pub fn heap_bytes(&self) -> usize {
-        self.starts.capacity() * 16
+        self.v4_index.capacity() * 4
+            + self.starts.capacity() * 16
             + self.ends.capacity() * 16
             + self.set_of.capacity() * 4
             + self
@@ -117,6 +137,25 @@ mod tests {
         assert_eq!(table.lookup(31), &[] as &[u16]);
         assert_eq!(table.lookup(40), &[2]);
         assert_eq!(table.lookup(u128::MAX), &[] as &[u16]);
+    }
+
+    #[test]
+    fn the_ipv4_index_finds_segments_that_start_in_an_earlier_slash_16() {
+        let base = V4_BASE;
+        // 10.0.0.0/8 spans many /16 blocks; 10.5.1.1 is found through the index.
+        let table = RangeTable::build(vec![
+            (base + (10 << 24), base + (11 << 24) - 1, 0),
+            (
+                base + (10 << 24) + (5 << 16) + 7,
+                base + (10 << 24) + (5 << 16) + 7,
+                1,
+            ),
+        ]);
+        assert_eq!(table.lookup(base + (10 << 24) + (5 << 16) + 257), &[0]);
+        assert_eq!(table.lookup(base + (10 << 24) + (5 << 16) + 7), &[0, 1]);
+        assert_eq!(table.lookup(base + (11 << 24)), &[] as &[u16]);
+        assert_eq!(table.lookup(base + (1 << 32) - 1), &[] as &[u16]);
+        assert_eq!(table.lookup(base - 1), &[] as &[u16]);
     }
 
     #[test]
