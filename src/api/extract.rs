@@ -12,20 +12,91 @@ use super::error::{ApiError, ErrorCode};
 use crate::access::{Caller, Role};
 use crate::app::AppState;
 
-/// `axum::Json` whose rejection is a 400 (or 413) envelope, never axum's plain text.
-#[derive(Debug, FromRequest)]
-#[from_request(via(axum::Json), rejection(ApiError))]
+/// A JSON body whose rejection is a 400 (or 413) envelope, never axum's plain text.
+///
+/// NUL characters (raw or `\u0000`) are refused: they mean nothing in Palisade's input, and
+/// Postgres cannot store them in text (it would be a database error, not a 400).
+#[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
-/// `axum::extract::Query` with envelope rejections.
-#[derive(Debug, FromRequestParts)]
-#[from_request(via(axum::extract::Query), rejection(ApiError))]
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let json_type = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|mime| {
+                let mime = mime.trim().to_ascii_lowercase();
+                mime == "application/json"
+                    || (mime.starts_with("application/") && mime.ends_with("+json"))
+            });
+        if !json_type {
+            return Err(ApiError::invalid(
+                "expected a JSON body with Content-Type: application/json",
+            ));
+        }
+        let bytes = axum::body::Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        ErrorCode::PayloadTooLarge,
+                        "request body is larger than the limit",
+                    )
+                } else {
+                    ApiError::invalid(format!("cannot read the body: {}", rejection.body_text()))
+                }
+            })?;
+        if bytes.contains(&0) || bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000")) {
+            return Err(ApiError::invalid("NUL characters are not accepted"));
+        }
+        let axum::Json(value) = axum::Json::<T>::from_bytes(&bytes)?;
+        Ok(ApiJson(value))
+    }
+}
+
+/// `axum::extract::Query` with envelope rejections (and no NUL characters, see [`ApiJson`]).
+#[derive(Debug)]
 pub struct ApiQuery<T>(pub T);
 
-/// `axum::extract::Path` with envelope rejections.
-#[derive(Debug, FromRequestParts)]
-#[from_request(via(axum::extract::Path), rejection(ApiError))]
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        refuse_nul(parts.uri.query().unwrap_or(""))?;
+        let axum::extract::Query(value) =
+            axum::extract::Query::<T>::from_request_parts(parts, state).await?;
+        Ok(ApiQuery(value))
+    }
+}
+
+/// `axum::extract::Path` with envelope rejections (and no NUL characters, see [`ApiJson`]).
+#[derive(Debug)]
 pub struct ApiPath<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        refuse_nul(parts.uri.path())?;
+        let axum::extract::Path(value) =
+            axum::extract::Path::<T>::from_request_parts(parts, state).await?;
+        Ok(ApiPath(value))
+    }
+}
+
+fn refuse_nul(text: &str) -> Result<(), ApiError> {
+    if text.to_ascii_lowercase().contains("%00") {
+        return Err(ApiError::invalid("NUL characters are not accepted"));
+    }
+    Ok(())
+}
 
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {

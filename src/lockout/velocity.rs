@@ -60,7 +60,7 @@ pub async fn record(
                 })
                 .collect();
             Ok(ints
-                .chunks(2)
+                .chunks_exact(2)
                 .map(|pair| {
                     (
                         u32::try_from(pair[0]).unwrap_or(0),

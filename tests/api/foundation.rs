@@ -22,6 +22,7 @@ on_both_backends!(
     audit_pages_newest_first_with_a_cursor,
     readyz_reports_both_stores,
     openapi_document_lists_every_route,
+    nul_characters_are_a_400_never_a_database_error,
 );
 
 async fn healthz_answers_with_a_ulid_request_id(app: TestApp) {
@@ -478,5 +479,40 @@ async fn wait_until_ready(app: &TestApp) {
             "not ready again within 5 s of the store returning"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Postgres cannot store NUL in text; such input must be refused up front, on every route.
+async fn nul_characters_are_a_400_never_a_database_error(app: TestApp) {
+    let events = r#"{"events":[{"event_id":"n1","type":"login_failure","account":"a","ip":"192.0.2.1","device_id":"x\u0000y"}]}"#;
+    let response = app
+        .client
+        .post(app.url("/v1/events/auth"))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("content-type", "application/json")
+        .body(events)
+        .send()
+        .await
+        .unwrap();
+    assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    let list = app
+        .post(
+            "/v1/lists/deny",
+            Some(ADMIN_TOKEN),
+            &json!({"value": "192.0.2.1", "reason": "a\u{0}b"}),
+        )
+        .await;
+    assert_envelope(list, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    for path in [
+        "/v1/audit?action=a%00b",
+        "/v1/lockouts?account=a%00b",
+        "/v1/accounts/a%00b/status?ip=192.0.2.1",
+    ] {
+        assert_envelope(
+            app.get(path, Some(ADMIN_TOKEN)).await,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        )
+        .await;
     }
 }

@@ -108,6 +108,15 @@ async fn template(admin_url: &str) -> String {
             .fetch_all(&mut admin)
             .await
             .expect("list databases");
+            // Only databases of runs older than an hour: a concurrent test run's are left alone
+            // (names end in a ULID, which carries its creation time).
+            let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+            let stale = stale.into_iter().filter(|(name,)| {
+                name.rsplit('_')
+                    .next()
+                    .and_then(|id| ulid::Ulid::from_string(&id.to_uppercase()).ok())
+                    .is_none_or(|id| id.datetime() < hour_ago)
+            });
             for (name,) in stale {
                 let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
                     .execute(&mut admin)
