@@ -59,6 +59,7 @@ pub struct Source {
 /// IP→ASN ranges from a CSV (`start,end,asn,org`), sorted by start.
 #[derive(Debug, Default)]
 struct AsnRanges {
+    v4_index: Vec<u32>,
     starts: Vec<u128>,
     ends: Vec<u128>,
     asns: Vec<u32>,
@@ -303,6 +304,7 @@ pub fn load(dir: &Path) -> Result<Snapshot, LoadError> {
         snapshot.asn_ranges.asns.push(asn);
         snapshot.asn_ranges.orgs.push(org);
     }
+    snapshot.asn_ranges.v4_index = table::v4_index(&snapshot.asn_ranges.starts);
     Ok(snapshot)
 }
 

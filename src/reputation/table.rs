@@ -7,6 +7,29 @@
 /// Position of `::ffff:0.0.0.0`: IPv4 addresses occupy the next 2³² positions.
 const V4_BASE: u128 = 0xffff_0000_0000;
 
+/// For sorted `starts`: entry `h` is the first index whose start is at or after the IPv4
+/// address `h.0.0.0 + (h << 16)` (65,537 entries, 256 KB).
+pub(crate) fn v4_index(starts: &[u128]) -> Vec<u32> {
+    (0..=65_536u128)
+        .map(|h| {
+            u32::try_from(starts.partition_point(|&s| s < V4_BASE + (h << 16))).unwrap_or(u32::MAX)
+        })
+        .collect()
+}
+
+/// Number of `starts` at or before `position` (the index of the covering candidate + 1),
+/// searching only one /16 for IPv4 positions.
+pub(crate) fn starts_at_or_before(starts: &[u128], index: &[u32], position: u128) -> usize {
+    match position.checked_sub(V4_BASE) {
+        Some(offset) if offset < 1 << 32 && index.len() == 65_537 => {
+            let h = (offset >> 16) as usize;
+            let (lo, hi) = (index[h] as usize, index[h + 1] as usize);
+            lo + starts[lo..hi].partition_point(|&s| s <= position)
+        }
+        _ => starts.partition_point(|&s| s <= position),
+    }
+}
+
 /// Disjoint segments `(start, end, set)`, sorted by start; `set` indexes `sets`.
 #[derive(Debug, Clone, Default)]
 pub struct RangeTable {
@@ -84,14 +107,7 @@ impl RangeTable {
 
     /// The sources covering `position` (empty when none).
     pub fn lookup(&self, position: u128) -> &[u16] {
-        let index = match position.checked_sub(V4_BASE) {
-            Some(offset) if offset < 1 << 32 && !self.v4_index.is_empty() => {
-                let h = (offset >> 16) as usize;
-                let (lo, hi) = (self.v4_index[h] as usize, self.v4_index[h + 1] as usize);
-                lo + self.starts[lo..hi].partition_point(|&s| s <= position)
-            }
-            _ => self.starts.partition_point(|&s| s <= position),
-        };
+        let index = starts_at_or_before(&self.starts, &self.v4_index, position);
         if index == 0 {
             return &[];
         }
