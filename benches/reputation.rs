@@ -128,13 +128,14 @@ pub fn asn_lookups(c: &mut Criterion) {
         started.elapsed().as_secs_f64() * 1000.0
     );
     let queries = queries();
+    let factors = palisade::config::ReputationSettings::default();
     let mut group = c.benchmark_group(format!("asn_lookup_{}k_ranges", asn_ranges / 1000));
     group.throughput(Throughput::Elements(1));
     let mut i = 0usize;
     group.bench_function(BenchmarkId::new("palisade_verdict", asn_ranges), |b| {
         b.iter(|| {
             i = (i + 1) % queries.len();
-            black_box(snapshot.lookup(queries[i]).asn)
+            black_box(snapshot.lookup(queries[i], &factors).asn)
         });
     });
     group.finish();

@@ -78,7 +78,7 @@ impl App {
         clock: Arc<dyn Clock>,
     ) -> Result<App, BuildError> {
         let stores = Stores::open(&settings).await?;
-        let reputation = Reputation::open(&settings.data_dir)?;
+        let reputation = Reputation::open(&settings.data_dir, settings.reputation.clone())?;
         let access = Access::new(
             stores.durable.clone(),
             clock.clone(),

@@ -106,8 +106,11 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Lookup { ip } => {
-            let reputation = crate::reputation::Reputation::open(&settings.data_dir)
-                .context("PALISADE_DATA_DIR")?;
+            let reputation = crate::reputation::Reputation::open(
+                &settings.data_dir,
+                settings.reputation.clone(),
+            )
+            .context("PALISADE_DATA_DIR")?;
             println!("{}", serde_json::to_string_pretty(&reputation.lookup(ip))?);
             Ok(())
         }

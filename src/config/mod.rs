@@ -7,6 +7,7 @@
 mod http;
 mod limits;
 mod lockout;
+mod reputation;
 mod store;
 
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use http::HttpSettings;
 pub use limits::{BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, When};
 pub use lockout::{Escalation, LockoutSettings};
+pub use reputation::ReputationSettings;
 pub use store::StoreSettings;
 
 /// Prefix of every environment variable Palisade reads.
@@ -70,6 +72,8 @@ pub struct Settings {
     pub limits: LimitSettings,
     /// Login velocity, challenges, lockouts (`[lockout]`).
     pub lockout: LockoutSettings,
+    /// Reputation class factors (`[reputation]`).
+    pub reputation: ReputationSettings,
     /// Store connection tuning (`[store]`).
     pub store: StoreSettings,
 }
@@ -90,6 +94,7 @@ impl Default for Settings {
             http: HttpSettings::default(),
             limits: LimitSettings::default(),
             lockout: LockoutSettings::default(),
+            reputation: ReputationSettings::default(),
             store: StoreSettings::default(),
         }
     }
@@ -237,6 +242,7 @@ impl Settings {
         self.http.validate()?;
         self.limits.validate()?;
         self.lockout.validate()?;
+        self.reputation.validate()?;
         self.store.validate()?;
         Ok(self)
     }

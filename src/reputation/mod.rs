@@ -17,21 +17,9 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
+use crate::config::ReputationSettings;
 use crate::lockout::Reason;
 use table::RangeTable;
-
-/// Factor of a class when no other is configured: unknown classes count like datacenters.
-pub const DEFAULT_FACTOR: f64 = 0.5;
-
-/// Default factors per class (on unauthenticated endpoints; scoring applies them).
-pub fn class_factor(class: &str) -> f64 {
-    match class {
-        "tor" | "proxy" => 0.25,
-        "allow" => 1.0,
-        "deny" => 0.0,
-        _ => DEFAULT_FACTOR,
-    }
-}
 
 /// A file that could not be loaded: which, where, why.
 #[derive(Debug, Clone, thiserror::Error, Serialize)]
@@ -326,8 +314,8 @@ impl Snapshot {
             .map(|(asn, org)| (asn, org.to_string()))
     }
 
-    /// All classes, sources and the ASN of one address.
-    pub fn lookup(&self, ip: IpAddr) -> Verdict {
+    /// All classes, sources and the ASN of one address; `factors` weighs the classes.
+    pub fn lookup(&self, ip: IpAddr, factors: &ReputationSettings) -> Verdict {
         let ip = match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
             v4 => v4,
@@ -361,13 +349,16 @@ impl Snapshot {
                     &format!("reputation_{class}"),
                     format!(
                         "{class} (factor {}): {}",
-                        class_factor(class),
+                        factors.factor(class),
                         listed_by.join(", ")
                     ),
                 )
             })
             .collect();
-        let multiplier = classes.iter().map(|c| class_factor(c)).fold(1.0, f64::min);
+        let multiplier = classes
+            .iter()
+            .map(|c| factors.factor(c))
+            .fold(1.0, f64::min);
         Verdict {
             ip,
             asn: asn.as_ref().map(|(n, _)| *n),
@@ -384,22 +375,24 @@ impl Snapshot {
 #[derive(Debug)]
 pub struct Reputation {
     data_dir: PathBuf,
+    factors: ReputationSettings,
     current: ArcSwap<Snapshot>,
 }
 
 impl Reputation {
     /// Loads the data dir (a broken file stops the start with its name and line).
-    pub fn open(data_dir: &Path) -> Result<Self, LoadError> {
+    pub fn open(data_dir: &Path, factors: ReputationSettings) -> Result<Self, LoadError> {
         let snapshot = load(data_dir)?;
         Ok(Self {
             data_dir: data_dir.to_owned(),
+            factors,
             current: ArcSwap::from_pointee(snapshot),
         })
     }
 
     /// The reputation of `ip` in the current snapshot (lock-free read).
     pub fn lookup(&self, ip: IpAddr) -> Verdict {
-        self.current.load().lookup(ip)
+        self.current.load().lookup(ip, &self.factors)
     }
 
     /// The current snapshot.

@@ -53,7 +53,10 @@ const REAL_LISTS: &[(&str, &str)] = &[
 ];
 
 fn verdict(snapshot: &palisade::reputation::Snapshot, ip: &str) -> palisade::reputation::Verdict {
-    snapshot.lookup(ip.parse().unwrap())
+    snapshot.lookup(
+        ip.parse().unwrap(),
+        &palisade::config::ReputationSettings::default(),
+    )
 }
 
 #[test]
@@ -148,6 +151,18 @@ fn asn_lists_classify_every_address_of_the_asn() {
     let snapshot = palisade::reputation::load(dir.path()).unwrap();
     let hit = verdict(&snapshot, "1.128.0.1");
     assert_eq!(hit.classes, vec!["hosting"]);
+    assert_eq!(
+        hit.multiplier, 0.5,
+        "an unlisted class gets the default factor"
+    );
+    let mut factors = palisade::config::ReputationSettings::default();
+    factors.factors.insert("hosting".to_owned(), 0.1);
+    assert_eq!(
+        snapshot
+            .lookup("1.128.0.1".parse().unwrap(), &factors)
+            .multiplier,
+        0.1
+    );
     assert_eq!(hit.sources, vec!["asns/hosting.txt"]);
     // Our own committed list parses.
     let ours = std::fs::read_to_string(concat!(

@@ -1,0 +1,61 @@
+//! `[reputation]`: the factor each reputation class contributes to an IP's multiplier.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{SettingError, setting_name};
+
+/// The `[reputation]` section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReputationSettings {
+    /// Factor per class (0 blocks, 1 is neutral); the strictest class of an IP wins. Classes
+    /// not listed use `default_factor`. TOML `reputation.factors`; defaults: datacenter 0.5,
+    /// vpn 0.5, proxy 0.25, tor 0.25. The manual lists are fixed: deny 0, allow ≥ 1.
+    pub factors: BTreeMap<String, f64>,
+    /// Factor of a class that `factors` does not list. Env
+    /// `PALISADE_REPUTATION__DEFAULT_FACTOR`; default 0.5.
+    pub default_factor: f64,
+}
+
+impl Default for ReputationSettings {
+    fn default() -> Self {
+        Self {
+            factors: BTreeMap::from([
+                ("datacenter".to_owned(), 0.5),
+                ("vpn".to_owned(), 0.5),
+                ("proxy".to_owned(), 0.25),
+                ("tor".to_owned(), 0.25),
+            ]),
+            default_factor: 0.5,
+        }
+    }
+}
+
+impl ReputationSettings {
+    /// The factor of `class`.
+    pub fn factor(&self, class: &str) -> f64 {
+        self.factors
+            .get(class)
+            .copied()
+            .unwrap_or(self.default_factor)
+    }
+
+    pub(super) fn validate(&self) -> Result<(), SettingError> {
+        let bad = |f: f64| !(0.0..=10.0).contains(&f) || f.is_nan();
+        if bad(self.default_factor) {
+            return Err(SettingError::new(
+                setting_name("reputation.default_factor"),
+                "must be between 0 and 10",
+            ));
+        }
+        if let Some((class, _)) = self.factors.iter().find(|(_, f)| bad(**f)) {
+            return Err(SettingError::new(
+                format!("reputation.factors.{class}"),
+                "must be between 0 (block) and 10",
+            ));
+        }
+        Ok(())
+    }
+}
