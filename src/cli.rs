@@ -1,4 +1,5 @@
-//! Command line: `serve` (default) | `migrate` | `budgets` | `lookup IP` | `token create`.
+//! Command line: `serve` (default) | `migrate` | `budgets` | `lookup IP` | `ranges update` |
+//! `token create`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,12 +38,26 @@ pub enum Command {
         /// IPv4 or IPv6 address.
         ip: std::net::IpAddr,
     },
+    /// Manage range sources.
+    Ranges {
+        /// What to do with range sources.
+        #[command(subcommand)]
+        action: RangesCommand,
+    },
     /// Manage API tokens.
     Token {
         /// What to do with tokens.
         #[command(subcommand)]
         action: TokenCommand,
     },
+}
+
+/// `palisade ranges …`.
+#[derive(Debug, Subcommand)]
+pub enum RangesCommand {
+    /// Download the sources of `[[reputation.sources]]` into the data dir (atomically; a
+    /// failed source keeps its previous file). Then reload: SIGHUP or POST /v1/admin/reload.
+    Update,
 }
 
 /// `palisade token …`.
@@ -112,6 +127,27 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             )
             .context("PALISADE_DATA_DIR")?;
             println!("{}", serde_json::to_string_pretty(&reputation.lookup(ip))?);
+            Ok(())
+        }
+        Command::Ranges {
+            action: RangesCommand::Update,
+        } => {
+            let results =
+                crate::reputation::update::update(&settings.data_dir, &settings.reputation.sources)
+                    .await;
+            let mut failed = 0;
+            for (file, result) in results {
+                match result {
+                    Ok(ranges) => println!("updated {file}: {ranges} ranges"),
+                    Err(reason) => {
+                        failed += 1;
+                        eprintln!("palisade: {file} not updated: {reason}");
+                    }
+                }
+            }
+            if failed > 0 {
+                anyhow::bail!("{failed} source(s) not updated");
+            }
             Ok(())
         }
         Command::Migrate => {

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use http::HttpSettings;
 pub use limits::{BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, When};
 pub use lockout::{Escalation, LockoutSettings};
-pub use reputation::ReputationSettings;
+pub use reputation::{ReputationSettings, SourceSettings};
 pub use store::StoreSettings;
 
 /// Prefix of every environment variable Palisade reads.

@@ -6,6 +6,18 @@ use serde::{Deserialize, Serialize};
 
 use super::{SettingError, setting_name};
 
+/// A range source that `palisade ranges update` downloads.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSettings {
+    /// File name under `ranges/<class>/` (no `/`).
+    pub name: String,
+    /// Class it assigns (the folder).
+    pub class: String,
+    /// Where to download it from (`https://…` or `http://…`).
+    pub url: String,
+}
+
 /// The `[reputation]` section.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -17,6 +29,9 @@ pub struct ReputationSettings {
     /// Factor of a class that `factors` does not list. Env
     /// `PALISADE_REPUTATION__DEFAULT_FACTOR`; default 0.5.
     pub default_factor: f64,
+    /// Sources `palisade ranges update` downloads. TOML `[[reputation.sources]]`; giving any
+    /// replaces the defaults (AWS, Google Cloud, the Tor bulk exit list).
+    pub sources: Vec<SourceSettings>,
 }
 
 impl Default for ReputationSettings {
@@ -29,6 +44,23 @@ impl Default for ReputationSettings {
                 ("tor".to_owned(), 0.25),
             ]),
             default_factor: 0.5,
+            sources: vec![
+                SourceSettings {
+                    name: "aws-ip-ranges.json".to_owned(),
+                    class: "datacenter".to_owned(),
+                    url: "https://ip-ranges.amazonaws.com/ip-ranges.json".to_owned(),
+                },
+                SourceSettings {
+                    name: "google-cloud.json".to_owned(),
+                    class: "datacenter".to_owned(),
+                    url: "https://www.gstatic.com/ipranges/cloud.json".to_owned(),
+                },
+                SourceSettings {
+                    name: "tor-exits.txt".to_owned(),
+                    class: "tor".to_owned(),
+                    url: "https://check.torproject.org/torbulkexitlist".to_owned(),
+                },
+            ],
         }
     }
 }
@@ -49,6 +81,28 @@ impl ReputationSettings {
                 setting_name("reputation.default_factor"),
                 "must be between 0 and 10",
             ));
+        }
+        let plain = |text: &str| {
+            !text.is_empty()
+                && text != "."
+                && text != ".."
+                && !text.contains(['/', '\\'])
+                && !text.starts_with('.')
+        };
+        for (index, source) in self.sources.iter().enumerate() {
+            let key = format!("reputation.sources[{index}] ({})", source.name);
+            if !plain(&source.name) || !plain(&source.class) {
+                return Err(SettingError::new(
+                    key,
+                    "name and class must be plain file/folder names (no '/', not hidden)",
+                ));
+            }
+            if !(source.url.starts_with("https://") || source.url.starts_with("http://")) {
+                return Err(SettingError::new(
+                    key,
+                    "url must start with https:// or http://",
+                ));
+            }
         }
         if let Some((class, _)) = self.factors.iter().find(|(_, f)| bad(**f)) {
             return Err(SettingError::new(

@@ -8,6 +8,7 @@
 pub mod lists;
 pub mod parse;
 pub mod table;
+pub mod update;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;

@@ -85,3 +85,74 @@ fn migrate_and_token_create_work_on_a_fresh_sqlite_file() {
         "clap rejects an unknown role"
     );
 }
+
+/// `palisade ranges update` downloads configured sources atomically; a broken or missing
+/// download keeps the previous file and fails the command naming the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_update_downloads_sources_and_keeps_old_files_on_error() {
+    let server = axum::Router::new()
+        .route(
+            "/good.txt",
+            axum::routing::get(|| async { "# test\n10.0.0.0/8\n192.0.2.1\n" }),
+        )
+        .route(
+            "/bad.txt",
+            axum::routing::get(|| async { "10.0.0.0/8\nnot an ip\n" }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, server).await.unwrap() });
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("ranges/vpn")).unwrap();
+    std::fs::write(data.join("ranges/vpn/bad.txt"), "198.51.100.0/24\n").unwrap();
+    let config = dir.path().join("palisade.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[reputation.sources]]\nname = \"good.txt\"\nclass = \"datacenter\"\nurl = \"{base}/good.txt\"\n\n\
+             [[reputation.sources]]\nname = \"bad.txt\"\nclass = \"vpn\"\nurl = \"{base}/bad.txt\"\n\n\
+             [[reputation.sources]]\nname = \"gone.txt\"\nclass = \"tor\"\nurl = \"{base}/gone.txt\"\n"
+        ),
+    )
+    .unwrap();
+    let child_data = data.clone();
+    // The temp dir moves into the blocking task and back, so it outlives the command.
+    let (output, _dir) = tokio::task::spawn_blocking(move || {
+        let output = palisade()
+            .current_dir(dir.path())
+            .env("PALISADE_DATA_DIR", &child_data)
+            .args(["--config", config.to_str().unwrap(), "ranges", "update"])
+            .output()
+            .unwrap();
+        (output, dir)
+    })
+    .await
+    .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stdout.contains("updated ranges/datacenter/good.txt: 2 ranges"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("ranges/vpn/bad.txt not updated") && stderr.contains("line 2"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("ranges/tor/gone.txt not updated") && stderr.contains("404"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join("ranges/datacenter/good.txt")).unwrap(),
+        "# test\n10.0.0.0/8\n192.0.2.1\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join("ranges/vpn/bad.txt")).unwrap(),
+        "198.51.100.0/24\n",
+        "old file kept"
+    );
+    assert!(!data.join("ranges/tor/gone.txt").exists());
+}

@@ -1,0 +1,83 @@
+//! `palisade ranges update`: download the configured sources into the data dir, atomically.
+//!
+//! Each download is checked before it replaces anything: HTTP 200, at most 100 MiB, and it
+//! must parse as a range file with at least one range. It is written to a temporary file in
+//! the target folder and renamed over the old one, so a reader never sees half a file and a
+//! failed source keeps its previous file.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::parse::parse_ranges;
+use crate::config::SourceSettings;
+
+/// Largest download accepted.
+pub const MAX_BYTES: usize = 100 * 1024 * 1024;
+
+/// Downloads every source; returns, per source, the number of ranges written or why not.
+pub async fn update(
+    data_dir: &Path,
+    sources: &[SourceSettings],
+) -> Vec<(String, Result<usize, String>)> {
+    let client = match reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .user_agent(concat!("palisade/", env!("CARGO_PKG_VERSION")))
+        .build()
+    {
+        Ok(client) => client,
+        Err(err) => {
+            return sources
+                .iter()
+                .map(|s| (s.name.clone(), Err(format!("HTTP client: {err}"))))
+                .collect();
+        }
+    };
+    let mut results = Vec::with_capacity(sources.len());
+    for source in sources {
+        results.push((
+            format!("ranges/{}/{}", source.class, source.name),
+            update_one(&client, data_dir, source).await,
+        ));
+    }
+    results
+}
+
+async fn update_one(
+    client: &reqwest::Client,
+    data_dir: &Path,
+    source: &SourceSettings,
+) -> Result<usize, String> {
+    let response = client
+        .get(&source.url)
+        .send()
+        .await
+        .map_err(|e| format!("{}: {e}", source.url))?;
+    if !response.status().is_success() {
+        return Err(format!("{} answered {}", source.url, response.status()));
+    }
+    let body = response
+        .bytes()
+        .await
+        .map_err(|e| format!("{}: {e}", source.url))?;
+    if body.len() > MAX_BYTES {
+        return Err(format!("{} is larger than {MAX_BYTES} bytes", source.url));
+    }
+    let text = String::from_utf8(body.to_vec())
+        .map_err(|_| format!("{} is not UTF-8 text", source.url))?;
+    let ranges = parse_ranges(&text)
+        .map_err(|e| format!("{}: {e}; the previous file is kept", source.url))?;
+    if ranges.is_empty() {
+        return Err(format!(
+            "{} holds no ranges; the previous file is kept",
+            source.url
+        ));
+    }
+    let folder = data_dir.join("ranges").join(&source.class);
+    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+    let target = folder.join(&source.name);
+    let temporary = folder.join(format!(".{}.download", source.name));
+    std::fs::write(&temporary, text.as_bytes())
+        .map_err(|e| format!("{}: {e}", temporary.display()))?;
+    std::fs::rename(&temporary, &target).map_err(|e| format!("{}: {e}", target.display()))?;
+    Ok(ranges.len())
+}
