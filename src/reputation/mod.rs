@@ -125,32 +125,19 @@ fn read(dir: &Path, path: &Path) -> Result<String, LoadError> {
     })
 }
 
-fn files_in(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+/// Files (or folders, with `folders`) directly in `dir`, sorted; none when it is missing.
+fn entries_in(dir: &Path, folders: bool) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|entries| {
             entries
                 .filter_map(|e| e.ok())
                 .map(|e| e.path())
-                .filter(|p| p.is_file())
+                .filter(|p| if folders { p.is_dir() } else { p.is_file() })
                 .collect()
         })
         .unwrap_or_default();
-    files.sort();
-    files
-}
-
-fn dirs_in(dir: &Path) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .filter(|p| p.is_dir())
-                .collect()
-        })
-        .unwrap_or_default();
-    dirs.sort();
-    dirs
+    paths.sort();
+    paths
 }
 
 fn hidden(path: &Path) -> bool {
@@ -180,13 +167,16 @@ pub fn load(dir: &Path) -> Result<Snapshot, LoadError> {
         });
         Ok(id)
     };
-    for class_dir in dirs_in(&dir.join("ranges")) {
+    for class_dir in entries_in(&dir.join("ranges"), true) {
         let class = class_dir
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or("other")
             .to_owned();
-        for path in files_in(&class_dir).into_iter().filter(|p| !hidden(p)) {
+        for path in entries_in(&class_dir, false)
+            .into_iter()
+            .filter(|p| !hidden(p))
+        {
             let text = read(dir, &path)?;
             let ranges = parse::parse_ranges(&text).map_err(|e| LoadError {
                 file: relative(dir, &path),
@@ -204,7 +194,7 @@ pub fn load(dir: &Path) -> Result<Snapshot, LoadError> {
         }
     }
     snapshot.table = RangeTable::build(triples);
-    for path in files_in(&dir.join("asns"))
+    for path in entries_in(&dir.join("asns"), false)
         .into_iter()
         .filter(|p| !hidden(p))
     {
@@ -228,7 +218,7 @@ pub fn load(dir: &Path) -> Result<Snapshot, LoadError> {
         }
     }
     let mut asn_rows: Vec<(u128, u128, u32, Arc<str>)> = Vec::new();
-    for path in files_in(&dir.join("asn"))
+    for path in entries_in(&dir.join("asn"), false)
         .into_iter()
         .filter(|p| !hidden(p))
     {

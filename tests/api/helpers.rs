@@ -407,6 +407,30 @@ pub async fn assert_envelope(
     body
 }
 
+/// Copies `files` (`(path under ../shared/data, path in dir)`) into `dir`.
+pub fn lay_out(dir: &std::path::Path, files: &[(&str, &str)]) {
+    for (from, to) in files {
+        let target = dir.join(to);
+        std::fs::create_dir_all(target.parent().expect("a file path")).expect("create folder");
+        std::fs::copy(shared_data(from), &target).unwrap_or_else(|e| panic!("copy {from}: {e}"));
+    }
+}
+
+impl TestApp {
+    /// Lays shared data files out in this app's data dir and reloads it.
+    pub async fn load_data(&self, files: &[(&str, &str)]) {
+        lay_out(&self.settings.data_dir, files);
+        let reloaded = self
+            .post(
+                "/v1/admin/reload",
+                Some(ADMIN_TOKEN),
+                &serde_json::json!({}),
+            )
+            .await;
+        assert_eq!(reloaded.status(), StatusCode::OK);
+    }
+}
+
 /// A file under `../shared/data` (real public lists, never copied into the repo).
 pub fn shared_data(relative: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -5,7 +5,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{ADMIN_TOKEN, Backend, TestApp, assert_envelope, shared_data};
+use crate::helpers::{ADMIN_TOKEN, Backend, TestApp, assert_envelope};
 use crate::on_both_backends;
 
 on_both_backends!(
@@ -124,19 +124,8 @@ async fn denied_ip_is_blocked_and_shown_in_reputation(app: TestApp) {
 }
 
 async fn allow_wins_over_range_classes_and_deny_over_allow(app: TestApp) {
-    let tor = app.settings.data_dir.join("ranges/tor");
-    std::fs::create_dir_all(&tor).unwrap();
-    std::fs::copy(
-        shared_data("tor/tor-exit-relays.csv"),
-        tor.join("exits.csv"),
-    )
-    .unwrap();
-    assert_eq!(
-        app.post("/v1/admin/reload", Some(ADMIN_TOKEN), &json!({}))
-            .await
-            .status(),
-        StatusCode::OK
-    );
+    app.load_data(&[("tor/tor-exit-relays.csv", "ranges/tor/exits.csv")])
+        .await;
     assert_eq!(reputation(&app, "204.8.96.141").await["multiplier"], 0.25);
     add(
         &app,
@@ -157,19 +146,8 @@ async fn allow_wins_over_range_classes_and_deny_over_allow(app: TestApp) {
 }
 
 async fn denied_asn_covers_its_addresses(app: TestApp) {
-    let asn = app.settings.data_dir.join("asn");
-    std::fs::create_dir_all(&asn).unwrap();
-    std::fs::copy(
-        shared_data("mmdb/test-data/GeoLite2-ASN-Test.mmdb"),
-        asn.join("test.mmdb"),
-    )
-    .unwrap();
-    assert_eq!(
-        app.post("/v1/admin/reload", Some(ADMIN_TOKEN), &json!({}))
-            .await
-            .status(),
-        StatusCode::OK
-    );
+    app.load_data(&[("mmdb/test-data/GeoLite2-ASN-Test.mmdb", "asn/test.mmdb")])
+        .await;
     let entry = add(&app, "deny", json!({"value": "as1221", "reason": "test"})).await;
     assert_eq!(
         (entry["kind"].as_str(), entry["value"].as_str()),

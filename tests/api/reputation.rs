@@ -6,17 +6,8 @@ use std::path::Path;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{ADMIN_TOKEN, TestApp, assert_envelope, shared_data};
+use crate::helpers::{ADMIN_TOKEN, TestApp, assert_envelope, lay_out};
 use crate::on_both_backends;
-
-/// Lays out `files` (`(shared path, data-dir path)`) in `dir`.
-fn lay_out(dir: &Path, files: &[(&str, &str)]) {
-    for (from, to) in files {
-        let target = dir.join(to);
-        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        std::fs::copy(shared_data(from), &target).unwrap_or_else(|e| panic!("copy {from}: {e}"));
-    }
-}
 
 const REAL_LISTS: &[(&str, &str)] = &[
     (
