@@ -4,7 +4,8 @@
 --        ARGV[2i+2] member ('' = only count), ARGV[2i+3] score (event time, ms)
 -- Idem.  members are event ids (or account names for distinct-account windows): a retried
 --        event adds nothing, so a retried batch counts nothing twice.
--- Returns per key: {count in window, newest score before this call or -1}
+-- Returns per key: {count in window, ms between the two newest entries after this call or -1}
+--        (the gap feeds the "faster than a human" check without another round trip)
 -- Time   windows end at the caller's now_ms: event times are the auth service's clock, so
 --        the window is judged on that clock too (not a token bucket).
 local call = redis.call
@@ -17,9 +18,6 @@ for i = 1, #KEYS do
   local key = KEYS[i]
   local member = ARGV[2 * i + 2]
   call('ZREMRANGEBYSCORE', key, '-inf', '(' .. cutoff)
-  local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  local previous = -1
-  if newest[2] then previous = tonumber(newest[2]) end
   if member ~= '' then
     call('ZADD', key, ARGV[2 * i + 3], member)
     local size = call('ZCARD', key)
@@ -27,6 +25,9 @@ for i = 1, #KEYS do
     call('PEXPIRE', key, window)
   end
   out[#out + 1] = call('ZCOUNT', key, cutoff, '+inf')
-  out[#out + 1] = previous
+  local newest = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+  local gap = -1
+  if newest[4] then gap = tonumber(newest[4]) - tonumber(newest[2]) end
+  out[#out + 1] = gap
 end
 return out

@@ -245,7 +245,11 @@ impl Lockouts {
             }
         }
 
-        if account_failures >= self.settings.lockout_after {
+        let counts = policy::Counts {
+            account: account_failures,
+            ..policy::Counts::default()
+        };
+        if policy::decide(counts, &self.settings).0 == Action::Lockout {
             self.lock(context, account_failures, now).await?;
         }
         Ok(())
@@ -369,7 +373,7 @@ impl Lockouts {
         )
         .await?;
         let count = |i: usize| counts.get(i).map_or(0, |c| c.0);
-        let previous_gap = self.last_gap(context, now).await?;
+        let newest_gap = counts.first().and_then(|c| c.1);
         let failures = count(0);
         if let Some((lockout_id, ttl_ms)) =
             velocity::lock(&self.hot, &self.keys, &context.account, now).await?
@@ -398,7 +402,7 @@ impl Lockouts {
                 )],
             });
         }
-        let too_fast = previous_gap.is_some_and(|gap| {
+        let too_fast = newest_gap.is_some_and(|gap| {
             gap > 0 && gap < i64::try_from(self.settings.human_interval_ms).unwrap_or(0)
         });
         let (mut action, mut reasons) = policy::decide(
@@ -425,31 +429,6 @@ impl Lockouts {
             lockout_id: None,
             failures_in_window: failures,
             reasons,
-        })
-    }
-
-    /// Milliseconds between the account's two newest failures in the window, if two exist.
-    async fn last_gap(&self, context: &LoginContext, now: i64) -> Result<Option<i64>, Error> {
-        if self.settings.human_interval_ms == 0 {
-            return Ok(None);
-        }
-        let key = self.keys.window(&context.account, "f");
-        let scores: Vec<i64> = match &self.hot {
-            Hot::Memory(memory) => memory
-                .window_entries(&key, now, self.window_ms())
-                .into_iter()
-                .map(|(score, _)| score)
-                .collect(),
-            Hot::Redis(redis) => {
-                let mut cmd = redis::cmd("ZRANGE");
-                cmd.arg(&key).arg(-2).arg(-1).arg("WITHSCORES");
-                let pairs: Vec<(String, f64)> = redis.query(&cmd).await?;
-                pairs.into_iter().map(|(_, score)| score as i64).collect()
-            }
-        };
-        Ok(match scores.as_slice() {
-            [.., a, b] => Some(b - a),
-            _ => None,
         })
     }
 

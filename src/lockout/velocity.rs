@@ -21,7 +21,7 @@ pub struct WindowOp {
     pub add: Option<(String, i64)>,
 }
 
-/// Per window: count within the window, newest score before this call.
+/// Per window: count within the window, ms between its two newest entries (if two).
 pub type WindowCounts = Vec<(u32, Option<i64>)>;
 
 /// Records into (and counts) windows of one subject, atomically.

@@ -345,6 +345,13 @@ impl Lists {
             return Err(Error::Invalid("reason must be 1-500 characters".to_owned()));
         }
         let now = self.clock.now_ms();
+        // The lookup index numbers entries with u16; more would be silently ignored.
+        if self.live.load().entries.len() >= usize::from(u16::MAX) {
+            return Err(Error::Invalid(format!(
+                "the lists hold at most {} live entries; delete some or use wider CIDRs",
+                u16::MAX
+            )));
+        }
         if expires_at_ms.is_some_and(|at| at <= now) {
             return Err(Error::Invalid("expires_at is in the past".to_owned()));
         }

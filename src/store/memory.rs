@@ -148,7 +148,8 @@ impl MemoryHot {
     }
 
     /// The twin of `lua/velocity_window.lua`: per key, drop entries before `now − window`,
-    /// note the newest score, add `(score, member)` if given, keep at most `cap`, and count.
+    /// add `(score, member)` if given, keep at most `cap`; answer the count and the gap between
+    /// the two newest scores.
     pub fn window_record(
         &self,
         keys: &[(String, Option<(String, i64)>)],
@@ -172,7 +173,6 @@ impl MemoryHot {
                     window.entries.clear();
                 }
                 window.entries.retain(|(score, _)| *score >= cutoff);
-                let previous = window.entries.iter().next_back().map(|(score, _)| *score);
                 if let Some((member, score)) = add {
                     window.entries.retain(|(_, m)| **m != **member);
                     window.entries.insert((*score, member.as_str().into()));
@@ -186,7 +186,12 @@ impl MemoryHot {
                     .iter()
                     .filter(|(score, _)| *score >= cutoff)
                     .count();
-                (u32::try_from(count).unwrap_or(u32::MAX), previous)
+                let mut newest = window.entries.iter().rev().map(|(score, _)| *score);
+                let gap = match (newest.next(), newest.next()) {
+                    (Some(last), Some(before)) => Some(last - before),
+                    _ => None,
+                };
+                (u32::try_from(count).unwrap_or(u32::MAX), gap)
             })
             .collect()
     }

@@ -414,3 +414,37 @@ async fn old_events_are_pruned_and_lockouts_kept(app: TestApp) {
     assert_eq!(deleted, 10);
     assert_eq!(app.lockouts("?account=jack&status=all").await.len(), 1);
 }
+
+/// A script guessing passwords faster than a human types gets a challenge after two failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_failures_faster_than_a_human_ask_for_a_challenge_on_both_backends() {
+    for backend in [Backend::Embedded, Backend::Production] {
+        let Some(app) = TestApp::spawn(backend).await else {
+            continue;
+        };
+        let now = app.app.clock.now_ms();
+        let at = |ms: i64| {
+            chrono::DateTime::from_timestamp_millis(now - ms)
+                .unwrap()
+                .to_rfc3339()
+        };
+        let slow = vec![
+            json!({"event_id": "h1", "type": "login_failure", "account": "kim", "ip": "192.0.2.9", "ts": at(5000)}),
+            json!({"event_id": "h2", "type": "login_failure", "account": "kim", "ip": "192.0.2.9", "ts": at(2000)}),
+        ];
+        assert_eq!(
+            app.post_auth(slow).await["decisions"][0]["action"],
+            "none",
+            "{backend:?}"
+        );
+        let fast = vec![
+            json!({"event_id": "h3", "type": "login_failure", "account": "kim", "ip": "192.0.2.9", "ts": at(1700)}),
+        ];
+        let answer = app.post_auth(fast).await;
+        assert_eq!(answer["decisions"][0]["action"], "challenge", "{backend:?}");
+        assert_eq!(
+            answer["decisions"][0]["reasons"][0]["code"],
+            "faster_than_human"
+        );
+    }
+}
