@@ -1,12 +1,14 @@
 -- token_bucket.lua: check, and consume only if all allow, every scope of one request, atomically.
 -- KEYS   per scope i: KEYS[2i-1] bucket key, KEYS[2i] multiplier key (same {hash tag})
--- ARGV   [1] cost, [2] consume (1|0), then per scope i: ARGV[3i] capacity,
---        ARGV[3i+1] refill per second, ARGV[3i+2] enforce (1) or shadow (0)
+-- ARGV   [1] cost, [2] consume (1|0), then per scope i (b = 4i - 1): ARGV[b] capacity,
+--        ARGV[b+1] refill per second, ARGV[b+2] enforce (1) or shadow (0), ARGV[b+3] the
+--        multiplier to use when none is published (scoring's local default: reputation,
+--        attestation)
 -- State  a bucket is one 8-byte double, struct 'd': the theoretical arrival time (GCRA) in µs,
 --        i.e. when the bucket is full again. Written with PSETEX <time until full> <value>,
 --        one command, integer milliseconds, so an idle key disappears exactly when it is full.
--- Mult.  the multiplier key holds a decimal number; absent = 1; it scales capacity and refill;
---        0 blocks. The burst window capacity/refill does not depend on it.
+-- Mult.  the multiplier key holds a decimal number; absent = ARGV[b+3]; it scales capacity
+--        and refill; 0 blocks. The burst window capacity/refill does not depend on it.
 -- Returns {admitted, then per scope: allowed, limit, remaining, reset_ms, retry_ms
 --        (-1 = never under the current multiplier), multiplier in millionths,
 --        multiplier_pttl_ms}
@@ -37,10 +39,11 @@ local out = {1}
 local admitted = true
 local writes = {}
 for i = 1, n do
-  local capacity = tonumber(ARGV[3 * i])
-  local refill = tonumber(ARGV[3 * i + 1])
-  local enforce = ARGV[3 * i + 2] == '1'
-  local m = tonumber(values[2 * i]) or 1
+  local b = 4 * i - 1
+  local capacity = tonumber(ARGV[b])
+  local refill = tonumber(ARGV[b + 1])
+  local enforce = ARGV[b + 2] == '1'
+  local m = tonumber(values[2 * i]) or tonumber(ARGV[b + 3])
   if m < 0 then m = 0 end
   local limit = capacity * m
   local rate = refill * m / 1e6

@@ -14,6 +14,8 @@ use crate::limiter::Limiter;
 use crate::lockout::Lockouts;
 use crate::reputation::Reputation;
 use crate::reputation::lists::Lists;
+use crate::reputation::signal::ReputationSignal;
+use crate::scoring::Engine;
 use crate::store::Stores;
 
 /// Everything a request handler or background task needs.
@@ -34,9 +36,11 @@ pub struct App {
     /// Auth-event batches.
     pub ingest: Ingest,
     /// IP/ASN reputation (range sources and ASN databases from the data dir).
-    pub reputation: Reputation,
+    pub reputation: Arc<Reputation>,
     /// Manual allow/deny lists.
-    pub lists: Lists,
+    pub lists: Arc<Lists>,
+    /// Factors → multipliers, anomalies, repeat offenders, alerts, the decision stream.
+    pub scoring: Arc<Engine>,
     /// Wall and monotonic time for every domain.
     pub clock: Arc<dyn Clock>,
     /// Prometheus exposition of this process's metrics.
@@ -78,7 +82,10 @@ impl App {
         clock: Arc<dyn Clock>,
     ) -> Result<App, BuildError> {
         let stores = Stores::open(&settings).await?;
-        let reputation = Reputation::open(&settings.data_dir, settings.reputation.clone())?;
+        let reputation = Arc::new(Reputation::open(
+            &settings.data_dir,
+            settings.reputation.clone(),
+        )?);
         let access = Access::new(
             stores.durable.clone(),
             clock.clone(),
@@ -91,23 +98,48 @@ impl App {
             stores.keys.clone(),
             clock.clone(),
         ));
+        let scoring = Arc::new(Engine::new(&settings, &stores, clock.clone()));
         let lockouts = Arc::new(Lockouts::new(
             &stores,
             clock.clone(),
             settings.lockout.clone(),
-            limiter.clone(),
+            scoring.clone(),
             audit.clone(),
             settings.limits.ipv6_prefix_len,
         ));
-        let ingest = Ingest::new(stores.durable.clone(), clock.clone(), lockouts.clone());
-        let lists = Lists::new(
+        let ingest = Ingest::new(
+            stores.durable.clone(),
+            clock.clone(),
+            lockouts.clone(),
+            scoring.clone(),
+        );
+        let lists = Arc::new(Lists::new(
             &stores,
             clock.clone(),
-            limiter.clone(),
+            Arc::downgrade(&scoring),
             audit.clone(),
             settings.http.max_key_length,
             settings.limits.ipv6_prefix_len,
-        );
+        ));
+        // The signals scoring asks (pull); push signals (lockouts, attestation, anomalies,
+        // offenders) hold the engine instead.
+        scoring.register(vec![
+            Arc::new(ReputationSignal::new(
+                reputation.clone(),
+                lists.clone(),
+                settings.reputation.clone(),
+                settings.scoring.public_classes.clone(),
+            )),
+            lists.clone(),
+        ]);
+        limiter.set_defaults(scoring.clone());
+        // Weak: the limiter holds the engine, the engine must not hold the limiter.
+        let weak = Arc::downgrade(&limiter);
+        scoring.on_publish(move || {
+            if let Some(limiter) = weak.upgrade() {
+                limiter.clear_l1();
+            }
+        });
         lists.refresh().await.map_err(|err| match err {
             crate::reputation::lists::Error::Store(store) => BuildError::Store(store),
             other => BuildError::Store(crate::store::Error::Unavailable {
@@ -125,15 +157,40 @@ impl App {
             ingest,
             reputation,
             lists,
+            scoring,
             clock,
             metrics: crate::telemetry::metrics::handle(),
         })
     }
 
-    /// Starts the background tasks (list refresh, hourly retention pruning); they stop
-    /// when `shutdown` fires. Each has a one-step function tests call instead
-    /// (`Ingest::prune_once`).
+    /// Starts the background tasks (list refresh, scoring's due republishing, offender
+    /// flushes and webhook delivery every second, hourly retention pruning); they stop when
+    /// `shutdown` fires. Each has a one-step function tests call instead
+    /// (`Ingest::prune_once`, `Engine::republish_due`, `Engine::flush_offenders`,
+    /// `Alerts::deliver_pending`).
     pub fn spawn_background(state: &AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let app = state.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {}
+                    _ = stop.changed() => return,
+                }
+                if let Err(err) = app.scoring.republish_due().await {
+                    tracing::warn!(error.cause = %err, "republishing due multipliers failed; will retry");
+                }
+                if let Err(err) = app.scoring.flush_offenders().await {
+                    tracing::warn!(error.cause = %err, "flushing repeat-offender counts failed; will retry");
+                }
+                if let Err(err) = app.scoring.alerts().deliver_pending().await {
+                    tracing::warn!(error.cause = %err, "delivering alerts failed; will retry");
+                }
+                let (tracked, _, _) = app.scoring.baseline_keys();
+                metrics::gauge!(crate::telemetry::metrics::BASELINE_KEYS).set(tracked as f64);
+            }
+        });
         // Lists changed on another instance are picked up within half a second.
         let app = state.clone();
         let mut stop = shutdown.clone();
@@ -162,6 +219,15 @@ impl App {
                     .clock
                     .now_ms()
                     .saturating_sub(days.saturating_mul(86_400_000));
+                let hours = i64::try_from(app.settings.scoring.telemetry_retention_hours)
+                    .unwrap_or(i64::MAX);
+                let telemetry_cutoff = app
+                    .clock
+                    .now_ms()
+                    .saturating_sub(hours.saturating_mul(3_600_000));
+                if let Err(err) = app.ingest.prune_requests_once(telemetry_cutoff).await {
+                    tracing::warn!(error.cause = %err, "pruning request telemetry failed; will retry");
+                }
                 match app.ingest.prune_once(cutoff).await {
                     Ok(deleted) => tracing::info!(
                         deleted,

@@ -8,6 +8,7 @@
 //! - [`limiter`]: layered token buckets (Lua in Redis, or in-process); [`model`]: shared nouns.
 //! - [`ingest`]: auth-event batches; [`lockout`]: login velocity, challenges, lockouts.
 //! - [`reputation`]: IP/ASN range sources, ASN databases, the lookup table, hot reload.
+//! - [`scoring`]: factors → multipliers with reasons, anomalies, repeat offenders, alerts.
 //! - [`access`]: API tokens and roles; [`audit`]: who did what.
 //! - [`store`]: durable (Postgres/SQLite) and hot (Redis/in-process) backends.
 //! - [`config`]: settings; [`telemetry`]: logs and metrics; [`clock`]: time, passed in.
@@ -24,6 +25,7 @@ pub mod limiter;
 pub mod lockout;
 pub mod model;
 pub mod reputation;
+pub mod scoring;
 pub mod store;
 pub mod telemetry;
 

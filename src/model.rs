@@ -1,7 +1,28 @@
-//! Nouns shared by two or more domains: subject keys, client IPs, multipliers.
+//! Nouns shared by two or more domains: subject keys, client IPs, reasons.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
+
+/// Why, as a stable code and a sentence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Reason {
+    /// Stable machine-readable code, e.g. `account_failures`.
+    pub code: String,
+    /// Human-readable explanation.
+    pub message: String,
+}
+
+impl Reason {
+    /// A reason.
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        Self {
+            code: code.to_owned(),
+            message: message.into(),
+        }
+    }
+}
 
 /// The kind of a subject key (`ip:…`, `user:…`, `device:…`, `asn:…`) or the global bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -129,6 +150,44 @@ impl SubjectKey {
         Ok(Self::with_id(kind, &encode(id)))
     }
 
+    /// Reads back a key's text form (`ip:…`, `user:…`, `device:…`, `asn:…`, `global`), as
+    /// built by the constructors and stored in the hot store. None for anything else.
+    pub fn from_text(text: &str) -> Option<Self> {
+        if text == "global" {
+            return Some(Self::global());
+        }
+        let (kind, id) = text.split_once(':')?;
+        let kind = match kind {
+            "ip" => SubjectKind::Ip,
+            "user" => SubjectKind::User,
+            "device" => SubjectKind::Device,
+            "asn" => SubjectKind::Asn,
+            _ => return None,
+        };
+        let clean = !id.is_empty()
+            && !id
+                .chars()
+                .any(|ch| ch == '{' || ch == '}' || ch.is_whitespace() || ch.is_control());
+        clean.then(|| Self::with_id(kind, id))
+    }
+
+    /// The address of an `ip:` key (for an IPv6 prefix key, its first address).
+    pub fn ip_addr(&self) -> Option<IpAddr> {
+        if self.kind != SubjectKind::Ip {
+            return None;
+        }
+        let id = &self.text[3..];
+        id.split('/').next()?.parse().ok()
+    }
+
+    /// The number of an `asn:` key.
+    pub fn asn_number(&self) -> Option<u32> {
+        if self.kind != SubjectKind::Asn {
+            return None;
+        }
+        self.text[4..].parse().ok()
+    }
+
     /// The kind.
     pub fn kind(&self) -> SubjectKind {
         self.kind
@@ -232,5 +291,25 @@ mod tests {
             "device:dev-1"
         );
         assert_eq!(SubjectKey::global().to_string(), "global");
+    }
+
+    #[test]
+    fn text_forms_read_back_to_the_same_key() {
+        let ip = SubjectKey::ip(&ClientIp::parse("2001:db8:1:2::9", 64).unwrap());
+        let keys = [
+            ip.clone(),
+            SubjectKey::ip(&ClientIp::parse("203.0.113.7", 64).unwrap()),
+            SubjectKey::user("a}b {c", 16).unwrap(),
+            SubjectKey::device("dev-1", 16).unwrap(),
+            SubjectKey::asn(64500),
+            SubjectKey::global(),
+        ];
+        for key in keys {
+            assert_eq!(SubjectKey::from_text(key.as_str()), Some(key.clone()));
+        }
+        assert_eq!(ip.ip_addr().unwrap().to_string(), "2001:db8:1:2::");
+        assert_eq!(SubjectKey::asn(64500).asn_number(), Some(64500));
+        assert_eq!(SubjectKey::from_text("user:has space"), None);
+        assert_eq!(SubjectKey::from_text("bogus:1"), None);
     }
 }

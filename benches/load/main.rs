@@ -160,6 +160,7 @@ async fn memory_section(port: u16, keys: u64) {
             .arg(10)
             .arg(10.0 / 3600.0)
             .arg(1)
+            .arg(1)
             .ignore();
     };
     let first = bytes_per_key(&mut conn, keys, ours).await;
@@ -367,8 +368,10 @@ fn redis_benchmark(port: u16, concurrency: u64, requests: u64) -> (f64, f64) {
         "rb:v1:{device:__rand_int__}:b:device".to_owned(),
         "rb:v1:{device:__rand_int__}:m:read".to_owned(),
     ];
+    // Per scope: capacity, refill/s, enforce, default multiplier.
     let args = [
-        "1", "1", "100000", "100000", "1", "600", "10", "1", "300", "5", "1", "600", "10", "1",
+        "1", "1", "100000", "100000", "1", "1", "600", "10", "1", "1", "300", "5", "1", "1", "600",
+        "10", "1", "1",
     ];
     let output = Command::new("redis-benchmark")
         .args([

@@ -302,6 +302,15 @@ impl From<crate::ingest::Error> for ApiError {
         match err {
             crate::ingest::Error::Store(store) => store.into(),
             crate::ingest::Error::Lockout(lockout) => lockout.into(),
+            crate::ingest::Error::Scoring(scoring) => scoring.into(),
+        }
+    }
+}
+
+impl From<crate::scoring::Error> for ApiError {
+    fn from(err: crate::scoring::Error) -> Self {
+        match err {
+            crate::scoring::Error::Store(store) => store.into(),
         }
     }
 }

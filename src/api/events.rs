@@ -17,6 +17,7 @@ use crate::model::{ClientIp, SubjectKey};
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(post_auth_events))
+        .routes(routes!(post_request_events))
         .routes(routes!(account_status))
 }
 
@@ -115,6 +116,91 @@ async fn post_auth_events(
                 reasons: status.reasons,
             })
             .collect(),
+    }))
+}
+
+/// `POST /v1/events/requests` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequestBatch {
+    /// Optional idempotency key (1–128 printable characters): a retried batch with the same
+    /// id counts nothing twice.
+    #[serde(default)]
+    pub batch_id: Option<String>,
+    /// 1–5000 events `{ts?, ip, user_id?, device_id?, endpoint, status}` (`ts` RFC 3339;
+    /// absent = time of receipt; at most 24 h old or 5 min ahead).
+    #[schema(value_type = Vec<Object>)]
+    pub events: Vec<serde_json::Value>,
+}
+
+/// An accepted telemetry batch.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RequestsAccepted {
+    /// Events counted by this call.
+    pub accepted: usize,
+    /// True when this `batch_id` was stored before (nothing counted twice).
+    pub duplicate: bool,
+    /// Keys this batch made anomalous (tightened for the cooling period, one alert each).
+    pub anomalies: usize,
+}
+
+/// Posts a batch of request telemetry (role `limiter`): what the gateway served, for the
+/// per-key baselines (anomalies) and 429 counts (repeat offenders).
+///
+/// A 2xx means the batch is durably stored (one row per batch, kept
+/// `scoring.telemetry_retention_hours`). A bad event rejects the batch with
+/// `details.errors: [{index, reason}]`; more than 5000 events is 413.
+#[utoipa::path(post, path = "/v1/events/requests", tag = "scoring", security(("bearer" = [])),
+    request_body = RequestBatch,
+    responses(
+        (status = 200, body = RequestsAccepted),
+        (status = 400, body = Envelope), (status = 401, body = Envelope), (status = 403, body = Envelope),
+        (status = 413, body = Envelope), (status = 503, body = Envelope),
+    ))]
+async fn post_request_events(
+    _auth: Authorized<role::Limiter>,
+    State(app): State<AppState>,
+    ApiJson(batch): ApiJson<RequestBatch>,
+) -> Result<Json<RequestsAccepted>, ApiError> {
+    use crate::ingest::requests::{MAX_REQUEST_BATCH, parse_request_batch};
+    if batch.events.is_empty() {
+        return Err(ApiError::invalid("events must hold at least one event"));
+    }
+    if batch.events.len() > MAX_REQUEST_BATCH {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "at most {MAX_REQUEST_BATCH} events per batch; got {}",
+                batch.events.len()
+            ),
+        ));
+    }
+    if let Some(id) = &batch.batch_id
+        && (id.is_empty() || id.len() > 128 || id.chars().any(char::is_control))
+    {
+        return Err(ApiError::invalid(
+            "batch_id must be 1-128 printable characters",
+        ));
+    }
+    let events = parse_request_batch(&batch.events, app.ingest.now_ms(), limits(&app)).map_err(
+        |errors| {
+            ApiError::invalid(format!(
+                "{} of {} events are invalid; nothing was stored",
+                errors.len(),
+                batch.events.len()
+            ))
+            .with_details(serde_json::json!({ "errors": errors }))
+        },
+    )?;
+    let body = serde_json::to_string(&batch.events).unwrap_or_default();
+    let outcome = app
+        .ingest
+        .requests(batch.batch_id.as_deref(), &events, &body)
+        .await?;
+    Ok(Json(RequestsAccepted {
+        accepted: outcome.accepted,
+        duplicate: outcome.duplicate,
+        anomalies: outcome.anomalies,
     }))
 }
 

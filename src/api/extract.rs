@@ -224,3 +224,36 @@ impl<R: RequiredRole> FromRequestParts<AppState> for Authorized<R> {
         })
     }
 }
+
+/// A page cursor returned by a listing of this API (a ULID).
+pub(super) fn parse_cursor(cursor: Option<&str>) -> Result<Option<ulid::Ulid>, ApiError> {
+    cursor
+        .map(|c| {
+            ulid::Ulid::from_string(c)
+                .map_err(|_| ApiError::invalid("cursor is not a cursor returned by this API"))
+        })
+        .transpose()
+}
+
+/// A `since` filter: RFC 3339 → Unix ms.
+pub(super) fn parse_since(since: Option<&str>) -> Result<Option<i64>, ApiError> {
+    since
+        .map(|s| {
+            chrono::DateTime::parse_from_rfc3339(s)
+                .map(|t| t.timestamp_millis())
+                .map_err(|_| ApiError::invalid("since must be an RFC 3339 time"))
+        })
+        .transpose()
+}
+
+/// A page size within `1..=max` (default `default`).
+pub(super) fn parse_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, ApiError> {
+    let limit = limit.unwrap_or(default);
+    if (1..=max).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::invalid(format!(
+            "limit must be between 1 and {max}"
+        )))
+    }
+}

@@ -144,6 +144,11 @@ async fn check(
 ) -> Result<(HeaderMap, Json<LimitAllowed>), ApiError> {
     let request = parse(&app, body)?;
     let decision = app.limiter.check(&request).await?;
+    // Telemetry for baselines and repeat offenders; a scoring failure never changes the
+    // answer already decided.
+    if let Err(err) = app.scoring.observe_check(&request, &decision).await {
+        tracing::warn!(error.cause = %err, "scoring could not record a limit decision");
+    }
     respond(&decision)
 }
 

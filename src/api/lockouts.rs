@@ -7,7 +7,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope};
-use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, role};
+use super::extract::{
+    ApiJson, ApiPath, ApiQuery, Authorized, parse_cursor, parse_limit, parse_since, role,
+};
 use super::request_id::current_request_id;
 use crate::app::AppState;
 use crate::clock::rfc3339;
@@ -103,27 +105,9 @@ async fn list_lockouts(
     State(app): State<AppState>,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<LockoutPage>, ApiError> {
-    let limit = params.limit.unwrap_or(100);
-    if !(1..=500).contains(&limit) {
-        return Err(ApiError::invalid("limit must be between 1 and 500"));
-    }
-    let before = params
-        .cursor
-        .as_deref()
-        .map(|c| {
-            ulid::Ulid::from_string(c)
-                .map_err(|_| ApiError::invalid("cursor is not a cursor returned by this API"))
-        })
-        .transpose()?;
-    let since_ms = params
-        .since
-        .as_deref()
-        .map(|s| {
-            chrono::DateTime::parse_from_rfc3339(s)
-                .map(|t| t.timestamp_millis())
-                .map_err(|_| ApiError::invalid("since must be an RFC 3339 time"))
-        })
-        .transpose()?;
+    let limit = parse_limit(params.limit, 100, 500)?;
+    let before = parse_cursor(params.cursor.as_deref())?;
+    let since_ms = parse_since(params.since.as_deref())?;
     if params
         .account
         .as_ref()

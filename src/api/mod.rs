@@ -14,6 +14,7 @@ pub mod lists;
 pub mod lockouts;
 pub mod reputation;
 pub mod request_id;
+pub mod scoring;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -75,6 +76,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(lockouts::routes())
         .merge(reputation::routes())
         .merge(lists::routes())
+        .merge(scoring::routes())
 }
 
 /// Builds the whole HTTP application.

@@ -10,7 +10,7 @@ use super::error::{ApiError, Envelope};
 use super::extract::{ApiPath, Authorized, role};
 use super::request_id::current_request_id;
 use crate::app::AppState;
-use crate::lockout::Reason;
+use crate::model::Reason;
 use crate::reputation::Source;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {

@@ -56,6 +56,12 @@ pub struct LockoutSettings {
     pub known_for_days: u64,
     /// Raw auth events older than this are pruned, days (lockouts are kept). Default 30.
     pub retention_days: u64,
+    /// Factor on the `auth` class of an account with `challenge_after` or more failures in
+    /// the window (before any lockout). Default 0.5.
+    pub failure_factor: f64,
+    /// Failures from one IP (any accounts) in the window that tighten the IP on the `auth`
+    /// class by `failure_factor`. Default 50.
+    pub ip_failures: u32,
 }
 
 impl Default for LockoutSettings {
@@ -75,6 +81,8 @@ impl Default for LockoutSettings {
             spray_block_s: 1800,
             known_for_days: 90,
             retention_days: 30,
+            failure_factor: 0.5,
+            ip_failures: 50,
         }
     }
 }
@@ -96,6 +104,7 @@ impl LockoutSettings {
             ("lockout.spray_block_s", self.spray_block_s),
             ("lockout.known_for_days", self.known_for_days),
             ("lockout.retention_days", self.retention_days),
+            ("lockout.ip_failures", u64::from(self.ip_failures)),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(SettingError::new(setting_name(key), "must be at least 1"));
@@ -106,7 +115,13 @@ impl LockoutSettings {
                 "must not be greater than lockout.lockout_after",
             ));
         }
-        if self.lockout_after > 1000 || self.spray_accounts > 1000 {
+        if self.failure_factor.is_nan() || !(0.0..=1.0).contains(&self.failure_factor) {
+            return Err(SettingError::new(
+                setting_name("lockout.failure_factor"),
+                "must be between 0 and 1",
+            ));
+        }
+        if self.lockout_after > 1000 || self.spray_accounts > 1000 || self.ip_failures > 1000 {
             return Err(SettingError::new(
                 setting_name("lockout.lockout_after"),
                 "thresholds are at most 1000 (windows keep at most that many entries)",

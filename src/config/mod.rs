@@ -8,6 +8,7 @@ mod http;
 mod limits;
 mod lockout;
 mod reputation;
+mod scoring;
 mod store;
 
 use std::net::SocketAddr;
@@ -21,6 +22,9 @@ pub use http::HttpSettings;
 pub use limits::{BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, When};
 pub use lockout::{Escalation, LockoutSettings};
 pub use reputation::{ReputationSettings, SourceSettings};
+pub use scoring::{
+    AnomalySettings, ClassBounds, OffenderSettings, ScoringSettings, WebhookSettings,
+};
 pub use store::StoreSettings;
 
 /// Prefix of every environment variable Palisade reads.
@@ -74,6 +78,8 @@ pub struct Settings {
     pub lockout: LockoutSettings,
     /// Reputation class factors (`[reputation]`).
     pub reputation: ReputationSettings,
+    /// Factor combination, anomalies, repeat offenders, webhooks (`[scoring]`).
+    pub scoring: ScoringSettings,
     /// Store connection tuning (`[store]`).
     pub store: StoreSettings,
 }
@@ -95,6 +101,7 @@ impl Default for Settings {
             limits: LimitSettings::default(),
             lockout: LockoutSettings::default(),
             reputation: ReputationSettings::default(),
+            scoring: ScoringSettings::default(),
             store: StoreSettings::default(),
         }
     }
@@ -243,6 +250,8 @@ impl Settings {
         self.limits.validate()?;
         self.lockout.validate()?;
         self.reputation.validate()?;
+        let classes: Vec<&str> = self.limits.classes.keys().map(String::as_str).collect();
+        self.scoring.validate(&classes)?;
         self.store.validate()?;
         Ok(self)
     }
@@ -509,5 +518,58 @@ mod tests {
         let figment =
             Figment::from(Serialized::defaults(Settings::default())).merge(Toml::file_exact(&path));
         Settings::from_figment(&figment).expect("palisade.example.toml must parse and validate");
+    }
+
+    /// Every key of the defaults, as dotted paths (`lockout.window_s`), leaving out unset
+    /// options and the insides of lists.
+    fn leaves(value: &serde_json::Value, prefix: &str, out: &mut Vec<(String, serde_json::Value)>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, inner) in map {
+                    let path = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}.{key}")
+                    };
+                    if inner.is_object() && !inner.as_object().is_some_and(|m| m.is_empty()) {
+                        leaves(inner, &path, out);
+                    } else if !inner.is_null() {
+                        out.push((path, inner.clone()));
+                    }
+                }
+            }
+            other => out.push((prefix.to_owned(), other.clone())),
+        }
+    }
+
+    #[test]
+    fn example_config_lists_every_setting_with_its_default() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("palisade.example.toml");
+        let written: serde_json::Value = Figment::from(Toml::file_exact(&path))
+            .extract()
+            .expect("the example is TOML");
+        let defaults = serde_json::to_value(Settings::default()).expect("serialisable");
+        let mut expected = Vec::new();
+        leaves(&defaults, "", &mut expected);
+        let mut found = Vec::new();
+        leaves(&written, "", &mut found);
+        for (key, _) in &expected {
+            assert!(
+                found.iter().any(|(k, _)| k == key),
+                "palisade.example.toml does not document {key}"
+            );
+        }
+        // And every value written is the default (lists compared as parsed, so a budget may
+        // leave out fields that have defaults).
+        let parsed: Settings = Figment::from(Toml::file_exact(&path))
+            .extract()
+            .expect("the example parses");
+        let parsed = serde_json::to_value(parsed).expect("serialisable");
+        let mut values = Vec::new();
+        leaves(&parsed, "", &mut values);
+        for (key, value) in &expected {
+            let got = values.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+            assert_eq!(got, Some(value), "palisade.example.toml: {key}");
+        }
     }
 }

@@ -26,6 +26,11 @@ pub struct ReputationSettings {
     /// not listed use `default_factor`. TOML `reputation.factors`; defaults: datacenter 0.5,
     /// vpn 0.5, proxy 0.25, tor 0.25. The manual lists are fixed: deny 0, allow ≥ 1.
     pub factors: BTreeMap<String, f64>,
+    /// Factor per class on public endpoint classes (`scoring.public_classes`, default
+    /// `auth`), where unauthenticated traffic arrives; classes not listed use `factors`.
+    /// TOML `reputation.public_factors`; defaults: datacenter 0.25, vpn 0.25, proxy 0.1,
+    /// tor 0.1.
+    pub public_factors: BTreeMap<String, f64>,
     /// Factor of a class that `factors` does not list. Env
     /// `PALISADE_REPUTATION__DEFAULT_FACTOR`; default 0.5.
     pub default_factor: f64,
@@ -42,6 +47,12 @@ impl Default for ReputationSettings {
                 ("vpn".to_owned(), 0.5),
                 ("proxy".to_owned(), 0.25),
                 ("tor".to_owned(), 0.25),
+            ]),
+            public_factors: BTreeMap::from([
+                ("datacenter".to_owned(), 0.25),
+                ("vpn".to_owned(), 0.25),
+                ("proxy".to_owned(), 0.1),
+                ("tor".to_owned(), 0.1),
             ]),
             default_factor: 0.5,
             sources: vec![
@@ -74,6 +85,14 @@ impl ReputationSettings {
             .unwrap_or(self.default_factor)
     }
 
+    /// The factor of `class` on a public endpoint class.
+    pub fn public_factor(&self, class: &str) -> f64 {
+        self.public_factors
+            .get(class)
+            .copied()
+            .unwrap_or_else(|| self.factor(class))
+    }
+
     pub(super) fn validate(&self) -> Result<(), SettingError> {
         let bad = |f: f64| !(0.0..=10.0).contains(&f) || f.is_nan();
         if bad(self.default_factor) {
@@ -103,6 +122,12 @@ impl ReputationSettings {
                     "url must start with https:// or http://",
                 ));
             }
+        }
+        if let Some((class, _)) = self.public_factors.iter().find(|(_, f)| bad(**f)) {
+            return Err(SettingError::new(
+                format!("reputation.public_factors.{class}"),
+                "must be between 0 (block) and 10",
+            ));
         }
         if let Some((class, _)) = self.factors.iter().find(|(_, f)| bad(**f)) {
             return Err(SettingError::new(

@@ -1,10 +1,11 @@
 //! Ingest: auth-event batches parsed with per-index errors, stored idempotently, then fed to
-//! the lockout signals.
+//! the lockout signals; request-telemetry batches ([`requests`]) stored, then fed to scoring.
 //!
 //! A 2xx means every event of the batch is durably stored (the SQL insert commits before the
 //! signals run). Velocity windows count event ids, so a retried batch counts nothing twice
 //! even if a previous attempt failed half-way through the signals.
 
+pub mod requests;
 mod store;
 
 use std::collections::BTreeMap;
@@ -15,7 +16,10 @@ use serde::Deserialize;
 use crate::clock::Clock;
 use crate::lockout::{AccountStatus, Lockouts, LoginContext};
 use crate::model::{ClientIp, SubjectKey};
+use crate::scoring::Engine;
 use crate::store::Durable;
+use crate::telemetry::metrics as names;
+use requests::RequestEvent;
 
 /// Largest auth batch.
 pub const MAX_AUTH_BATCH: usize = 1000;
@@ -102,6 +106,16 @@ fn printable(text: &str) -> bool {
     !text.chars().any(char::is_control)
 }
 
+/// An RFC 3339 `ts`, or `now_ms` when absent.
+fn parse_ts(ts: Option<&str>, now_ms: i64) -> Result<i64, String> {
+    match ts {
+        None => Ok(now_ms),
+        Some(text) => chrono::DateTime::parse_from_rfc3339(text)
+            .map(|t| t.timestamp_millis())
+            .map_err(|_| format!("ts {text:.40?} is not an RFC 3339 timestamp")),
+    }
+}
+
 fn parse_one(value: &serde_json::Value, now_ms: i64, limits: Limits) -> Result<AuthEvent, String> {
     let raw: RawAuthEvent = serde_json::from_value(value.clone()).map_err(|e| e.to_string())?;
     if raw.event_id.is_empty() || raw.event_id.len() > 128 || !printable(&raw.event_id) {
@@ -123,12 +137,7 @@ fn parse_one(value: &serde_json::Value, now_ms: i64, limits: Limits) -> Result<A
     if raw.endpoint.as_ref().is_some_and(|e| e.len() > 2048) {
         return Err("endpoint is longer than 2048 bytes".to_owned());
     }
-    let ts_ms = match raw.ts.as_deref() {
-        None => now_ms,
-        Some(text) => chrono::DateTime::parse_from_rfc3339(text)
-            .map_err(|_| format!("ts {text:.40?} is not an RFC 3339 timestamp"))?
-            .timestamp_millis(),
-    };
+    let ts_ms = parse_ts(raw.ts.as_deref(), now_ms)?;
     if ts_ms < now_ms - MAX_AGE_MS {
         return Err("ts is more than 24 h in the past".to_owned());
     }
@@ -191,6 +200,20 @@ pub enum Error {
     /// The lockout signals failed after the events were stored.
     #[error(transparent)]
     Lockout(#[from] crate::lockout::Error),
+    /// Scoring failed after the events were stored.
+    #[error(transparent)]
+    Scoring(#[from] crate::scoring::Error),
+}
+
+/// The result of an accepted telemetry batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestsOutcome {
+    /// Events counted (0 for a batch already stored under the same `batch_id`).
+    pub accepted: usize,
+    /// True when the batch id was stored before (nothing counted twice).
+    pub duplicate: bool,
+    /// Keys that became anomalous.
+    pub anomalies: usize,
 }
 
 /// The ingest service.
@@ -199,15 +222,23 @@ pub struct Ingest {
     durable: Durable,
     clock: Arc<dyn Clock>,
     lockouts: Arc<Lockouts>,
+    scoring: Arc<Engine>,
 }
 
 impl Ingest {
-    /// Ingest over the durable store, feeding `lockouts`.
-    pub fn new(durable: Durable, clock: Arc<dyn Clock>, lockouts: Arc<Lockouts>) -> Self {
+    /// Ingest over the durable store, feeding `lockouts` (auth events) and `scoring`
+    /// (request telemetry).
+    pub fn new(
+        durable: Durable,
+        clock: Arc<dyn Clock>,
+        lockouts: Arc<Lockouts>,
+        scoring: Arc<Engine>,
+    ) -> Self {
         Self {
             durable,
             clock,
             lockouts,
+            scoring,
         }
     }
 
@@ -225,6 +256,10 @@ impl Ingest {
         use futures_util::stream::{self, StreamExt, TryStreamExt};
 
         let now = self.clock.now_ms();
+        for event in &events {
+            metrics::histogram!(names::INGEST_LAG_SECONDS, "source" => "auth")
+                .record((now - event.ts_ms).max(0) as f64 / 1000.0);
+        }
         let accepted = store::insert_auth(&self.durable, &events, now).await?;
         let duplicates = events.len() as u64 - accepted;
         // Accounts in first-seen order, each with its events in time order (owned, so each
@@ -286,6 +321,53 @@ impl Ingest {
             duplicates,
             decisions,
         })
+    }
+
+    /// Stores a telemetry batch (one row; `batch_id` makes a retry count nothing twice), then
+    /// counts every event into scoring: baselines for its IP, user and device, and 429s
+    /// towards repeat offenders. `body` is the batch as posted.
+    pub async fn requests(
+        &self,
+        batch_id: Option<&str>,
+        events: &[RequestEvent],
+        body: &str,
+    ) -> Result<RequestsOutcome, Error> {
+        let now = self.clock.now_ms();
+        let id = batch_id.map_or_else(|| ulid::Ulid::new().to_string(), str::to_owned);
+        if !store::insert_request_batch(&self.durable, &id, now, events.len(), body).await? {
+            return Ok(RequestsOutcome {
+                accepted: 0,
+                duplicate: true,
+                anomalies: 0,
+            });
+        }
+        metrics::counter!(names::TELEMETRY_EVENTS_TOTAL).increment(events.len() as u64);
+        let mut anomalies = Vec::new();
+        for event in events {
+            metrics::histogram!(names::INGEST_LAG_SECONDS, "source" => "requests")
+                .record((now - event.ts_ms).max(0) as f64 / 1000.0);
+            let ip = crate::model::SubjectKey::ip(&event.ip);
+            let mut keys = vec![&ip];
+            keys.extend(event.user.as_ref());
+            keys.extend(event.device.as_ref());
+            anomalies.extend(self.scoring.observe(
+                &keys,
+                crate::scoring::minute_of(event.ts_ms),
+                event.status == 429,
+            ));
+        }
+        let found = anomalies.len();
+        self.scoring.handle_anomalies(anomalies).await?;
+        Ok(RequestsOutcome {
+            accepted: events.len(),
+            duplicate: false,
+            anomalies: found,
+        })
+    }
+
+    /// Deletes telemetry batches received before `older_than_ms`; returns how many.
+    pub async fn prune_requests_once(&self, older_than_ms: i64) -> Result<u64, Error> {
+        Ok(store::prune_request_batches(&self.durable, older_than_ms).await?)
     }
 
     /// Deletes raw auth events older than `older_than_ms` (lockouts are kept); returns the

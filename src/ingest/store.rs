@@ -56,3 +56,38 @@ pub(super) async fn prune(durable: &Durable, older_than_ms: i64) -> Result<u64, 
         .map(|done| done.rows_affected()))?;
     Ok(deleted)
 }
+
+const INSERT_BATCH: &str = "INSERT INTO request_batches (id, received_at, events, body) \
+    VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING";
+const PRUNE_BATCHES: &str = "DELETE FROM request_batches WHERE received_at < $1";
+
+/// Stores a telemetry batch as one row; false if a batch with this id was stored before.
+pub(super) async fn insert_request_batch(
+    durable: &Durable,
+    id: &str,
+    received_at: i64,
+    events: usize,
+    body: &str,
+) -> Result<bool, Error> {
+    let inserted = with_pool!(durable, |pool| sqlx::query(INSERT_BATCH)
+        .bind(id)
+        .bind(received_at)
+        .bind(i64::try_from(events).unwrap_or(i64::MAX))
+        .bind(body)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()))?;
+    Ok(inserted == 1)
+}
+
+pub(super) async fn prune_request_batches(
+    durable: &Durable,
+    older_than_ms: i64,
+) -> Result<u64, Error> {
+    let deleted = with_pool!(durable, |pool| sqlx::query(PRUNE_BATCHES)
+        .bind(older_than_ms)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()))?;
+    Ok(deleted)
+}

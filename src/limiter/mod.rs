@@ -27,6 +27,39 @@ pub use budgets::Budgets;
 /// (e.g. a manual deny): ask again in a minute.
 pub const BLOCKED_RETRY_MS: u64 = 60_000;
 
+/// Multipliers of a request's subjects when nothing is published for them, for its class.
+///
+/// Scoring publishes a multiplier only for subjects with stored factors (a lockout, an
+/// attestation, an anomaly); everything else about a subject (its IP's reputation, an
+/// unattested device) is known locally and passed with each check, so the first request
+/// from a datacenter IP is already judged by it, without a Redis write.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Defaults {
+    /// For the request's IP.
+    pub ip: f64,
+    /// For its user (or account).
+    pub user: f64,
+    /// For its device.
+    pub device: f64,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            ip: 1.0,
+            user: 1.0,
+            device: 1.0,
+        }
+    }
+}
+
+/// The socket scoring plugs into: default multipliers of a request's subjects (the limiter
+/// never imports scoring; `app` wires it).
+pub trait DefaultMultipliers: Send + Sync + std::fmt::Debug {
+    /// The defaults for `request` in endpoint class `class`.
+    fn defaults(&self, class: &str, request: &LimitRequest) -> Defaults;
+}
+
 /// One limit check, already parsed and normalised.
 #[derive(Debug, Clone)]
 pub struct LimitRequest {
@@ -137,6 +170,8 @@ struct Scope {
     multiplier_key: String,
     params: bucket::Params,
     enforced: bool,
+    /// Multiplier used when none is published for the subject.
+    default_multiplier: f64,
 }
 
 /// The limiter service.
@@ -147,6 +182,7 @@ pub struct Limiter {
     hot: Hot,
     clock: Arc<dyn Clock>,
     l1: l1::L1,
+    defaults: std::sync::OnceLock<Arc<dyn DefaultMultipliers>>,
 }
 
 impl Limiter {
@@ -158,7 +194,18 @@ impl Limiter {
             hot,
             clock,
             l1: l1::L1::new(Duration::from_millis(settings.l1_ttl_ms)),
+            defaults: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Installs the source of default multipliers (once; later calls are ignored).
+    pub fn set_defaults(&self, defaults: Arc<dyn DefaultMultipliers>) {
+        let _ = self.defaults.set(defaults);
+    }
+
+    /// Forgets every cached blocked bucket of this instance (a multiplier changed).
+    pub fn clear_l1(&self) {
+        self.l1.clear();
     }
 
     /// The classes and budgets in force.
@@ -168,15 +215,23 @@ impl Limiter {
 
     fn scopes(&self, class: usize, request: &LimitRequest) -> Vec<Scope> {
         let class_info = &self.budgets.classes[class];
+        let defaults = self
+            .defaults
+            .get()
+            .map_or_else(Defaults::default, |d| d.defaults(&class_info.name, request));
         self.budgets
             .applicable(class, request.user.is_some(), request.device.is_some())
             .filter_map(|index| {
                 let budget = &self.budgets.budgets[index];
-                let subject = match budget.scope {
-                    ScopeKind::Global => SubjectKey::global(),
-                    ScopeKind::Ip | ScopeKind::EndpointIp => SubjectKey::ip(&request.ip),
-                    ScopeKind::User | ScopeKind::EndpointUser => request.user.clone()?,
-                    ScopeKind::Device => request.device.clone()?,
+                let (subject, default_multiplier) = match budget.scope {
+                    ScopeKind::Global => (SubjectKey::global(), 1.0),
+                    ScopeKind::Ip | ScopeKind::EndpointIp => {
+                        (SubjectKey::ip(&request.ip), defaults.ip)
+                    }
+                    ScopeKind::User | ScopeKind::EndpointUser => {
+                        (request.user.clone()?, defaults.user)
+                    }
+                    ScopeKind::Device => (request.device.clone()?, defaults.device),
                 };
                 Some(Scope {
                     budget: index,
@@ -189,6 +244,7 @@ impl Limiter {
                         multiplier: 1.0,
                     },
                     enforced: !(budget.shadow || class_info.shadow),
+                    default_multiplier: sanitized(default_multiplier),
                 })
             })
             .collect()
@@ -293,7 +349,9 @@ impl Limiter {
             .map(|s| {
                 memory
                     .multiplier(&s.multiplier_key, now_us)
-                    .map_or((1.0, None), |(value, ttl_us)| (value.max(0.0), ttl_us))
+                    .map_or((s.default_multiplier, None), |(value, ttl_us)| {
+                        (value.max(0.0), ttl_us)
+                    })
             })
             .collect();
         let keys: smallvec::SmallVec<[&str; 8]> =
@@ -516,6 +574,15 @@ impl Limiter {
         // A raised multiplier must not be hidden by a cached block on this instance.
         self.l1.clear();
         Ok(())
+    }
+}
+
+/// A multiplier as the bucket can use it: finite and not negative (NaN blocks).
+fn sanitized(value: f64) -> f64 {
+    if value.is_nan() {
+        0.0
+    } else {
+        value.clamp(0.0, 1e6)
     }
 }
 

@@ -71,7 +71,7 @@ async fn run(
     consume: bool,
 ) -> Result<(bool, Vec<RawOutcome>), Error> {
     let mut keys = Vec::with_capacity(indices.len() * 2);
-    let mut args = Vec::with_capacity(2 + indices.len() * 3);
+    let mut args = Vec::with_capacity(2 + indices.len() * 4);
     args.push(cost.to_string());
     args.push(if consume { "1" } else { "0" }.to_owned());
     for &i in indices {
@@ -81,6 +81,7 @@ async fn run(
         args.push(scope.params.capacity.to_string());
         args.push(scope.params.refill_per_s.to_string());
         args.push(if scope.enforced { "1" } else { "0" }.to_owned());
+        args.push(scope.default_multiplier.to_string());
     }
     let reply: Vec<Value> = redis.eval(&TOKEN_BUCKET, &keys, &args).await?;
     parse(&reply, indices.len())

@@ -23,8 +23,8 @@ pub use policy::{Action, Reason};
 use crate::audit::{Actor, Audit};
 use crate::clock::Clock;
 use crate::config::LockoutSettings;
-use crate::limiter::Limiter;
 use crate::model::{ClientIp, SubjectKey};
+use crate::scoring::{DecisionChange, Engine, Factor};
 use crate::store::{Durable, Hot, Keys, Stores};
 use velocity::WindowOp;
 
@@ -145,6 +145,14 @@ pub enum Error {
     Store(#[from] crate::store::Error),
 }
 
+impl From<crate::scoring::Error> for Error {
+    fn from(err: crate::scoring::Error) -> Self {
+        match err {
+            crate::scoring::Error::Store(store) => Error::Store(store),
+        }
+    }
+}
+
 /// The lockout service.
 #[derive(Debug)]
 pub struct Lockouts {
@@ -153,21 +161,25 @@ pub struct Lockouts {
     keys: Keys,
     clock: Arc<dyn Clock>,
     settings: LockoutSettings,
-    limiter: Arc<Limiter>,
+    scoring: Arc<Engine>,
     audit: Audit,
     ipv6_prefix_len: u8,
 }
 
 const PERMANENT_MS: i64 = 100 * 365 * 86_400_000;
 
+/// Name of the velocity signal in factors and reasons.
+pub const SIGNAL: &str = "velocity";
+
 impl Lockouts {
-    /// The service (`ipv6_prefix_len` keys IPv6 clients as the limiter does); `limiter` receives the `user:` multiplier 0 of locked accounts and the
-    /// `ip:` / `device:` multiplier 0 of spraying sources.
+    /// The service (`ipv6_prefix_len` keys IPv6 clients as the limiter does). It is the
+    /// velocity signal: `scoring` receives its factors (an account's failures and lockout,
+    /// spraying IPs and devices, IPs failing often), all on the `auth` class.
     pub fn new(
         stores: &Stores,
         clock: Arc<dyn Clock>,
         settings: LockoutSettings,
-        limiter: Arc<Limiter>,
+        scoring: Arc<Engine>,
         audit: Audit,
         ipv6_prefix_len: u8,
     ) -> Self {
@@ -177,7 +189,7 @@ impl Lockouts {
             keys: stores.keys.clone(),
             clock,
             settings,
-            limiter,
+            scoring,
             audit,
             ipv6_prefix_len,
         }
@@ -224,24 +236,67 @@ impl Lockouts {
         let counts = velocity::record(&self.hot, &ops, now, window, velocity::WINDOW_CAP).await?;
         let account_failures = counts.first().map_or(0, |c| c.0);
 
+        let window_s = self.settings.window_s;
+        let challenge = self.settings.challenge_after;
+        if account_failures >= challenge
+            && (account_failures - challenge).is_multiple_of(challenge)
+            && account_failures < self.settings.lockout_after
+        {
+            // Crossing (or again every `challenge_after` failures, to extend it).
+            self.scoring
+                .assert(
+                    &context.account,
+                    Factor::scale(
+                        SIGNAL,
+                        "login_failures",
+                        self.settings.failure_factor,
+                        format!("{account_failures} failed logins in {} min", window_s / 60),
+                    )
+                    .on_classes(&["auth"])
+                    .until(now + window),
+                )
+                .await?;
+        }
+
         let mut sources = vec![SubjectKey::ip(&context.ip)];
         sources.extend(context.device.clone());
         for source in sources {
-            let op = WindowOp {
+            let is_ip = source.kind() == crate::model::SubjectKind::Ip;
+            let mut ops = vec![WindowOp {
                 key: self.keys.window(&source, "a"),
                 add: Some((context.account.as_str().to_owned(), ts_ms)),
-            };
-            let distinct =
-                velocity::record(&self.hot, &[op], now, window, velocity::WINDOW_CAP).await?;
-            if distinct
-                .first()
-                .is_some_and(|c| c.0 >= self.settings.spray_accounts)
-            {
-                let ttl = Duration::from_secs(self.settings.spray_block_s);
-                self.limiter
-                    .publish_multiplier(&source, Some("auth"), 0.0, Some(ttl))
+            }];
+            if is_ip {
+                ops.push(WindowOp {
+                    key: self.keys.window(&source, "f"),
+                    add: Some((event_id.to_owned(), ts_ms)),
+                });
+            }
+            let counts =
+                velocity::record(&self.hot, &ops, now, window, velocity::WINDOW_CAP).await?;
+            let distinct = counts.first().map_or(0, |c| c.0);
+            if distinct >= self.settings.spray_accounts {
+                self.spraying(&source, distinct, now).await?;
+            }
+            let failures = counts.get(1).map_or(0, |c| c.0);
+            let threshold = self.settings.ip_failures;
+            if is_ip && failures >= threshold && (failures - threshold).is_multiple_of(threshold) {
+                self.scoring
+                    .assert(
+                        &source,
+                        Factor::scale(
+                            SIGNAL,
+                            "ip_failures",
+                            self.settings.failure_factor,
+                            format!(
+                                "{failures} failed logins from this IP in {} min",
+                                window_s / 60
+                            ),
+                        )
+                        .on_classes(&["auth"])
+                        .until(now + window),
+                    )
                     .await?;
-                tracing::info!(subject.key = %source, "spraying: {source} failed on many accounts; auth multiplier 0");
             }
         }
 
@@ -252,6 +307,42 @@ impl Lockouts {
         if policy::decide(counts, &self.settings).0 == Action::Lockout {
             self.lock(context, account_failures, now).await?;
         }
+        Ok(())
+    }
+
+    /// A source failing on many accounts: multiplier 0 on `auth` for `spray_block_s`, and one
+    /// alert per block period (the alert's marker decides, across instances).
+    async fn spraying(&self, source: &SubjectKey, distinct: u32, now: i64) -> Result<(), Error> {
+        let block = Duration::from_secs(self.settings.spray_block_s);
+        let message = format!(
+            "{source} failed logins on {distinct} accounts in {} min (password spraying)",
+            self.settings.window_s / 60
+        );
+        let alert = self
+            .scoring
+            .alerts()
+            .raise(
+                "spraying",
+                source,
+                message.clone(),
+                serde_json::json!({ "distinct_accounts": distinct, "block_s": self.settings.spray_block_s }),
+                Some(block),
+            )
+            .await?;
+        let Some(alert) = alert else {
+            return Ok(());
+        };
+        let until = now + i64::try_from(block.as_millis()).unwrap_or(i64::MAX);
+        self.scoring
+            .assert(
+                source,
+                Factor::scale(SIGNAL, "spraying", 0.0, message)
+                    .on_classes(&["auth"])
+                    .until(until)
+                    .referring_to(alert.id),
+            )
+            .await?;
+        tracing::info!(subject.key = %source, "spraying: {source} failed on many accounts; auth multiplier 0");
         Ok(())
     }
 
@@ -308,9 +399,41 @@ impl Lockouts {
             velocity::unlock(&self.hot, &self.keys, &context.account, &id, now).await?;
             return Err(err.into());
         }
-        let ttl = Duration::from_millis(u64::try_from(duration_ms).unwrap_or(u64::MAX));
-        self.limiter
-            .publish_multiplier(&context.account, Some("auth"), 0.0, Some(ttl))
+        let until = now.saturating_add(duration_ms);
+        let message = format!(
+            "locked after {failures} failed logins (level {level}) until {}",
+            crate::clock::rfc3339(until)
+        );
+        let mut factor = Factor::scale(SIGNAL, "lockout", 0.0, message.clone())
+            .on_classes(&["auth"])
+            .referring_to(id.clone());
+        if duration_ms < PERMANENT_MS {
+            factor = factor.until(until);
+        }
+        self.scoring.assert(&context.account, factor).await?;
+        self.scoring
+            .record_change(DecisionChange {
+                cursor: String::new(),
+                kind: "lockout".to_owned(),
+                action: "set".to_owned(),
+                subject: context.account.to_string(),
+                classes: Default::default(),
+                expires_at_ms: Some(until),
+                reasons: vec!["account_failures".to_owned()],
+                reference: Some(id.clone()),
+                list: None,
+                at_ms: now,
+            })
+            .await?;
+        self.scoring
+            .alerts()
+            .raise(
+                "lockout",
+                &context.account,
+                format!("{}: {message}", context.account_name),
+                serde_json::json!({ "lockout_id": id, "failures": failures, "level": level, "locked_until_ms": until }),
+                None,
+            )
             .await?;
         tracing::info!(
             lockout.id = %id, account.id = %context.account_name, lockout.level = level,
@@ -495,8 +618,28 @@ impl Lockouts {
             windows.sort();
             windows.dedup();
             velocity::clear(&self.hot, &windows).await?;
-            self.limiter
-                .clear_multiplier(&account, Some("auth"))
+            self.scoring
+                .retract(
+                    &account,
+                    &[
+                        &format!("{SIGNAL}:lockout"),
+                        &format!("{SIGNAL}:login_failures"),
+                    ],
+                )
+                .await?;
+            self.scoring
+                .record_change(DecisionChange {
+                    cursor: String::new(),
+                    kind: "lockout".to_owned(),
+                    action: "delete".to_owned(),
+                    subject: account.to_string(),
+                    classes: Default::default(),
+                    expires_at_ms: None,
+                    reasons: vec!["released".to_owned()],
+                    reference: Some(id.to_owned()),
+                    list: None,
+                    at_ms: now,
+                })
                 .await?;
         }
         self.audit

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::config::{Escalation, LockoutSettings};
+pub use crate::model::Reason;
 
 /// What the auth service must do with the next login attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, utoipa::ToSchema)]
@@ -14,25 +15,6 @@ pub enum Action {
     Challenge,
     /// Refuse: the account is locked (for this context).
     Lockout,
-}
-
-/// Why, as a stable code and a sentence.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct Reason {
-    /// Stable machine-readable code, e.g. `account_failures`.
-    pub code: String,
-    /// Human-readable explanation.
-    pub message: String,
-}
-
-impl Reason {
-    /// A reason.
-    pub fn new(code: &str, message: impl Into<String>) -> Self {
-        Self {
-            code: code.to_owned(),
-            message: message.into(),
-        }
-    }
 }
 
 /// Failure counts of one login context in the window.

@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
@@ -20,9 +19,9 @@ use super::parse::{parse_cidr_or_ip, position};
 use super::table::RangeTable;
 use crate::audit::{Actor, Audit};
 use crate::clock::Clock;
-use crate::limiter::Limiter;
-use crate::lockout::Reason;
+use crate::model::Reason;
 use crate::model::{ClientIp, SubjectKey};
+use crate::scoring::{DecisionChange, Engine, Factor, Signal, Subject};
 use crate::store::{Durable, Hot, Stores};
 use crate::with_pool;
 
@@ -136,12 +135,15 @@ struct Live {
     entries: Vec<Entry>,
     cidrs: RangeTable,
     asns: HashMap<u32, Vec<u16>>,
+    /// Account and device entries by subject key text (`user:alice`, `device:d1`).
+    subjects: HashMap<String, Vec<u16>>,
 }
 
 impl Live {
-    fn build(entries: Vec<Entry>) -> Self {
+    fn build(entries: Vec<Entry>, max_key_length: usize) -> Self {
         let mut ranges = Vec::new();
         let mut asns: HashMap<u32, Vec<u16>> = HashMap::new();
+        let mut subjects: HashMap<String, Vec<u16>> = HashMap::new();
         for (index, entry) in entries.iter().enumerate() {
             let Ok(index) = u16::try_from(index) else {
                 break;
@@ -157,13 +159,23 @@ impl Live {
                         asns.entry(asn).or_default().push(index);
                     }
                 }
-                EntryKind::Account | EntryKind::Device => {}
+                EntryKind::Account | EntryKind::Device => {
+                    let key = if entry.kind == EntryKind::Account {
+                        SubjectKey::user(&entry.value, max_key_length)
+                    } else {
+                        SubjectKey::device(&entry.value, max_key_length)
+                    };
+                    if let Ok(key) = key {
+                        subjects.entry(key.to_string()).or_default().push(index);
+                    }
+                }
             }
         }
         Live {
             cidrs: RangeTable::build(ranges),
             entries,
             asns,
+            subjects,
         }
     }
 }
@@ -215,7 +227,8 @@ pub struct Lists {
     hot: Hot,
     version_key: String,
     clock: Arc<dyn Clock>,
-    limiter: Arc<Limiter>,
+    /// Weak: the engine holds the lists as a signal; a strong link both ways would leak both.
+    scoring: std::sync::Weak<Engine>,
     audit: Audit,
     max_key_length: usize,
     ipv6_prefix_len: u8,
@@ -224,11 +237,12 @@ pub struct Lists {
 }
 
 impl Lists {
-    /// The service; call [`Lists::refresh`] once before use.
+    /// The service; call [`Lists::refresh`] once before use. `scoring` republishes the
+    /// subjects an entry names.
     pub fn new(
         stores: &Stores,
         clock: Arc<dyn Clock>,
-        limiter: Arc<Limiter>,
+        scoring: std::sync::Weak<Engine>,
         audit: Audit,
         max_key_length: usize,
         ipv6_prefix_len: u8,
@@ -238,7 +252,7 @@ impl Lists {
             hot: stores.hot.clone(),
             version_key: format!("{}:{{lists}}:version", stores.keys.prefix()),
             clock,
-            limiter,
+            scoring,
             audit,
             max_key_length,
             ipv6_prefix_len,
@@ -305,8 +319,9 @@ impl Lists {
         Ok((kind, normalized))
     }
 
-    /// The limiter subject an entry maps to exactly, if any (then it is enforced in buckets).
-    fn subject(&self, entry: &Entry) -> Option<SubjectKey> {
+    /// The limiter subject an entry maps to exactly, if any (then it is stored as the
+    /// subject's factor, shared by every instance at once).
+    pub fn subject(&self, entry: &Entry) -> Option<SubjectKey> {
         match entry.kind {
             EntryKind::Account => SubjectKey::user(&entry.value, self.max_key_length).ok(),
             EntryKind::Device => SubjectKey::device(&entry.value, self.max_key_length).ok(),
@@ -378,15 +393,8 @@ impl Lists {
             .await
             .map(|_| ()))
         .map_err(crate::store::Error::from)?;
-        if let Some(subject) = self.subject(&entry) {
-            let value = if list == ListName::Deny { 0.0 } else { 1.0 };
-            let ttl =
-                expires_at_ms.map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(1)));
-            self.limiter
-                .publish_multiplier(&subject, None, value, ttl)
-                .await?;
-        }
         self.changed().await?;
+        self.announce(&entry, "set").await?;
         self.audit
             .record(actor, "list.add", &entry.id, serde_json::json!({ "list": list, "kind": kind, "value": entry.value, "reason": entry.reason }), request_id)
             .await?;
@@ -423,10 +431,8 @@ impl Lists {
         let entry = row
             .and_then(Row::entry)
             .ok_or_else(|| Error::NotFound(id.to_owned()))?;
-        if let Some(subject) = self.subject(&entry) {
-            self.limiter.clear_multiplier(&subject, None).await?;
-        }
         self.changed().await?;
+        self.announce(&entry, "delete").await?;
         self.audit
             .record(
                 actor,
@@ -437,6 +443,57 @@ impl Lists {
             )
             .await?;
         Ok(entry)
+    }
+
+    /// After a change: the subject an entry names exactly is republished (its stored
+    /// factors combine with the new entry), and the change enters the decision stream.
+    async fn announce(&self, entry: &Entry, action: &str) -> Result<(), Error> {
+        // Only gone while the app shuts down: then there is nothing left to publish to.
+        let Some(scoring) = self.scoring.upgrade() else {
+            return Ok(());
+        };
+        if let Some(subject) = self.subject(entry) {
+            // Stored, not only pulled: every instance enforces it at once, before its own
+            // list refresh.
+            let now = self.clock.now_ms();
+            let live = self.live.load();
+            let hits: Vec<&Entry> = live
+                .entries
+                .iter()
+                .filter(|e| e.expires_at_ms.is_none_or(|at| at > now))
+                .filter(|e| self.subject(e).as_ref() == Some(&subject))
+                .collect();
+            let factors = list_factors(&hits);
+            let mut changes: Vec<crate::scoring::Change> = ["list_deny", "list_allow"]
+                .iter()
+                .filter(|code| !factors.iter().any(|f| f.code == **code))
+                .map(|code| crate::scoring::Change::Delete(format!("lists:{code}")))
+                .collect();
+            changes.extend(factors.into_iter().map(crate::scoring::Change::Set));
+            scoring
+                .apply(&subject, &changes)
+                .await
+                .map_err(|e| match e {
+                    crate::scoring::Error::Store(store) => Error::Store(store),
+                })?;
+        }
+        scoring
+            .record_change(DecisionChange {
+                cursor: String::new(),
+                kind: "list".to_owned(),
+                action: action.to_owned(),
+                subject: entry.value.clone(),
+                classes: Default::default(),
+                expires_at_ms: entry.expires_at_ms,
+                reasons: vec![format!("list_{}", entry.list.as_str())],
+                reference: Some(entry.id.clone()),
+                list: Some(entry.list.as_str().to_owned()),
+                at_ms: entry.created_at_ms,
+            })
+            .await
+            .map_err(|e| match e {
+                crate::scoring::Error::Store(store) => Error::Store(store),
+            })
     }
 
     /// Live entries of one list.
@@ -460,6 +517,7 @@ impl Lists {
         .map_err(crate::store::Error::from)?;
         self.live.store(Arc::new(Live::build(
             rows.into_iter().filter_map(Row::entry).collect(),
+            self.max_key_length,
         )));
         Ok(())
     }
@@ -491,6 +549,37 @@ impl Lists {
             }
         }
         Ok(())
+    }
+
+    /// IP, CIDR and ASN entries matching `ip` (of AS `asn`), live at `now_ms`.
+    pub fn ip_entries(&self, ip: IpAddr, asn: Option<u32>, now_ms: i64) -> Vec<Entry> {
+        let live = self.live.load();
+        let mut hits: Vec<&Entry> = live
+            .cidrs
+            .lookup(position(ip))
+            .iter()
+            .map(|&i| &live.entries[usize::from(i)])
+            .collect();
+        if let Some(ids) = asn.and_then(|asn| live.asns.get(&asn)) {
+            hits.extend(ids.iter().map(|&i| &live.entries[usize::from(i)]));
+        }
+        hits.into_iter()
+            .filter(|e| e.expires_at_ms.is_none_or(|at| at > now_ms))
+            .cloned()
+            .collect()
+    }
+
+    /// ASN entries for `asn`, live at `now_ms`.
+    pub fn asn_entries(&self, asn: u32, now_ms: i64) -> Vec<Entry> {
+        let live = self.live.load();
+        live.asns
+            .get(&asn)
+            .into_iter()
+            .flatten()
+            .map(|&i| &live.entries[usize::from(i)])
+            .filter(|e| e.expires_at_ms.is_none_or(|at| at > now_ms))
+            .cloned()
+            .collect()
     }
 
     /// Applies the lists to a reputation verdict: deny → multiplier 0 (deny beats allow when
@@ -535,6 +624,59 @@ impl Lists {
         verdict.classes.sort();
         verdict.classes.dedup();
     }
+}
+
+/// Account and device entries as a pull signal (IP, CIDR and ASN entries reach scoring
+/// through the reputation verdict, see [`super::signal`]).
+impl Signal for Lists {
+    fn name(&self) -> &'static str {
+        "lists"
+    }
+
+    fn factors(&self, subject: &Subject<'_>, stored: &[Factor], now_ms: i64) -> Vec<Factor> {
+        // Entries naming this subject exactly are stored too (see `announce`).
+        if stored.iter().any(|f| f.signal == "lists") {
+            return Vec::new();
+        }
+        let live = self.live.load();
+        let Some(indices) = live.subjects.get(subject.key.as_str()) else {
+            return Vec::new();
+        };
+        let hits: Vec<&Entry> = indices
+            .iter()
+            .map(|&i| &live.entries[usize::from(i)])
+            .filter(|e| e.expires_at_ms.is_none_or(|at| at > now_ms))
+            .collect();
+        list_factors(&hits)
+    }
+}
+
+/// The factors of matching entries: deny → 0 (beats allow), allow → pin at 1.
+pub(super) fn list_factors(hits: &[&Entry]) -> Vec<Factor> {
+    let mut factors = Vec::new();
+    for list in [ListName::Deny, ListName::Allow] {
+        let matching: Vec<&&Entry> = hits.iter().filter(|e| e.list == list).collect();
+        let Some(first) = matching.first() else {
+            continue;
+        };
+        let values: Vec<String> = matching
+            .iter()
+            .map(|e| format!("{} ({})", e.value, e.reason))
+            .collect();
+        let code = format!("list_{}", list.as_str());
+        let message = format!("{} list: {}", list.as_str(), values.join(", "));
+        let mut factor = match list {
+            ListName::Deny => Factor::scale("lists", &code, 0.0, message),
+            ListName::Allow => Factor::pin("lists", &code, message),
+        }
+        .referring_to(first.id.clone());
+        let expiry = matching.iter().map(|e| e.expires_at_ms).max().flatten();
+        if matching.iter().all(|e| e.expires_at_ms.is_some()) {
+            factor.expires_at_ms = expiry;
+        }
+        factors.push(factor);
+    }
+    factors
 }
 
 /// `start..=end` as text: `a.b.c.d/n` (IPv4) or `x::/n` when it is one prefix.

@@ -7,6 +7,7 @@
 
 pub mod lists;
 pub mod parse;
+pub mod signal;
 pub mod table;
 pub mod update;
 
@@ -19,7 +20,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::config::ReputationSettings;
-use crate::lockout::Reason;
+use crate::model::Reason;
 use table::RangeTable;
 
 /// A file that could not be loaded: which, where, why.
@@ -288,6 +289,19 @@ pub fn load(dir: &Path) -> Result<Snapshot, LoadError> {
 }
 
 impl Snapshot {
+    /// Classes the ASN lists (`asns/<class>.txt`) give `asn`, with their source files.
+    pub fn asn_classes(&self, asn: u32) -> Vec<(&str, &str)> {
+        self.asn_classes
+            .get(&asn)
+            .into_iter()
+            .flatten()
+            .map(|&id| {
+                let source = &self.sources[usize::from(id)];
+                (source.class.as_str(), source.file.as_str())
+            })
+            .collect()
+    }
+
     fn asn_of(&self, ip: IpAddr, position: u128) -> Option<(u32, String)> {
         for reader in &self.mmdbs {
             if let Ok(result) = reader.lookup(ip)

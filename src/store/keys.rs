@@ -51,6 +51,28 @@ impl Keys {
         self.subject_key(account, ":", "known")
     }
 
+    /// The stored scoring factors of `subject` (a hash, field per factor, `_v` version):
+    /// `pal:v1:{ip:203.0.113.7}:f`. Same hash tag as its multipliers.
+    pub fn factors(&self, subject: &SubjectKey) -> String {
+        self.subject_key(subject, ":", "f")
+    }
+
+    /// A one-off marker of `subject` (alert de-duplication, spraying): `pal:v1:{user:a}:x:anomaly`.
+    pub fn marker(&self, subject: &SubjectKey, name: &str) -> String {
+        self.subject_key(subject, ":x:", name)
+    }
+
+    /// A deployment-wide scoring key, all in one slot: `pal:v1:{scoring}:due` (subjects to
+    /// republish), `:active` (subjects with published multipliers), `:decisions` (the
+    /// change stream), `:offenders:<minute>`.
+    pub fn scoring(&self, name: &str) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + name.len() + 12);
+        key.push_str(&self.prefix);
+        key.push_str(":{scoring}:");
+        key.push_str(name);
+        key
+    }
+
     /// `<prefix>:{<subject>}<kind><name>`, built without `format!` (on every limit check).
     fn subject_key(&self, subject: &SubjectKey, kind: &str, name: &str) -> String {
         let subject = subject.as_str();

@@ -9,3 +9,11 @@ pub static TOKEN_BUCKET: LazyLock<redis::Script> =
 /// `lua/velocity_window.lua`: record failures in sliding windows and count them.
 pub static VELOCITY_WINDOW: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/velocity_window.lua")));
+
+/// `lua/factors_update.lua`: change a subject's stored factors and read them back.
+pub static FACTORS_UPDATE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/factors_update.lua")));
+
+/// `lua/multiplier_publish.lua`: write a subject's multipliers unless superseded.
+pub static MULTIPLIER_PUBLISH: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/multiplier_publish.lua")));

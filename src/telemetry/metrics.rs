@@ -25,6 +25,46 @@ pub const FAIL_OPEN_TOTAL: &str = "palisade_fail_open_total";
 /// Limit checks answered from the L1 cache of blocked buckets.
 pub const LIMIT_L1_HITS_TOTAL: &str = "palisade_limit_l1_hits_total";
 
+/// Factors stored by push signals, by `signal`, `code` and `mode` (`enforced`, `shadow`).
+pub const SCORING_FACTORS_TOTAL: &str = "palisade_scoring_factors_total";
+/// Multiplier publishes, by `outcome` (`written`, `superseded` by a newer change).
+pub const MULTIPLIER_PUBLISHES_TOTAL: &str = "palisade_multiplier_publishes_total";
+/// Keys found far above their baseline, by `kind` (`ip`, `user`, `device`).
+pub const ANOMALIES_TOTAL: &str = "palisade_anomalies_total";
+/// Keys that became repeat offenders, by `kind`.
+pub const OFFENDERS_TOTAL: &str = "palisade_repeat_offenders_total";
+/// Alerts raised, by `kind`.
+pub const ALERTS_TOTAL: &str = "palisade_alerts_total";
+/// Webhook deliveries, by `outcome` (`delivered`, `failed`, `gave_up`).
+pub const ALERT_DELIVERIES_TOTAL: &str = "palisade_alert_deliveries_total";
+/// Request-telemetry events ingested.
+pub const TELEMETRY_EVENTS_TOTAL: &str = "palisade_telemetry_events_total";
+/// Seconds between an event's timestamp and its ingestion, by `source` (`auth`, `requests`).
+pub const INGEST_LAG_SECONDS: &str = "palisade_ingest_lag_seconds";
+/// Keys tracked by the anomaly baselines of this instance.
+pub const BASELINE_KEYS: &str = "palisade_baseline_keys";
+/// Every metric name, for the dashboard test.
+pub const ALL: &[&str] = &[
+    HTTP_REQUESTS_TOTAL,
+    HTTP_REQUEST_DURATION_SECONDS,
+    STORE_UNAVAILABLE_TOTAL,
+    ACCESS_CHECKS_TOTAL,
+    LIMIT_DECISIONS_TOTAL,
+    LIMIT_REMAINING_RATIO,
+    REDIS_LATENCY_SECONDS,
+    FAIL_OPEN_TOTAL,
+    LIMIT_L1_HITS_TOTAL,
+    SCORING_FACTORS_TOTAL,
+    MULTIPLIER_PUBLISHES_TOTAL,
+    ANOMALIES_TOTAL,
+    OFFENDERS_TOTAL,
+    ALERTS_TOTAL,
+    ALERT_DELIVERIES_TOTAL,
+    TELEMETRY_EVENTS_TOTAL,
+    INGEST_LAG_SECONDS,
+    BASELINE_KEYS,
+];
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// The Prometheus recorder of this process, installed on first use.
@@ -83,4 +123,78 @@ fn describe() {
         LIMIT_L1_HITS_TOTAL,
         "Limit checks answered from the L1 cache"
     );
+    metrics::describe_counter!(
+        SCORING_FACTORS_TOTAL,
+        "Factors stored by push signals, enforced or shadow"
+    );
+    metrics::describe_counter!(
+        MULTIPLIER_PUBLISHES_TOTAL,
+        "Multiplier publishes, written or superseded"
+    );
+    metrics::describe_counter!(ANOMALIES_TOTAL, "Keys found far above their baseline");
+    metrics::describe_counter!(OFFENDERS_TOTAL, "Keys that became repeat offenders");
+    metrics::describe_counter!(ALERTS_TOTAL, "Alerts raised");
+    metrics::describe_counter!(
+        ALERT_DELIVERIES_TOTAL,
+        "Alert webhook deliveries by outcome"
+    );
+    metrics::describe_counter!(TELEMETRY_EVENTS_TOTAL, "Request-telemetry events ingested");
+    metrics::describe_histogram!(
+        INGEST_LAG_SECONDS,
+        metrics::Unit::Seconds,
+        "Time between an event's timestamp and its ingestion"
+    );
+    metrics::describe_gauge!(BASELINE_KEYS, "Keys tracked by the anomaly baselines");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Grafana dashboard only queries metrics this process exports.
+    #[test]
+    fn the_dashboard_uses_only_exported_metric_names() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/grafana/palisade.json");
+        let dashboard: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("dashboard exists"))
+                .expect("dashboard is JSON");
+        let mut used = Vec::new();
+        for panel in dashboard["panels"].as_array().expect("panels") {
+            for target in panel["targets"].as_array().expect("targets") {
+                let expr = target["expr"].as_str().expect("expr");
+                let mut rest = expr;
+                while let Some(at) = rest.find("palisade_") {
+                    let name: String = rest[at..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    rest = &rest[at + name.len()..];
+                    used.push(name);
+                }
+            }
+        }
+        assert!(used.len() >= 10, "{used:?}");
+        for name in &used {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(name);
+            assert!(
+                ALL.contains(&base),
+                "the dashboard queries {name}, which is not exported"
+            );
+        }
+        for required in [
+            LIMIT_DECISIONS_TOTAL,
+            LIMIT_REMAINING_RATIO,
+            OFFENDERS_TOTAL,
+            FAIL_OPEN_TOTAL,
+        ] {
+            assert!(
+                used.iter().any(|u| u.starts_with(required)),
+                "{required} missing"
+            );
+        }
+    }
 }

@@ -386,6 +386,11 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/lists/{list}"),
     ("post", "/v1/lists/{list}"),
     ("delete", "/v1/lists/{list}/{id}"),
+    ("post", "/v1/events/requests"),
+    ("get", "/v1/multipliers"),
+    ("get", "/v1/decisions"),
+    ("get", "/v1/offenders"),
+    ("get", "/v1/alerts"),
 ];
 
 async fn openapi_document_lists_every_route(app: TestApp) {

@@ -213,6 +213,9 @@ pub async fn test_settings(backend: Backend, dir: &tempfile::TempDir) -> Option<
             let (db, redis) = production_urls()?;
             settings.database_url = fresh_postgres(&db).await;
             settings.redis_url = Some(redis);
+            // Tests run two at a time with up to three instances each, against a server
+            // with 100 connections: small pools keep the suite well under it.
+            settings.store.db_max_connections = 4;
         }
     }
     Some(settings)

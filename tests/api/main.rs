@@ -10,3 +10,4 @@ mod limiter;
 mod lists;
 mod lockout;
 mod reputation;
+mod scoring;

@@ -1,0 +1,141 @@
+//! Request telemetry: batches of what a gateway served, parsed with per-index errors, stored
+//! as one row per batch, then counted into scoring's baselines and repeat offenders.
+
+use serde::Deserialize;
+
+use super::{Limits, MAX_AGE_MS, MAX_FUTURE_MS, parse_ts, printable};
+use crate::model::{ClientIp, SubjectKey};
+
+/// Largest request-telemetry batch.
+pub const MAX_REQUEST_BATCH: usize = 5000;
+
+/// A telemetry event as posted.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRequestEvent {
+    #[serde(default)]
+    ts: Option<String>,
+    ip: String,
+    #[serde(default)]
+    user_id: Option<String>,
+    #[serde(default)]
+    device_id: Option<String>,
+    endpoint: String,
+    status: u16,
+}
+
+/// A validated telemetry event.
+#[derive(Debug, Clone)]
+pub struct RequestEvent {
+    /// When it was served, Unix ms (time of receipt when absent).
+    pub ts_ms: i64,
+    /// The client.
+    pub ip: ClientIp,
+    /// `user:…`, if authenticated.
+    pub user: Option<SubjectKey>,
+    /// `device:…`, if known.
+    pub device: Option<SubjectKey>,
+    /// Path served.
+    pub endpoint: String,
+    /// HTTP status answered (429 counts towards repeat offenders).
+    pub status: u16,
+}
+
+fn parse_one(
+    value: &serde_json::Value,
+    now_ms: i64,
+    limits: Limits,
+) -> Result<RequestEvent, String> {
+    let raw = RawRequestEvent::deserialize(value).map_err(|e| e.to_string())?;
+    let ip = ClientIp::parse(&raw.ip, limits.ipv6_prefix_len)
+        .ok_or_else(|| format!("ip {:.64?} is not an IP address", raw.ip))?;
+    let bounded =
+        |id: Option<&str>,
+         field: &str,
+         make: fn(&str, usize) -> Result<SubjectKey, crate::model::InvalidId>| {
+            id.map(|id| {
+                if !printable(id) {
+                    return Err(format!("{field} must not contain control characters"));
+                }
+                make(id, limits.max_key_length)
+                    .map_err(|_| format!("{field} must be 1-{} characters", limits.max_key_length))
+            })
+            .transpose()
+        };
+    let user = bounded(raw.user_id.as_deref(), "user_id", SubjectKey::user)?;
+    let device = bounded(raw.device_id.as_deref(), "device_id", SubjectKey::device)?;
+    if raw.endpoint.is_empty() || raw.endpoint.len() > 2048 || !raw.endpoint.starts_with('/') {
+        return Err("endpoint must be a path starting with '/', at most 2048 bytes".to_owned());
+    }
+    if !(100..=599).contains(&raw.status) {
+        return Err(format!(
+            "status {} is not an HTTP status (100-599)",
+            raw.status
+        ));
+    }
+    let ts_ms = parse_ts(raw.ts.as_deref(), now_ms)?;
+    if ts_ms < now_ms - MAX_AGE_MS {
+        return Err("ts is more than 24 h in the past".to_owned());
+    }
+    if ts_ms > now_ms + MAX_FUTURE_MS {
+        return Err("ts is more than 5 min in the future".to_owned());
+    }
+    Ok(RequestEvent {
+        ts_ms,
+        ip,
+        user,
+        device,
+        endpoint: raw.endpoint,
+        status: raw.status,
+    })
+}
+
+/// Parses a batch; any bad event rejects the whole batch with every bad index and reason.
+pub fn parse_request_batch(
+    values: &[serde_json::Value],
+    now_ms: i64,
+    limits: Limits,
+) -> Result<Vec<RequestEvent>, Vec<super::EventError>> {
+    let mut events = Vec::with_capacity(values.len());
+    let mut errors = Vec::new();
+    for (index, value) in values.iter().enumerate() {
+        match parse_one(value, now_ms, limits) {
+            Ok(event) => events.push(event),
+            Err(reason) => errors.push(super::EventError { index, reason }),
+        }
+    }
+    if errors.is_empty() {
+        Ok(events)
+    } else {
+        Err(errors)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const LIMITS: Limits = Limits {
+        max_key_length: 16,
+        ipv6_prefix_len: 64,
+    };
+
+    #[test]
+    fn bad_events_are_reported_by_index() {
+        let now = 1_800_000_000_000;
+        let batch = vec![
+            json!({"ip": "192.0.2.1", "endpoint": "/feed", "status": 200}),
+            json!({"ip": "192.0.2.1", "endpoint": "feed", "status": 200}),
+            json!({"ip": "192.0.2.1", "endpoint": "/feed", "status": 42}),
+            json!({"ip": "192.0.2.1", "endpoint": "/feed", "status": 200, "user_id": "x".repeat(17)}),
+            json!({"ip": "192.0.2.1", "endpoint": "/feed", "status": 200, "extra": 1}),
+        ];
+        let errors = parse_request_batch(&batch, now, LIMITS).unwrap_err();
+        let indexes: Vec<usize> = errors.iter().map(|e| e.index).collect();
+        assert_eq!(indexes, vec![1, 2, 3, 4]);
+        let ok = parse_request_batch(&batch[..1], now, LIMITS).unwrap();
+        assert_eq!(ok[0].ts_ms, now);
+        assert_eq!(ok[0].status, 200);
+    }
+}

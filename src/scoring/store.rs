@@ -1,0 +1,604 @@
+//! Where factors and published multipliers live: Redis (`lua/factors_update.lua`,
+//! `lua/multiplier_publish.lua`, one slot per subject) or in-process.
+//!
+//! Per subject: a hash of its stored factors with a version. Deployment-wide, in one slot
+//! (`{scoring}`): the due set (subjects whose multiplier changes at a known time), the active
+//! index (subjects with published multipliers) and the decision stream.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use redis::Value;
+use serde::{Deserialize, Serialize};
+
+use super::Factor;
+use crate::model::SubjectKey;
+use crate::store::scripts::{FACTORS_UPDATE, MULTIPLIER_PUBLISH};
+use crate::store::{Error, Hot, Keys, MemoryHot, RedisHot};
+
+/// How long a subject's factor hash outlives its last factor (keeps its version).
+const KEEP_MS: i64 = 86_400_000;
+/// Changes kept in the decision stream.
+pub const STREAM_LEN: usize = 100_000;
+/// Most subjects returned by one due sweep.
+const DUE_BATCH: usize = 256;
+
+/// One change to a subject's stored factors.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Insert or replace (by [`Factor::id`]).
+    Set(Factor),
+    /// Remove by id.
+    Delete(String),
+}
+
+/// A subject's live stored factors and the version they were read at.
+#[derive(Debug, Clone, Default)]
+pub struct Stored {
+    /// Bumped by every change.
+    pub version: u64,
+    /// Live factors, sorted by id.
+    pub factors: Vec<Factor>,
+}
+
+/// One entry of the decision stream: what changed, for enforcers that keep a local copy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DecisionChange {
+    /// Position in the stream; pass it back as `since`.
+    #[serde(default)]
+    pub cursor: String,
+    /// `multiplier`, `lockout` or `list`.
+    pub kind: String,
+    /// `set` or `delete`.
+    pub action: String,
+    /// `ip:…`, `user:…`, `device:…`, `asn:…`; for list entries their value (`203.0.113.0/24`,
+    /// `AS64500`, an account or device id).
+    pub subject: String,
+    /// Per endpoint class, the multiplier now in force (multiplier changes; classes not
+    /// listed use the request's default).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub classes: BTreeMap<String, f64>,
+    /// Unix ms when it stops applying by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<i64>,
+    /// Reason codes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    /// Lockout id or list entry id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// `allow` or `deny` for list entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list: Option<String>,
+    /// Unix ms of the change.
+    pub at_ms: i64,
+}
+
+/// One subject's version and stored factors by id.
+type VersionedFactors = (u64, BTreeMap<String, Factor>);
+
+/// In-process factors (embedded mode); std Mutexes, never held across `.await`.
+#[derive(Debug, Default)]
+pub struct MemoryFactors {
+    subjects: Mutex<HashMap<String, VersionedFactors>>,
+    due: Mutex<BTreeSet<(i64, String)>>,
+    active: Mutex<HashMap<String, i64>>,
+    stream: Mutex<(u64, VecDeque<DecisionChange>)>,
+}
+
+/// The factor store of one deployment.
+#[derive(Debug, Clone)]
+pub enum FactorStore {
+    /// Shared by every instance.
+    Redis(RedisHot),
+    /// This process only; multipliers go to the in-process hot store.
+    Memory(Arc<MemoryFactors>, MemoryHot),
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn bad_reply(message: impl Into<String>) -> Error {
+    Error::Redis(redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected scoring reply",
+        message.into(),
+    )))
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// Parses a stored payload; a payload that does not parse is skipped (never a 500).
+fn decode(id: &str, payload: &str) -> Option<Factor> {
+    match serde_json::from_str(payload) {
+        Ok(factor) => Some(factor),
+        Err(err) => {
+            tracing::warn!(factor.id = id, error.cause = %err, "skipping a stored factor that does not parse");
+            None
+        }
+    }
+}
+
+/// Stream ids are `<ms>-<seq>` (Redis) or `<seq>` (in-process).
+pub fn valid_cursor(cursor: &str) -> bool {
+    let mut parts = cursor.splitn(2, '-');
+    let first = parts.next().unwrap_or("");
+    let ok = |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
+    ok(first) && parts.next().is_none_or(ok)
+}
+
+fn stream_id(cursor: &str) -> (u64, u64) {
+    let mut parts = cursor.splitn(2, '-');
+    let first = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let second = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (first, second)
+}
+
+impl FactorStore {
+    /// The store on `hot`.
+    pub fn new(hot: &Hot) -> Self {
+        match hot {
+            Hot::Redis(redis) => FactorStore::Redis(redis.clone()),
+            Hot::Memory(memory) => {
+                FactorStore::Memory(Arc::new(MemoryFactors::default()), memory.clone())
+            }
+        }
+    }
+
+    /// Applies `changes` and reads the live factors back, with a new version.
+    pub async fn update(
+        &self,
+        keys: &Keys,
+        subject: &SubjectKey,
+        now_ms: i64,
+        changes: &[Change],
+    ) -> Result<Stored, Error> {
+        match self {
+            FactorStore::Memory(memory, _) => {
+                let mut subjects = lock(&memory.subjects);
+                if subjects.len() >= 1024 && subjects.len().is_power_of_two() {
+                    subjects.retain(|_, (_, factors)| {
+                        factors.retain(|_, f| !f.has_expired(now_ms));
+                        !factors.is_empty()
+                    });
+                }
+                let entry = subjects.entry(subject.as_str().to_owned()).or_default();
+                for change in changes {
+                    match change {
+                        Change::Set(factor) => {
+                            entry.1.insert(factor.id(), factor.clone());
+                        }
+                        Change::Delete(id) => {
+                            entry.1.remove(id);
+                        }
+                    }
+                }
+                entry.1.retain(|_, f| !f.has_expired(now_ms));
+                entry.0 += 1;
+                Ok(Stored {
+                    version: entry.0,
+                    factors: entry.1.values().cloned().collect(),
+                })
+            }
+            FactorStore::Redis(redis) => {
+                let mut args = vec![now_ms.to_string(), KEEP_MS.to_string()];
+                for change in changes {
+                    match change {
+                        Change::Set(factor) => {
+                            args.push(factor.id());
+                            args.push(serde_json::to_string(factor).unwrap_or_default());
+                            args.push(factor.expires_at_ms.unwrap_or(-1).to_string());
+                        }
+                        Change::Delete(id) => {
+                            args.push(id.clone());
+                            args.push(String::new());
+                            args.push("-1".to_owned());
+                        }
+                    }
+                }
+                let reply: Vec<Value> = redis
+                    .eval(&FACTORS_UPDATE, &[keys.factors(subject)], &args)
+                    .await?;
+                let Some((Value::Int(version), rest)) = reply.split_first() else {
+                    return Err(bad_reply("factors_update.lua: no version"));
+                };
+                let mut factors: Vec<Factor> = rest
+                    .chunks_exact(2)
+                    .filter_map(|pair| {
+                        let (id, payload) = (text(&pair[0])?, text(&pair[1])?);
+                        decode(&id, &payload)
+                    })
+                    .collect();
+                factors.sort_by_key(Factor::id);
+                Ok(Stored {
+                    version: u64::try_from(*version).unwrap_or(0),
+                    factors,
+                })
+            }
+        }
+    }
+
+    /// The live stored factors, without changing anything.
+    pub async fn read(
+        &self,
+        keys: &Keys,
+        subject: &SubjectKey,
+        now_ms: i64,
+    ) -> Result<Vec<Factor>, Error> {
+        match self {
+            FactorStore::Memory(memory, _) => Ok(lock(&memory.subjects)
+                .get(subject.as_str())
+                .map(|(_, factors)| {
+                    factors
+                        .values()
+                        .filter(|f| !f.has_expired(now_ms))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default()),
+            FactorStore::Redis(redis) => {
+                let all: HashMap<String, String> = redis
+                    .query(redis::cmd("HGETALL").arg(keys.factors(subject)))
+                    .await?;
+                let mut factors: Vec<Factor> = all
+                    .iter()
+                    .filter(|(id, _)| *id != "_v")
+                    .filter_map(|(id, value)| {
+                        let (_, payload) = value.split_once('|')?;
+                        decode(id, payload)
+                    })
+                    .filter(|f| !f.has_expired(now_ms))
+                    .collect();
+                factors.sort_by_key(Factor::id);
+                Ok(factors)
+            }
+        }
+    }
+
+    /// Writes per-class multipliers (`(multiplier key, value or None to delete)`) with one
+    /// expiry, unless the subject's factors changed after `version`. True if written.
+    pub async fn publish(
+        &self,
+        keys: &Keys,
+        subject: &SubjectKey,
+        version: u64,
+        writes: &[(String, Option<f64>)],
+        ttl_ms: Option<u64>,
+        now_us: u64,
+    ) -> Result<bool, Error> {
+        match self {
+            FactorStore::Memory(memory, hot) => {
+                // Under the subjects lock, so no newer change can slip between check and write.
+                let subjects = lock(&memory.subjects);
+                let current = subjects.get(subject.as_str()).map_or(0, |(v, _)| *v);
+                if current != version {
+                    return Ok(false);
+                }
+                for (key, value) in writes {
+                    match value {
+                        Some(value) => hot.set_multiplier(
+                            key,
+                            *value,
+                            now_us,
+                            ttl_ms.map(|ms| ms.saturating_mul(1000)),
+                        ),
+                        None => hot.clear_multiplier(key),
+                    }
+                }
+                Ok(true)
+            }
+            FactorStore::Redis(redis) => {
+                let mut redis_keys = vec![keys.factors(subject)];
+                let mut args = vec![version.to_string()];
+                for (key, value) in writes {
+                    redis_keys.push(key.clone());
+                    args.push(value.map(|v| v.to_string()).unwrap_or_default());
+                    args.push(ttl_ms.unwrap_or(0).to_string());
+                }
+                let written: i64 = redis.eval(&MULTIPLIER_PUBLISH, &redis_keys, &args).await?;
+                Ok(written == 1)
+            }
+        }
+    }
+
+    /// Deployment-wide bookkeeping after a publish: the active index (`Some(expiry)`: has
+    /// published multipliers until then, `i64::MAX` for none; None: has none), the due time
+    /// of its next change, and the stream entry.
+    pub async fn record(
+        &self,
+        keys: &Keys,
+        subject: &SubjectKey,
+        active: Option<i64>,
+        due_ms: Option<i64>,
+        change: Option<&DecisionChange>,
+    ) -> Result<(), Error> {
+        match self {
+            FactorStore::Memory(memory, _) => {
+                match active {
+                    Some(until) => lock(&memory.active).insert(subject.as_str().to_owned(), until),
+                    None => lock(&memory.active).remove(subject.as_str()),
+                };
+                if let Some(at) = due_ms {
+                    lock(&memory.due).insert((at, subject.as_str().to_owned()));
+                }
+                if let Some(change) = change {
+                    self.append(keys, change).await?;
+                }
+                Ok(())
+            }
+            FactorStore::Redis(redis) => {
+                let mut pipe = redis::pipe();
+                match active {
+                    Some(until) => {
+                        let score = if until == i64::MAX {
+                            "+inf".to_owned()
+                        } else {
+                            until.to_string()
+                        };
+                        pipe.cmd("ZADD")
+                            .arg(keys.scoring("active"))
+                            .arg(score)
+                            .arg(subject.as_str())
+                            .ignore()
+                    }
+                    None => pipe
+                        .cmd("ZREM")
+                        .arg(keys.scoring("active"))
+                        .arg(subject.as_str())
+                        .ignore(),
+                };
+                if let Some(at) = due_ms {
+                    pipe.cmd("ZADD")
+                        .arg(keys.scoring("due"))
+                        .arg(at)
+                        .arg(subject.as_str())
+                        .ignore();
+                }
+                if let Some(change) = change {
+                    pipe.cmd("XADD")
+                        .arg(keys.scoring("decisions"))
+                        .arg("MAXLEN")
+                        .arg("~")
+                        .arg(STREAM_LEN)
+                        .arg("*")
+                        .arg("d")
+                        .arg(serde_json::to_string(change).unwrap_or_default())
+                        .ignore();
+                }
+                redis.query_pipeline::<()>(&pipe).await
+            }
+        }
+    }
+
+    /// Appends one entry to the decision stream.
+    pub async fn append(&self, keys: &Keys, change: &DecisionChange) -> Result<(), Error> {
+        match self {
+            FactorStore::Memory(memory, _) => {
+                let mut stream = lock(&memory.stream);
+                stream.0 += 1;
+                let mut change = change.clone();
+                change.cursor = stream.0.to_string();
+                stream.1.push_back(change);
+                while stream.1.len() > STREAM_LEN {
+                    stream.1.pop_front();
+                }
+                Ok(())
+            }
+            FactorStore::Redis(redis) => {
+                let mut cmd = redis::cmd("XADD");
+                cmd.arg(keys.scoring("decisions"))
+                    .arg("MAXLEN")
+                    .arg("~")
+                    .arg(STREAM_LEN)
+                    .arg("*")
+                    .arg("d")
+                    .arg(serde_json::to_string(change).unwrap_or_default());
+                redis.query::<()>(&cmd).await
+            }
+        }
+    }
+
+    /// Stream entries after `cursor` (None: from the newest, i.e. nothing), at most `limit`,
+    /// and the cursor to continue from. `Err(None)`-like reset: true when entries after
+    /// `cursor` were already trimmed, so the caller must start from a snapshot.
+    pub async fn changes(
+        &self,
+        keys: &Keys,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<DecisionChange>, String, bool), Error> {
+        match self {
+            FactorStore::Memory(memory, _) => {
+                let stream = lock(&memory.stream);
+                let newest = stream.0;
+                let Some(cursor) = cursor else {
+                    return Ok((Vec::new(), newest.to_string(), false));
+                };
+                let after = stream_id(cursor).0;
+                let oldest = stream
+                    .1
+                    .front()
+                    .map_or(newest + 1, |c| stream_id(&c.cursor).0);
+                let reset = after + 1 < oldest && after < newest;
+                let items: Vec<DecisionChange> = stream
+                    .1
+                    .iter()
+                    .filter(|c| stream_id(&c.cursor).0 > after)
+                    .take(limit)
+                    .cloned()
+                    .collect();
+                let next = items
+                    .last()
+                    .map_or_else(|| after.to_string(), |c| c.cursor.clone());
+                Ok((items, next, reset))
+            }
+            FactorStore::Redis(redis) => {
+                let key = keys.scoring("decisions");
+                let Some(cursor) = cursor else {
+                    let last: Vec<(String, HashMap<String, String>)> = redis
+                        .query(
+                            redis::cmd("XREVRANGE")
+                                .arg(&key)
+                                .arg("+")
+                                .arg("-")
+                                .arg("COUNT")
+                                .arg(1),
+                        )
+                        .await?;
+                    let newest = last
+                        .first()
+                        .map_or_else(|| "0-0".to_owned(), |(id, _)| id.clone());
+                    return Ok((Vec::new(), newest, false));
+                };
+                let cursor = if cursor.contains('-') {
+                    cursor.to_owned()
+                } else {
+                    format!("{cursor}-0")
+                };
+                let mut pipe = redis::pipe();
+                pipe.cmd("XRANGE")
+                    .arg(&key)
+                    .arg(format!("({cursor}"))
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(limit)
+                    .cmd("XRANGE")
+                    .arg(&key)
+                    .arg("-")
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(1)
+                    .cmd("XLEN")
+                    .arg(&key);
+                type Entries = Vec<(String, HashMap<String, String>)>;
+                let (entries, first, len): (Entries, Entries, u64) =
+                    redis.query_pipeline(&pipe).await?;
+                // Trimmed entries newer than the cursor exist if the stream is at its cap
+                // and the cursor is older than the oldest entry kept.
+                let reset = first.first().is_some_and(|(oldest, _)| {
+                    len as usize >= STREAM_LEN * 9 / 10 && stream_id(oldest) > stream_id(&cursor)
+                });
+                let items: Vec<DecisionChange> = entries
+                    .into_iter()
+                    .filter_map(|(id, fields)| {
+                        let mut change: DecisionChange =
+                            serde_json::from_str(fields.get("d")?).ok()?;
+                        change.cursor = id;
+                        Some(change)
+                    })
+                    .collect();
+                let next = items.last().map_or(cursor, |c| c.cursor.clone());
+                Ok((items, next, reset))
+            }
+        }
+    }
+
+    /// Claims the subjects whose multipliers change at or before `now_ms` (each is handed
+    /// to one caller only).
+    pub async fn take_due(&self, keys: &Keys, now_ms: i64) -> Result<Vec<SubjectKey>, Error> {
+        match self {
+            FactorStore::Memory(memory, _) => {
+                let mut due = lock(&memory.due);
+                let mut taken = Vec::new();
+                while let Some(first) = due.first() {
+                    if first.0 > now_ms || taken.len() >= DUE_BATCH {
+                        break;
+                    }
+                    if let Some((_, subject)) = due.pop_first() {
+                        taken.extend(SubjectKey::from_text(&subject));
+                    }
+                }
+                Ok(taken)
+            }
+            FactorStore::Redis(redis) => {
+                let key = keys.scoring("due");
+                let candidates: Vec<String> = redis
+                    .query(
+                        redis::cmd("ZRANGE")
+                            .arg(&key)
+                            .arg("-inf")
+                            .arg(now_ms)
+                            .arg("BYSCORE")
+                            .arg("LIMIT")
+                            .arg(0)
+                            .arg(DUE_BATCH),
+                    )
+                    .await?;
+                let mut taken = Vec::new();
+                for subject in candidates {
+                    // ZREM decides who owns it: only one instance removes it.
+                    let removed: i64 = redis
+                        .query(redis::cmd("ZREM").arg(&key).arg(&subject))
+                        .await?;
+                    if removed == 1 {
+                        taken.extend(SubjectKey::from_text(&subject));
+                    }
+                }
+                Ok(taken)
+            }
+        }
+    }
+
+    /// Subjects with published multipliers that have not expired, at most `limit`.
+    pub async fn active(
+        &self,
+        keys: &Keys,
+        now_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<SubjectKey>, Error> {
+        match self {
+            FactorStore::Memory(memory, _) => {
+                let mut active = lock(&memory.active);
+                active.retain(|_, until| *until > now_ms);
+                let mut subjects: Vec<&String> = active.keys().collect();
+                subjects.sort();
+                Ok(subjects
+                    .into_iter()
+                    .take(limit)
+                    .filter_map(|s| SubjectKey::from_text(s))
+                    .collect())
+            }
+            FactorStore::Redis(redis) => {
+                let key = keys.scoring("active");
+                let mut pipe = redis::pipe();
+                pipe.cmd("ZREMRANGEBYSCORE")
+                    .arg(&key)
+                    .arg("-inf")
+                    .arg(now_ms)
+                    .ignore()
+                    .cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(limit.saturating_sub(1));
+                let (subjects,): (Vec<String>,) = redis.query_pipeline(&pipe).await?;
+                Ok(subjects
+                    .iter()
+                    .filter_map(|s| SubjectKey::from_text(s))
+                    .collect())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_are_stream_ids() {
+        assert!(valid_cursor("1700000000000-3"));
+        assert!(valid_cursor("42"));
+        assert!(!valid_cursor(""));
+        assert!(!valid_cursor("1-2-3"));
+        assert!(!valid_cursor("abc"));
+        assert!(!valid_cursor("-1"));
+        assert_eq!(stream_id("17-3"), (17, 3));
+    }
+}
