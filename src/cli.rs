@@ -231,7 +231,9 @@ fn spawn_sighup_reload(state: &crate::app::AppState) {
                 return;
             };
             while hangup.recv().await.is_some() {
-                if let Err(err) = state.reputation.reload().await {
+                let reloaded = state.reputation.reload().await;
+                state.scoring.invalidate();
+                if let Err(err) = reloaded {
                     tracing::error!(error.cause = %err, "SIGHUP reload rejected; keeping the old data: {err}");
                 }
             }

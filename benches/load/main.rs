@@ -10,7 +10,11 @@
 //!    two-number string, same key names, `INFO memory` delta ÷ `DBSIZE`;
 //! 2. `POST /v1/limit/check` (4 scopes) over HTTP vs `redis-benchmark` EVALSHA of the same
 //!    script with the same keys and arguments, at the same concurrency;
-//! 3. a hot blocked key with and without the L1 cache.
+//! 3. a hot blocked key with and without the L1 cache;
+//! 4. auth-event ingest vs a raw `COPY` of the same rows (`LOAD_ONLY=ingest` alone);
+//! 5. scoring (`LOAD_ONLY=scoring` alone): `GET /v1/multipliers` with L1 hits vs a static
+//!    axum handler, both driven by `wrk`; request-telemetry ingest (batches of 5000) vs an
+//!    axum handler that only parses the same bodies.
 //!
 //! Everything shares the machine's cores (server, load generator, Redis), as the baselines do.
 
@@ -698,10 +702,14 @@ fn main() {
     );
     let concurrency = env_or("LOAD_CONCURRENCY", 50);
     let keys = env_or("LOAD_KEYS", 1_000_000);
+    // The service's own logging (text to stderr, RUST_LOG default info): request spans cost
+    // what they cost in production.
+    palisade::telemetry::init(palisade::config::LogFormat::Text);
     let redis = start_redis();
-    if std::env::var("LOAD_ONLY").is_ok_and(|v| v == "ingest") {
-        ingest_section(redis.port, seconds);
-        return;
+    match std::env::var("LOAD_ONLY").as_deref() {
+        Ok("ingest") => return ingest_section(redis.port, seconds),
+        Ok("scoring") => return scoring_section(redis.port, seconds, concurrency),
+        _ => {}
     }
     println!(
         "# Palisade load benchmark ({} cores, {seconds} s per HTTP run, concurrency {concurrency})",
@@ -769,6 +777,7 @@ fn main() {
     );
 
     ingest_section(redis.port, seconds);
+    scoring_section(redis.port, seconds, concurrency);
 
     let hot_blocked: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync> =
         Arc::new(|_| {
@@ -792,4 +801,217 @@ fn main() {
             run.rps() / base
         );
     }
+}
+
+const WRK_GET_SCRIPT: &str = r#"
+wrk.method = "GET"
+wrk.headers["Authorization"] = "Bearer TOKEN"
+request = function()
+  local n = math.random(0, KEYS - 1)
+  return wrk.format(nil, string.format(PATH, n % 256, n, n))
+end
+done = function(summary, latency, requests)
+  io.write(string.format("WRK %d %f %f %f %f %d\n", summary.requests, summary.duration / 1e6,
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency:percentile(99.9) / 1000,
+    summary.errors.status))
+end
+"#;
+
+/// `wrk -t2` GETs of `path` (a format with `%d` for an IP octet, a user and a device number
+/// below `keys`): (requests/s, p50, p99, p99.9 ms, non-2xx), None without wrk.
+fn wrk_get(
+    base: &str,
+    path: &str,
+    keys: u64,
+    concurrency: u64,
+    seconds: u64,
+) -> Option<(f64, f64, f64, f64, u64)> {
+    let dir = tempfile::tempdir().ok()?;
+    let script = dir.path().join("get.lua");
+    let body = WRK_GET_SCRIPT
+        .replace("TOKEN", TOKEN)
+        .replace("KEYS", &keys.to_string())
+        .replace("PATH", &format!("{path:?}"));
+    std::fs::write(&script, body).ok()?;
+    let output = Command::new("wrk")
+        .args([
+            "-t2",
+            &format!("-c{concurrency}"),
+            &format!("-d{seconds}s"),
+            "-s",
+        ])
+        .arg(&script)
+        .arg(base)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text.lines().find(|l| l.starts_with("WRK "))?;
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    Some((v[0] / v[1], v[2], v[3], v[4], v[5] as u64))
+}
+
+/// Posts `batches` of telemetry from `posters` tasks for `seconds` to `url`; events/s.
+async fn post_batches(
+    url: String,
+    posters: u64,
+    seconds: u64,
+    batch: Arc<Vec<serde_json::Value>>,
+) -> f64 {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..posters {
+        let (client, url, batch) = (client.clone(), url.clone(), batch.clone());
+        tasks.spawn(async move {
+            let body = serde_json::to_vec(&serde_json::json!({ "events": *batch })).unwrap();
+            let mut sent = 0u64;
+            while Instant::now() < deadline {
+                let response = client
+                    .post(&url)
+                    .bearer_auth(TOKEN)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    response.status(),
+                    200,
+                    "{}",
+                    response.text().await.unwrap_or_default()
+                );
+                sent += batch.len() as u64;
+            }
+            sent
+        });
+    }
+    let mut total = 0;
+    while let Some(sent) = tasks.join_next().await {
+        total += sent.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Scoring: `/v1/multipliers` (L1 hits) vs a static axum handler, and telemetry ingest vs a
+/// parse-only handler, on Postgres + Redis.
+fn scoring_section(redis_port: u16, seconds: u64, concurrency: u64) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let database = runtime.block_on(BenchDatabase::create());
+    let mut settings = Settings {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        database_url: database.url.clone(),
+        redis_url: Some(format!("redis://127.0.0.1:{redis_port}")),
+        bootstrap_token: Some(Secret::new(TOKEN)),
+        ..Settings::default()
+    };
+    settings.store.redis_key_prefix = "scoring".to_owned();
+    let settings = settings.validate().unwrap();
+    let (base, static_base) = runtime.block_on(async {
+        let app = App::build(settings.clone()).await.unwrap().into_state();
+        // Some stored factors, so the keys have something to combine.
+        for n in 0..100u32 {
+            let user = palisade::model::SubjectKey::user(&format!("u{n}"), 64).unwrap();
+            app.scoring
+                .assert(&user, palisade::scoring::Factor::scale("bench", "stored", 0.5, "bench factor"))
+                .await
+                .unwrap();
+        }
+        let listener = tokio::net::TcpListener::bind(settings.listen).await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(palisade::serve(app, listener, std::future::pending()));
+        // The baseline: a static JSON answer of the same size as a /v1/multipliers answer.
+        let answer = r#"{"class":"read","keys":{"device:d1":{"multiplier":1.0,"reasons":[],"would_be":1.0},"ip:10.0.0.1":{"multiplier":1.0,"reasons":[],"would_be":1.0},"user:u1":{"multiplier":0.5,"reasons":[{"code":"stored","effect":"scale","factor":0.5,"message":"bench factor","shadow":false,"signal":"bench"}],"would_be":0.5}},"multiplier":0.5}"#;
+        let router = axum::Router::new()
+            .route("/static", axum::routing::get(move || async move {
+                ([("content-type", "application/json")], answer)
+            }))
+            .route("/parse", axum::routing::post(|body: axum::Json<serde_json::Value>| async move {
+                let n = body["events"].as_array().map_or(0, Vec::len);
+                axum::Json(serde_json::json!({"accepted": n}))
+            }));
+        let static_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let static_base = format!("http://{}", static_listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(static_listener, router).await.unwrap() });
+        (base, static_base)
+    });
+    println!(
+        "\n## Scoring: `GET /v1/multipliers` (L1 hits, 100 keys) vs a static axum handler, wrk -t2 -c{concurrency}\n"
+    );
+    let path = "/v1/multipliers?ip=10.0.0.%d&user_id=u%d&device_id=d%d&endpoint=/v1/feed";
+    let ours = wrk_get(&base, path, 100, concurrency, seconds);
+    let baseline = wrk_get(
+        &static_base,
+        "/static?a=%d&b=%d&c=%d",
+        100,
+        concurrency,
+        seconds,
+    );
+    match (ours, baseline) {
+        (Some(ours), Some(baseline)) => {
+            println!(
+                "| what | requests/s | p50 ms | p99 ms | p99.9 ms | non-2xx | ratio |\n|---|---|---|---|---|---|---|"
+            );
+            println!(
+                "| palisade `/v1/multipliers` (ip, user, device) | {:.0} | {:.2} | {:.2} | {:.2} | {} | {:.2} |",
+                ours.0,
+                ours.1,
+                ours.2,
+                ours.3,
+                ours.4,
+                ours.0 / baseline.0
+            );
+            println!(
+                "| static axum handler, same answer size | {:.0} | {:.2} | {:.2} | {:.2} | {} | 1.00 |",
+                baseline.0, baseline.1, baseline.2, baseline.3, baseline.4
+            );
+        }
+        _ => println!("(wrk is not installed: `apt-get install wrk`)"),
+    }
+
+    let now = chrono::Utc::now();
+    let batch: Arc<Vec<serde_json::Value>> = Arc::new(
+        (0..5000u64)
+            .map(|i| {
+                serde_json::json!({
+                    "ts": now.to_rfc3339(),
+                    "ip": format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+                    "user_id": format!("u{}", i % 2000),
+                    "device_id": format!("d{}", i % 3000),
+                    "endpoint": "/v1/feed",
+                    "status": if i % 50 == 0 { 429 } else { 200 },
+                })
+            })
+            .collect(),
+    );
+    let ours = runtime.block_on(post_batches(
+        format!("{base}/v1/events/requests"),
+        2,
+        seconds,
+        batch.clone(),
+    ));
+    let parse_only = runtime.block_on(post_batches(
+        format!("{static_base}/parse"),
+        2,
+        seconds,
+        batch,
+    ));
+    println!(
+        "\n## Scoring: request telemetry, batches of 5000 (3 keys each), Postgres + Redis, 2 posters\n"
+    );
+    println!("| what | events/s | ratio |\n|---|---|---|");
+    println!(
+        "| palisade `POST /v1/events/requests` (parsed, stored, baselines, 429 sketch) | {ours:.0} | {:.2} |",
+        ours / parse_only
+    );
+    println!("| axum handler that only parses the same JSON | {parse_only:.0} | 1.00 |");
+    runtime.block_on(database.drop_it());
 }

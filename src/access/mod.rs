@@ -72,10 +72,10 @@ impl Role {
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
-    /// Token id.
-    pub token_id: String,
+    /// Token id (shared: a cached caller is cloned on every request).
+    pub token_id: Arc<str>,
     /// Token name.
-    pub name: String,
+    pub name: Arc<str>,
     /// Token role.
     pub role: Role,
 }
@@ -84,8 +84,8 @@ impl Caller {
     /// The caller as it appears in the audit log.
     pub fn actor(&self) -> Actor {
         Actor {
-            id: self.token_id.clone(),
-            name: self.name.clone(),
+            id: self.token_id.to_string(),
+            name: self.name.to_string(),
             role: self.role.as_str().to_owned(),
         }
     }
@@ -184,8 +184,8 @@ impl Access {
             && bool::from(bootstrap.ct_eq(&presented))
         {
             return Ok(Caller {
-                token_id: BOOTSTRAP_TOKEN_ID.to_owned(),
-                name: BOOTSTRAP_TOKEN_ID.to_owned(),
+                token_id: Arc::from(BOOTSTRAP_TOKEN_ID),
+                name: Arc::from(BOOTSTRAP_TOKEN_ID),
                 role: Role::Admin,
             });
         }
@@ -263,7 +263,7 @@ impl Access {
                 .cache
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            cache.retain(|_, (caller, _)| caller.as_ref().is_none_or(|c| c.token_id != id));
+            cache.retain(|_, (caller, _)| caller.as_ref().is_none_or(|c| &*c.token_id != id));
         }
         Ok((info, changed))
     }

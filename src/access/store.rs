@@ -77,8 +77,8 @@ pub(super) async fn find_active_by_hash(
             (
                 stored_hash,
                 Caller {
-                    token_id: id,
-                    name,
+                    token_id: id.into(),
+                    name: name.into(),
                     role,
                 },
             )

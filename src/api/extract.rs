@@ -216,8 +216,13 @@ impl<R: RequiredRole> FromRequestParts<AppState> for Authorized<R> {
                 ),
             ));
         }
-        metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "ok")
-            .increment(1);
+        // The handle of the one hot counter is looked up once, not per request (registered
+        // after the recorder: requests only come once an `App` has installed it).
+        static OK: std::sync::OnceLock<metrics::Counter> = std::sync::OnceLock::new();
+        OK.get_or_init(
+            || metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "ok"),
+        )
+        .increment(1);
         Ok(Authorized {
             caller,
             _role: PhantomData,
@@ -256,4 +261,13 @@ pub(super) fn parse_limit(limit: Option<u32>, default: u32, max: u32) -> Result<
             "limit must be between 1 and {max}"
         )))
     }
+}
+
+/// Parses a request's query string like [`ApiQuery`] does, when the handler decides to.
+pub(super) fn parse_query<T: serde::de::DeserializeOwned>(
+    uri: &axum::http::Uri,
+) -> Result<T, ApiError> {
+    refuse_nul(uri.query().unwrap_or(""))?;
+    let axum::extract::Query(value) = axum::extract::Query::<T>::try_from_uri(uri)?;
+    Ok(value)
 }

@@ -1,11 +1,9 @@
 //! Unauthenticated operational routes: liveness, readiness, metrics, the OpenAPI document.
 
-use std::sync::Arc;
-
+use axum::Json;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::{Extension, Json};
 use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -101,8 +99,9 @@ async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
 
 /// This OpenAPI 3 document.
 #[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, body = Object)))]
-async fn openapi_json(
-    Extension(doc): Extension<Arc<utoipa::openapi::OpenApi>>,
-) -> Json<utoipa::openapi::OpenApi> {
-    Json(doc.as_ref().clone())
+async fn openapi_json() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        super::openapi_json_bytes(),
+    )
 }

@@ -5,6 +5,7 @@
 //! are thin: extract, authorise, call one domain method, shape the response.
 
 pub mod admin;
+mod context;
 pub mod error;
 pub mod events;
 pub mod extract;
@@ -16,17 +17,11 @@ pub mod reputation;
 pub mod request_id;
 pub mod scoring;
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::{HeaderValue, StatusCode};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
-use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::timeout::TimeoutLayer;
-use tracing::Instrument;
+use axum::http::StatusCode;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
@@ -34,7 +29,6 @@ use utoipa_axum::router::OpenApiRouter;
 pub use error::{ApiError, ErrorCode};
 
 use crate::app::AppState;
-use crate::telemetry::metrics as names;
 
 /// The OpenAPI document's fixed parts; paths are added by route registration.
 #[derive(OpenApi)]
@@ -67,6 +61,77 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     api_routes().split_for_parts().1
 }
 
+/// `/openapi.json`'s body, rendered once per process.
+fn openapi_json_bytes() -> axum::body::Bytes {
+    static DOC: std::sync::OnceLock<axum::body::Bytes> = std::sync::OnceLock::new();
+    DOC.get_or_init(|| serde_json::to_vec(&openapi()).unwrap_or_default().into())
+        .clone()
+}
+
+/// A metric label for a matched route: the route patterns are few and fixed, so each is
+/// interned once and labels never allocate per request.
+fn route_label(route: Option<&MatchedPath>) -> &'static str {
+    static ROUTES: std::sync::RwLock<Vec<&'static str>> = std::sync::RwLock::new(Vec::new());
+    let Some(route) = route.map(MatchedPath::as_str) else {
+        return "unmatched";
+    };
+    let read = |routes: &[&'static str]| routes.iter().find(|r| **r == route).copied();
+    if let Some(found) = read(
+        &ROUTES
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    ) {
+        return found;
+    }
+    let mut routes = ROUTES
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(found) = read(&routes) {
+        return found;
+    }
+    // Bounded by the routes registered in `api_routes` (a matched path is always one).
+    let leaked: &'static str = Box::leak(route.to_owned().into_boxed_str());
+    routes.push(leaked);
+    leaked
+}
+
+/// A metric label for a method, without allocating.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "OTHER",
+    }
+}
+
+/// A metric label for a status, without allocating for the statuses this service answers.
+fn status_label(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        200 => "200",
+        201 => "201",
+        204 => "204",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        405 => "405",
+        409 => "409",
+        413 => "413",
+        429 => "429",
+        500 => "500",
+        503 => "503",
+        s if s < 400 => "2xx-3xx",
+        s if s < 500 => "4xx",
+        _ => "5xx",
+    }
+}
+
 fn api_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(health::routes())
@@ -82,24 +147,18 @@ fn api_routes() -> OpenApiRouter<AppState> {
 /// Builds the whole HTTP application.
 ///
 /// Layers: the last `.layer` call is the outermost. Order, outermost first: request
-/// context (id, span, metrics, envelope) → panic catcher → timeout → body limit → routes.
+/// context (id, span, panic catcher, timeout, metrics, envelope: one layer, one future per
+/// request, see [`context`]) → body limit → routes. (The OpenAPI document is rendered once,
+/// not carried as a per-request extension.)
 pub fn router(state: AppState) -> Router {
-    let (routes, openapi) = api_routes().split_for_parts();
+    let (routes, _) = api_routes().split_for_parts();
     let http = &state.settings.http;
     routes
         .fallback(fallback)
-        .layer(axum::Extension(Arc::new(openapi)))
         .layer(DefaultBodyLimit::max(http.body_limit_bytes))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Duration::from_millis(http.request_timeout_ms),
-        ))
-        .layer(CatchPanicLayer::custom(
-            |_panic: Box<dyn std::any::Any + Send>| {
-                ApiError::internal("handler panicked").into_response()
-            },
-        ))
-        .layer(middleware::from_fn(request_context))
+        .layer(context::RequestContextLayer::new(Duration::from_millis(
+            http.request_timeout_ms,
+        )))
         .with_state(state)
 }
 
@@ -109,72 +168,6 @@ async fn fallback(request: Request) -> ApiError {
         request.method(),
         request.uri().path()
     ))
-}
-
-/// Request id, tracing span, metrics and the envelope for errors made outside handlers.
-async fn request_context(request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let request_id = request_id::from_headers(request.headers());
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
-    let span = tracing::info_span!(
-        "request",
-        request_id = %request_id,
-        method = %method,
-        route = %route,
-        status = tracing::field::Empty,
-        latency_ms = tracing::field::Empty,
-    );
-    let mut response = request_id::scope(
-        request_id.clone(),
-        next.run(request).instrument(span.clone()),
-    )
-    .await;
-
-    let status = response.status();
-    if (status.is_client_error() || status.is_server_error())
-        && response
-            .extensions()
-            .get::<error::EnvelopeRendered>()
-            .is_none()
-    {
-        let headers = response.headers().clone();
-        response = request_id::scope(request_id.clone(), async {
-            error::envelope_for_status(status, &headers, method.as_str(), &path)
-        })
-        .instrument(span.clone())
-        .await;
-    }
-    if let Ok(value) = HeaderValue::from_str(&request_id) {
-        response
-            .headers_mut()
-            .insert(request_id::REQUEST_ID_HEADER, value);
-    }
-
-    let latency = started.elapsed();
-    let status = response.status();
-    span.record("status", status.as_u16());
-    span.record("latency_ms", latency.as_secs_f64() * 1000.0);
-    span.in_scope(|| {
-        if status.is_server_error() {
-            tracing::warn!("answered {status}");
-        } else {
-            tracing::debug!("answered {status}");
-        }
-    });
-    let labels = [
-        ("route", route),
-        ("method", method.to_string()),
-        ("status", status.as_u16().to_string()),
-    ];
-    metrics::counter!(names::HTTP_REQUESTS_TOTAL, &labels).increment(1);
-    metrics::histogram!(names::HTTP_REQUEST_DURATION_SECONDS, &labels[..2])
-        .record(latency.as_secs_f64());
-    response
 }
 
 /// Serves `state` on a bound listener until `shutdown` completes, then drains requests.

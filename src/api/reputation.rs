@@ -98,6 +98,7 @@ async fn reload(
         ))
         .with_details(serde_json::to_value(&err).unwrap_or_default())
     })?;
+    app.scoring.invalidate();
     let (asn_databases, asn_ranges) = snapshot.asn_databases();
     app.audit
         .record(

@@ -10,7 +10,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope};
-use super::extract::{ApiQuery, Authorized, parse_cursor, parse_limit, parse_since, role};
+use super::extract::{
+    ApiQuery, Authorized, parse_cursor, parse_limit, parse_query, parse_since, role,
+};
 use crate::app::AppState;
 use crate::clock::rfc3339;
 use crate::lockout::Status;
@@ -86,15 +88,41 @@ pub struct MultipliersView {
 async fn multipliers(
     _auth: Authorized<role::Limiter>,
     State(app): State<AppState>,
-    ApiQuery(params): ApiQuery<MultiplierParams>,
-) -> Result<Json<MultipliersView>, ApiError> {
+    uri: axum::http::Uri,
+) -> Result<axum::response::Response, ApiError> {
+    // L1: the same query within one L1 TTL gets the same answer (cleared by a publish), and
+    // is not parsed again: only valid queries are kept.
+    let cache_key = uri.query().unwrap_or_default();
+    if let Some(body) = app.scoring.answer(cache_key) {
+        return Ok(json_response(body));
+    }
+    let params: MultiplierParams = parse_query(&uri)?;
+    let view = explain_multipliers(&app, params).await?;
+    let body = bytes::Bytes::from(serde_json::to_vec(&view).unwrap_or_default());
+    app.scoring.remember_answer(cache_key, body.clone());
+    Ok(json_response(body))
+}
+
+fn json_response(body: bytes::Bytes) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+async fn explain_multipliers(
+    app: &AppState,
+    params: MultiplierParams,
+) -> Result<MultipliersView, ApiError> {
     let max_len = app.settings.http.max_key_length;
     let mut subjects = Vec::new();
     if let Some(ip) = &params.ip {
         let client = ClientIp::parse(ip, app.settings.limits.ipv6_prefix_len)
             .ok_or_else(|| ApiError::invalid(format!("ip {ip:.64?} is not an IP address")))?;
         subjects.push((SubjectKey::ip(&client), Some(client.addr())));
-        if let Some(asn) = app.reputation.lookup(client.addr()).asn {
+        if let Some(asn) = app.reputation.asn(client.addr()) {
             subjects.push((SubjectKey::asn(asn), None));
         }
     }
@@ -148,7 +176,7 @@ async fn multipliers(
         .iter()
         .map(|k| k.combined.multiplier)
         .fold(f64::INFINITY, f64::min);
-    Ok(Json(MultipliersView {
+    Ok(MultipliersView {
         class,
         multiplier: if multiplier.is_finite() {
             multiplier
@@ -163,13 +191,13 @@ async fn multipliers(
                     KeyView {
                         multiplier: k.combined.multiplier,
                         would_be: k.combined.would_be,
-                        reasons: k.combined.contributions,
+                        reasons: k.combined.contributions.clone(),
                     },
                 )
             })
             .collect(),
         lockout,
-    }))
+    })
 }
 
 /// `GET /v1/decisions` query.

@@ -519,6 +519,9 @@ impl Lists {
             rows.into_iter().filter_map(Row::entry).collect(),
             self.max_key_length,
         )));
+        if let Some(scoring) = self.scoring.upgrade() {
+            scoring.invalidate();
+        }
         Ok(())
     }
 

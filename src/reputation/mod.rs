@@ -400,6 +400,18 @@ impl Reputation {
         self.current.load().lookup(ip, &self.factors)
     }
 
+    /// The ASN of `ip`, without the rest of a verdict.
+    pub fn asn(&self, ip: IpAddr) -> Option<u32> {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        self.current
+            .load()
+            .asn_of(ip, parse::position(ip))
+            .map(|(asn, _)| asn)
+    }
+
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()

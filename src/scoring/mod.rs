@@ -84,7 +84,7 @@ pub struct KeyMultiplier {
     /// The key.
     pub key: SubjectKey,
     /// Its combination.
-    pub combined: Combined,
+    pub combined: Arc<Combined>,
 }
 
 /// A key that keeps hitting 429.
@@ -121,8 +121,11 @@ pub struct Engine {
     signals: ArcSwap<Vec<Arc<dyn Signal>>>,
     on_publish: OnceLock<Hook>,
     l1_ttl_us: u64,
-    /// Subject → (expiry µs, stored factors). std Mutex: never held across `.await`.
-    l1: Mutex<HashMap<String, Cached>>,
+    /// Subject → what explanations read of it. std Mutex: never held across `.await`.
+    l1: Mutex<HashMap<String, Arc<Cached>>>,
+    /// Rendered explanations by the caller's key (the query), for one L1 TTL; cleared by
+    /// every publish of this instance.
+    answers: Mutex<HashMap<String, (u64, bytes::Bytes)>>,
     baselines: Baselines,
     key_hasher: foldhash::fast::RandomState,
     sketch: Mutex<SpaceSaving>,
@@ -131,8 +134,14 @@ pub struct Engine {
     alerts: Alerts,
 }
 
-/// Stored factors read at some time: (valid until, monotonic µs; the factors).
-type Cached = (u64, Arc<Vec<Factor>>);
+/// A subject as read for explanations: its stored factors and, per class index, what they
+/// combine to with the pull signals (filled on first use), valid until `until_us`.
+#[derive(Debug)]
+struct Cached {
+    until_us: u64,
+    stored: Arc<Vec<Factor>>,
+    combined: Mutex<Vec<Option<Arc<Combined>>>>,
+}
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -154,6 +163,7 @@ impl Engine {
             on_publish: OnceLock::new(),
             l1_ttl_us: (settings.limits.l1_ttl_ms * 1000).min(MAX_L1_TTL_US),
             l1: Mutex::new(HashMap::new()),
+            answers: Mutex::new(HashMap::new()),
             baselines: Baselines::new(&scoring.anomaly),
             key_hasher: foldhash::fast::RandomState::default(),
             sketch: Mutex::new(SpaceSaving::new(scoring.offenders.sketch_capacity)),
@@ -322,6 +332,7 @@ impl Engine {
         let outcome = if written { "written" } else { "superseded" };
         metrics::counter!(names::MULTIPLIER_PUBLISHES_TOTAL, "outcome" => outcome).increment(1);
         lock(&self.l1).remove(subject.as_str());
+        lock(&self.answers).clear();
         if !written {
             return Ok(());
         }
@@ -354,53 +365,103 @@ impl Engine {
 
     /// `subject`'s stored factors, reused for up to one L1 TTL.
     pub async fn stored(&self, subject: &SubjectKey) -> Result<Arc<Vec<Factor>>, Error> {
+        Ok(self.cached(subject).await?.stored.clone())
+    }
+
+    async fn cached(&self, subject: &SubjectKey) -> Result<Arc<Cached>, Error> {
         let now_us = self.clock.monotonic_us();
-        if let Some((until, factors)) = lock(&self.l1).get(subject.as_str())
-            && *until > now_us
+        if let Some(cached) = lock(&self.l1).get(subject.as_str())
+            && cached.until_us > now_us
         {
-            return Ok(factors.clone());
+            return Ok(cached.clone());
         }
         let factors = Arc::new(
             self.store
                 .read(&self.keys, subject, self.clock.now_ms())
                 .await?,
         );
+        let cached = Arc::new(Cached {
+            until_us: now_us + self.l1_ttl_us,
+            stored: factors,
+            combined: Mutex::new(vec![None; self.classes.len()]),
+        });
         if self.l1_ttl_us > 0 {
             let mut l1 = lock(&self.l1);
             if l1.len() >= L1_CAPACITY {
-                l1.retain(|_, (until, _)| *until > now_us);
+                l1.retain(|_, c| c.until_us > now_us);
                 if l1.len() >= L1_CAPACITY {
                     l1.clear();
                 }
             }
-            l1.insert(
-                subject.as_str().to_owned(),
-                (now_us + self.l1_ttl_us, factors.clone()),
-            );
+            l1.insert(subject.as_str().to_owned(), cached.clone());
         }
-        Ok(factors)
+        Ok(cached)
+    }
+
+    /// Forgets every cached explanation (a pull signal's data changed: lists, reputation).
+    pub fn invalidate(&self) {
+        lock(&self.l1).clear();
+        lock(&self.answers).clear();
+    }
+
+    /// An explanation rendered under `key` within the last L1 TTL, if any (and no publish of
+    /// this instance happened since).
+    pub fn answer(&self, key: &str) -> Option<bytes::Bytes> {
+        let now_us = self.clock.monotonic_us();
+        lock(&self.answers)
+            .get(key)
+            .filter(|(until, _)| *until > now_us)
+            .map(|(_, body)| body.clone())
+    }
+
+    /// Keeps a rendered explanation for one L1 TTL (at most [`L1_CAPACITY`] of them).
+    pub fn remember_answer(&self, key: &str, body: bytes::Bytes) {
+        if self.l1_ttl_us == 0 {
+            return;
+        }
+        let now_us = self.clock.monotonic_us();
+        let mut answers = lock(&self.answers);
+        if answers.len() >= L1_CAPACITY {
+            answers.retain(|_, (until, _)| *until > now_us);
+            if answers.len() >= L1_CAPACITY {
+                answers.clear();
+            }
+        }
+        answers.insert(key.to_owned(), (now_us + self.l1_ttl_us, body));
     }
 
     /// The multiplier of each subject for `class`, with every contribution (stored and
-    /// pulled), as enforcement sees it.
+    /// pulled), as enforcement sees it. Reused for up to one L1 TTL.
     pub async fn explain(
         &self,
         class: &str,
         subjects: &[(SubjectKey, Option<IpAddr>)],
     ) -> Result<Vec<KeyMultiplier>, Error> {
         let now = self.clock.now_ms();
+        let class_index = self.classes.iter().position(|c| c == class);
         let mut out = Vec::with_capacity(subjects.len());
         for (key, ip) in subjects {
-            let stored = self.stored(key).await?;
-            let subject = Subject {
-                key,
-                ip: ip.or_else(|| key.ip_addr()),
+            let cached = self.cached(key).await?;
+            let hit = class_index.and_then(|i| lock(&cached.combined)[i].clone());
+            let combined = match hit {
+                Some(combined) => combined,
+                None => {
+                    let subject = Subject {
+                        key,
+                        ip: ip.or_else(|| key.ip_addr()),
+                    };
+                    let mut all: Vec<Factor> = cached.stored.as_ref().clone();
+                    all.extend(self.pull(&subject, &cached.stored, now));
+                    let combined = Arc::new(combine(&all, class, &self.policy, now));
+                    if let Some(i) = class_index {
+                        lock(&cached.combined)[i] = Some(combined.clone());
+                    }
+                    combined
+                }
             };
-            let mut all: Vec<Factor> = stored.as_ref().clone();
-            all.extend(self.pull(&subject, &stored, now));
             out.push(KeyMultiplier {
                 key: key.clone(),
-                combined: combine(&all, class, &self.policy, now),
+                combined,
             });
         }
         Ok(out)

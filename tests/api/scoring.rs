@@ -25,6 +25,7 @@ on_both_backends!(
     multiplier_queries_are_validated_and_need_the_limiter_role,
     telemetry_batches_are_validated_and_idempotent,
     dropping_an_app_frees_every_service,
+    a_cached_multiplier_answer_never_outlives_a_change,
 );
 
 const AWS: &[(&str, &str)] = &[(
@@ -782,4 +783,35 @@ async fn dropping_an_app_frees_every_service(app: TestApp) {
     assert!(lists.upgrade().is_none(), "lists leaked");
     assert!(limiter.upgrade().is_none(), "limiter leaked");
     assert!(lockouts.upgrade().is_none(), "lockouts leaked");
+}
+
+/// `/v1/multipliers` answers are reused for one L1 TTL, but a change made through this
+/// instance shows at once in the very same query.
+async fn a_cached_multiplier_answer_never_outlives_a_change(app: TestApp) {
+    let query = "user_id=frank&endpoint=/v1/feed";
+    assert_eq!(app.multipliers(query).await["multiplier"], 1.0);
+    assert_eq!(app.multipliers(query).await["multiplier"], 1.0);
+    let frank = palisade::model::SubjectKey::user("frank", 64).unwrap();
+    app.app
+        .scoring
+        .assert(
+            &frank,
+            palisade::scoring::Factor::scale("test", "x", 0.5, "x"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(app.multipliers(query).await["multiplier"], 0.5);
+    // A list entry (pulled, not published) invalidates too.
+    app.post(
+        "/v1/lists/deny",
+        Some(ADMIN_TOKEN),
+        &json!({"value": "frank", "kind": "account", "reason": "test"}),
+    )
+    .await;
+    assert_eq!(app.multipliers(query).await["multiplier"], 0.0);
+    // Bad queries are never cached as answers.
+    for _ in 0..2 {
+        let bad = app.get("/v1/multipliers?ip=nope", Some(ADMIN_TOKEN)).await;
+        assert_envelope(bad, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    }
 }

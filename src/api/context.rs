@@ -1,0 +1,225 @@
+//! The per-request layer: request id, tracing span, panic catcher, timeout, metrics, and the
+//! envelope for error responses made outside handlers.
+//!
+//! One hand-written `tower` layer instead of four stacked ones (`from_fn`, tower-http's
+//! `CatchPanicLayer` and `TimeoutLayer`): each layer adds a future and a service clone per
+//! request, and on the cheapest routes (`/v1/multipliers` from the L1, `/healthz`) that
+//! framework cost is most of the request.
+
+use std::convert::Infallible;
+use std::panic::AssertUnwindSafe;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use tracing::Instrument;
+
+use super::error::{self, ApiError, ErrorCode};
+use super::{method_label, request_id, route_label, status_label};
+use crate::telemetry::metrics as names;
+
+/// Wraps every route in [`RequestContext`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RequestContextLayer {
+    timeout: Duration,
+}
+
+impl RequestContextLayer {
+    /// Requests taking longer than `timeout` are answered 503.
+    pub(super) fn new(timeout: Duration) -> Self {
+        Self { timeout }
+    }
+}
+
+impl<S> tower::Layer<S> for RequestContextLayer {
+    type Service = RequestContext<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RequestContext {
+            inner,
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// The service [`RequestContextLayer`] makes.
+#[derive(Debug, Clone)]
+pub(super) struct RequestContext<S> {
+    inner: S,
+    timeout: Duration,
+}
+
+impl<S> tower::Service<Request> for RequestContext<S>
+where
+    S: tower::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        // The service that was polled ready serves this request; a clone takes its place.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(handle(inner, request, self.timeout).map(Ok))
+    }
+}
+
+async fn handle<S>(mut inner: S, request: Request, timeout: Duration) -> Response
+where
+    S: tower::Service<Request, Response = Response, Error = Infallible>,
+{
+    let started = Instant::now();
+    let request_id = request_id::from_headers(request.headers());
+    let header = HeaderValue::from_str(&request_id).ok();
+    let method = request.method().clone();
+    let route = route_label(request.extensions().get::<MatchedPath>());
+    // Only the id: method and route are on the completion event and in the metrics, and
+    // every span field is formatted on every request. `status` and `latency_ms` go on the
+    // completion event too: recording into a span re-formats its fields.
+    let span = tracing::info_span!("request", request_id = %request_id);
+    let handled = async move {
+        // Kept for an error envelope's message only; `Uri` clones share its bytes.
+        let uri = request.uri().clone();
+        let served = tokio::time::timeout(
+            timeout,
+            AssertUnwindSafe(inner.call(request)).catch_unwind(),
+        )
+        .await;
+        let mut response = match served {
+            Ok(Ok(Ok(response))) => response,
+            Ok(Ok(Err(never))) => match never {},
+            Ok(Err(_panic)) => ApiError::internal("handler panicked").into_response(),
+            Err(_elapsed) => ApiError::new(
+                ErrorCode::Unavailable,
+                format!("the request took longer than {} ms", timeout.as_millis()),
+            )
+            .into_response(),
+        };
+        let status = response.status();
+        if (status.is_client_error() || status.is_server_error())
+            && response
+                .extensions()
+                .get::<error::EnvelopeRendered>()
+                .is_none()
+        {
+            let headers = response.headers().clone();
+            response = error::envelope_for_status(status, &headers, method.as_str(), uri.path());
+        }
+        if let Some(value) = header {
+            response
+                .headers_mut()
+                .insert(request_id::REQUEST_ID_HEADER, value);
+        }
+        let latency = started.elapsed();
+        let status = response.status();
+        let latency_ms = latency.as_secs_f64() * 1000.0;
+        let method = method_label(&method);
+        if status.is_server_error() {
+            tracing::warn!(
+                method,
+                route,
+                status = status.as_u16(),
+                latency_ms,
+                "answered {status}"
+            );
+        } else {
+            tracing::debug!(
+                method,
+                route,
+                status = status.as_u16(),
+                latency_ms,
+                "answered {status}"
+            );
+        }
+        metrics::counter!(names::HTTP_REQUESTS_TOTAL, "route" => route, "method" => method, "status" => status_label(status))
+            .increment(1);
+        metrics::histogram!(names::HTTP_REQUEST_DURATION_SECONDS, "route" => route, "method" => method)
+            .record(latency.as_secs_f64());
+        response
+    };
+    request_id::scope(request_id, handled.instrument(span)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    fn app() -> Router {
+        Router::new()
+            .route("/ok", get(|| async { "ok" }))
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    "late"
+                }),
+            )
+            .route(
+                "/panic",
+                get(|| async {
+                    let input: Vec<&str> = Vec::new();
+                    // A handler bug: indexing past the end.
+                    input[std::hint::black_box(0)]
+                }),
+            )
+            .layer(RequestContextLayer::new(Duration::from_millis(50)))
+    }
+
+    async fn call(path: &str) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
+        let response = app()
+            .oneshot(
+                Request::builder()
+                    .uri(path)
+                    .header("x-request-id", "req-1")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let (parts, body) = response.into_parts();
+        let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+        let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+        (parts.status, parts.headers, json)
+    }
+
+    #[tokio::test]
+    async fn a_slow_handler_is_a_503_envelope_after_the_timeout() {
+        tokio::time::pause();
+        let (status, headers, body) = call("/slow").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["error"]["code"], "UNAVAILABLE");
+        assert_eq!(body["error"]["request_id"], "req-1");
+        assert_eq!(headers["x-request-id"], "req-1");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_a_500_envelope_and_the_service_goes_on() {
+        let (status, _, body) = call("/panic").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(body["error"]["code"], "INTERNAL");
+        assert_eq!(call("/ok").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn errors_made_outside_handlers_get_the_envelope() {
+        let (status, headers, body) = call("/nope").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(body["error"]["code"], "NOT_FOUND");
+        assert_eq!(headers["x-request-id"], "req-1");
+    }
+}
