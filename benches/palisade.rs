@@ -7,6 +7,7 @@ use criterion::{criterion_group, criterion_main};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod attestation;
 mod limiter;
 mod reputation;
 
@@ -15,6 +16,8 @@ criterion_group!(
     limiter::in_process_vs_governor,
     limiter::full_check,
     reputation::lookups,
-    reputation::asn_lookups
+    reputation::asn_lookups,
+    attestation::play_integrity,
+    attestation::app_attest_assertion
 );
 criterion_main!(benches);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::access::Access;
+use crate::attestation::Attestation;
 use crate::audit::Audit;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Settings;
@@ -41,6 +42,8 @@ pub struct App {
     pub lists: Arc<Lists>,
     /// Factors → multipliers, anomalies, repeat offenders, alerts, the decision stream.
     pub scoring: Arc<Engine>,
+    /// Device attestation (challenges, verification, verdicts).
+    pub attestation: Attestation,
     /// Wall and monotonic time for every domain.
     pub clock: Arc<dyn Clock>,
     /// Prometheus exposition of this process's metrics.
@@ -56,6 +59,9 @@ pub enum BuildError {
     /// A data file could not be loaded (named with its line).
     #[error("PALISADE_DATA_DIR: {0}")]
     Data(#[from] crate::reputation::LoadError),
+    /// The App Attest root CA could not be read.
+    #[error(transparent)]
+    Attestation(#[from] crate::attestation::LoadError),
 }
 
 /// Shared state of the HTTP application (cheap to clone).
@@ -121,8 +127,9 @@ impl App {
             settings.http.max_key_length,
             settings.limits.ipv6_prefix_len,
         ));
-        // The signals scoring asks (pull); push signals (lockouts, attestation, anomalies,
-        // offenders) hold the engine instead.
+        let attestation = Attestation::new(&settings, &stores, clock.clone(), scoring.clone())?;
+        // The signals scoring asks (pull); push signals (lockouts, attestation verdicts,
+        // anomalies, offenders) hold the engine instead.
         scoring.register(vec![
             Arc::new(ReputationSignal::new(
                 reputation.clone(),
@@ -131,6 +138,7 @@ impl App {
                 settings.scoring.public_classes.clone(),
             )),
             lists.clone(),
+            Arc::new(attestation.unverified_signal()),
         ]);
         limiter.set_defaults(scoring.clone());
         // Weak: the limiter holds the engine, the engine must not hold the limiter.
@@ -158,6 +166,7 @@ impl App {
             reputation,
             lists,
             scoring,
+            attestation,
             clock,
             metrics: crate::telemetry::metrics::handle(),
         })

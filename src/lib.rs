@@ -9,6 +9,7 @@
 //! - [`ingest`]: auth-event batches; [`lockout`]: login velocity, challenges, lockouts.
 //! - [`reputation`]: IP/ASN range sources, ASN databases, the lookup table, hot reload.
 //! - [`scoring`]: factors → multipliers with reasons, anomalies, repeat offenders, alerts.
+//! - [`attestation`]: challenges, Play Integrity and App Attest, verdict levels.
 //! - [`access`]: API tokens and roles; [`audit`]: who did what.
 //! - [`store`]: durable (Postgres/SQLite) and hot (Redis/in-process) backends.
 //! - [`config`]: settings; [`telemetry`]: logs and metrics; [`clock`]: time, passed in.
@@ -16,6 +17,7 @@
 pub mod access;
 pub mod api;
 pub mod app;
+pub mod attestation;
 pub mod audit;
 pub mod cli;
 pub mod clock;

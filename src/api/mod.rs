@@ -5,6 +5,7 @@
 //! are thin: extract, authorise, call one domain method, shape the response.
 
 pub mod admin;
+pub mod attestations;
 mod context;
 pub mod error;
 pub mod events;
@@ -142,6 +143,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(reputation::routes())
         .merge(lists::routes())
         .merge(scoring::routes())
+        .merge(attestations::routes())
 }
 
 /// Builds the whole HTTP application.

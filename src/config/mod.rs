@@ -4,6 +4,7 @@
 //! crate that reads the environment or the settings file. Read [`Settings::load`] first.
 //! Every error is one line naming the setting (env var or TOML key) and what is accepted.
 
+mod attestation;
 mod http;
 mod limits;
 mod lockout;
@@ -18,6 +19,9 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+pub use attestation::{
+    AppAttestEnvironment, AppAttestSettings, AttestationSettings, LEVELS, PlayIntegritySettings,
+};
 pub use http::HttpSettings;
 pub use limits::{BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, When};
 pub use lockout::{Escalation, LockoutSettings};
@@ -80,6 +84,9 @@ pub struct Settings {
     pub reputation: ReputationSettings,
     /// Factor combination, anomalies, repeat offenders, webhooks (`[scoring]`).
     pub scoring: ScoringSettings,
+    /// Device attestation: challenges, Play Integrity, App Attest, verdict factors
+    /// (`[attestation]`).
+    pub attestation: AttestationSettings,
     /// Store connection tuning (`[store]`).
     pub store: StoreSettings,
 }
@@ -102,6 +109,7 @@ impl Default for Settings {
             lockout: LockoutSettings::default(),
             reputation: ReputationSettings::default(),
             scoring: ScoringSettings::default(),
+            attestation: AttestationSettings::default(),
             store: StoreSettings::default(),
         }
     }
@@ -252,6 +260,7 @@ impl Settings {
         self.reputation.validate()?;
         let classes: Vec<&str> = self.limits.classes.keys().map(String::as_str).collect();
         self.scoring.validate(&classes)?;
+        self.attestation.validate()?;
         self.store.validate()?;
         Ok(self)
     }

@@ -47,7 +47,7 @@ pub fn reset_unix_s(decision: &Decision) -> i64 {
 /// The rate-limit headers of a decision.
 ///
 /// `X-RateLimit-Limit/Remaining/Reset` of the deciding scope, the IETF `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers, every
-/// scope in one header), `Retry-After` when denied, and the degraded/shadow markers.
+/// scope in one header; a policy's quota `q` is what this client gets, its multiplier applied), `Retry-After` when denied, and the degraded/shadow markers.
 pub fn headers(decision: &Decision) -> HeaderMap {
     let mut headers = HeaderMap::new();
     if let Some(scope) = decision.deciding_scope() {
@@ -62,7 +62,11 @@ pub fn headers(decision: &Decision) -> HeaderMap {
         let policy: Vec<String> = decision
             .scopes
             .iter()
-            .map(|s| format!("\"{}\";q={};w={}", s.budget, s.policy.0, s.policy.1))
+            // The quota this client gets: the configured limit times its multiplier.
+            .map(|s| {
+                let quota = (f64::from(s.policy.0) * s.multiplier + 1e-9).floor() as u64;
+                format!("\"{}\";q={quota};w={}", s.budget, s.policy.1)
+            })
             .collect();
         let state: Vec<String> = decision
             .scopes

@@ -50,6 +50,14 @@ struct Inner {
     multipliers: RwLock<Map<(f64, Option<u64>)>>,
 }
 
+/// Drops expired values each time the map reaches a power of two (amortised O(1)), so it
+/// follows the live entries (challenges, markers), not everything ever written.
+fn sweep_values(values: &mut HashMap<String, (String, i64)>, now_ms: i64) {
+    if values.len() >= MIN_SWEEP && values.len().is_power_of_two() {
+        values.retain(|_, (_, expires)| *expires > now_ms);
+    }
+}
+
 /// In-process buckets and multipliers (cheap to clone; clones share state).
 #[derive(Debug, Clone)]
 pub struct MemoryHot {
@@ -237,6 +245,7 @@ impl MemoryHot {
         {
             return false;
         }
+        sweep_values(&mut values, now_ms);
         values.insert(key.to_owned(), (value.to_owned(), now_ms + ttl_ms));
         true
     }
@@ -252,6 +261,31 @@ impl MemoryHot {
             .get(key)
             .filter(|(_, expires)| *expires > now_ms)
             .map(|(value, expires)| (value.clone(), expires - now_ms))
+    }
+
+    /// Reads a live value and, under the same lock, replaces it with what `decide` returns
+    /// (`Some((value, ttl_ms))`) or leaves it (None): a read-modify-write as one step.
+    pub fn value_update<R>(
+        &self,
+        key: &str,
+        now_ms: i64,
+        decide: impl FnOnce(Option<&str>) -> (Option<(String, i64)>, R),
+    ) -> R {
+        let mut values = self
+            .inner
+            .values
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let current = values
+            .get(key)
+            .filter(|(_, expires)| *expires > now_ms)
+            .map(|(value, _)| value.as_str());
+        let (write, result) = decide(current);
+        if let Some((value, ttl_ms)) = write {
+            sweep_values(&mut values, now_ms);
+            values.insert(key.to_owned(), (value, now_ms + ttl_ms));
+        }
+        result
     }
 
     /// `DEL key`.

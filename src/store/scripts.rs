@@ -17,3 +17,7 @@ pub static FACTORS_UPDATE: LazyLock<redis::Script> =
 /// `lua/multiplier_publish.lua`: write a subject's multipliers unless superseded.
 pub static MULTIPLIER_PUBLISH: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/multiplier_publish.lua")));
+
+/// `lua/challenge_consume.lua`: use an attestation challenge once.
+pub static CHALLENGE_CONSUME: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/challenge_consume.lua")));

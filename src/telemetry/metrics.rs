@@ -43,6 +43,8 @@ pub const TELEMETRY_EVENTS_TOTAL: &str = "palisade_telemetry_events_total";
 pub const INGEST_LAG_SECONDS: &str = "palisade_ingest_lag_seconds";
 /// Keys tracked by the anomaly baselines of this instance.
 pub const BASELINE_KEYS: &str = "palisade_baseline_keys";
+/// Attestation submissions, by `platform` and `outcome` (the level, or the rejection code).
+pub const ATTESTATIONS_TOTAL: &str = "palisade_attestations_total";
 /// Every metric name, for the dashboard test.
 pub const ALL: &[&str] = &[
     HTTP_REQUESTS_TOTAL,
@@ -63,6 +65,7 @@ pub const ALL: &[&str] = &[
     TELEMETRY_EVENTS_TOTAL,
     INGEST_LAG_SECONDS,
     BASELINE_KEYS,
+    ATTESTATIONS_TOTAL,
 ];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -145,6 +148,10 @@ fn describe() {
         "Time between an event's timestamp and its ingestion"
     );
     metrics::describe_gauge!(BASELINE_KEYS, "Keys tracked by the anomaly baselines");
+    metrics::describe_counter!(
+        ATTESTATIONS_TOTAL,
+        "Attestation submissions by platform and outcome (level or rejection code)"
+    );
 }
 
 #[cfg(test)]

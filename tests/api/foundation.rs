@@ -391,6 +391,9 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/decisions"),
     ("get", "/v1/offenders"),
     ("get", "/v1/alerts"),
+    ("post", "/v1/attestations/challenge"),
+    ("post", "/v1/attestations"),
+    ("get", "/v1/attestations/{device_id}"),
 ];
 
 async fn openapi_document_lists_every_route(app: TestApp) {

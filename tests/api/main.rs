@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod attestation;
 mod cli;
 mod foundation;
 mod fuzz;

@@ -106,15 +106,23 @@ fn history(ip: &str, key: (&str, &str), now: i64, minutes: i64, per_minute: usiz
     events
 }
 
-/// End to end: a datacenter IP and a failed-login burst each lower the multiplier
-/// `/v1/multipliers` reports, with their reasons, and `/v1/limit/check` enforces the lower
-/// budget right after. (An unattested device is the attestation issue's part.)
+/// End to end: a datacenter IP, an unattested device and a failed-login burst each lower the
+/// multiplier `/v1/multipliers` reports, with their reasons, and `/v1/limit/check` enforces
+/// the lower budget right after.
 async fn datacenter_ip_and_failed_logins_each_lower_the_multiplier_and_the_budget(app: TestApp) {
     app.load_data(AWS).await;
     let auth = "endpoint=/auth/login&method=POST";
     let view = app
-        .multipliers(&format!("ip={AWS_IP}&user_id=carol&{auth}"))
+        .multipliers(&format!(
+            "ip={AWS_IP}&user_id=carol&device_id=phone-1&{auth}"
+        ))
         .await;
+    let device = &view["keys"]["device:phone-1"];
+    assert_eq!(device["multiplier"], 0.5, "{view}");
+    assert_eq!(
+        reason(device, "attestation_unverified")["signal"],
+        "attestation"
+    );
     assert_eq!(view["class"], "auth");
     let ip = &view["keys"][format!("ip:{AWS_IP}")];
     // The public factor: auth is reached without an account.
@@ -164,6 +172,14 @@ async fn datacenter_ip_and_failed_logins_each_lower_the_multiplier_and_the_budge
         "{body}"
     );
     assert_eq!(body["multiplier"], 0.5);
+    // The unattested device's budget on auth: device (600/min) x 0.5.
+    let from_device = json!({"endpoint": "/auth/login", "method": "POST", "ip": "192.0.2.10", "device_id": "phone-1", "consume": false});
+    let response = app.limit_check(&from_device).await;
+    let policy = response.headers()["ratelimit-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(policy.contains("\"device\";q=300"), "{policy}");
     // Reads are not affected by an auth-class factor.
     let view = app.multipliers("user_id=carol&endpoint=/v1/feed").await;
     assert_eq!(view["keys"]["user:carol"]["multiplier"], 1.0);
