@@ -44,6 +44,8 @@ pub struct App {
     pub scoring: Arc<Engine>,
     /// Device attestation (challenges, verification, verdicts).
     pub attestation: Attestation,
+    /// IP bans as CrowdSec's decisions stream.
+    pub crowdsec: crate::crowdsec::Crowdsec,
     /// Wall and monotonic time for every domain.
     pub clock: Arc<dyn Clock>,
     /// Prometheus exposition of this process's metrics.
@@ -155,6 +157,12 @@ impl App {
                 source: other.to_string().into(),
             }),
         })?;
+        let crowdsec = crate::crowdsec::Crowdsec::new(
+            stores.durable.clone(),
+            lists.clone(),
+            clock.clone(),
+            settings.crowdsec.clone(),
+        );
         Ok(App {
             settings: Arc::new(settings),
             stores,
@@ -167,6 +175,7 @@ impl App {
             lists,
             scoring,
             attestation,
+            crowdsec,
             clock,
             metrics: crate::telemetry::metrics::handle(),
         })

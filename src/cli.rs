@@ -196,6 +196,7 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
     let listen = settings.listen;
+    let grpc_listen = settings.grpc_listen_addr().unwrap_or_default();
     let app = App::build(settings)
         .await
         .context("cannot open the stores")?;
@@ -208,10 +209,34 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen} (PALISADE_LISTEN)"))?;
     tracing::info!("listening on http://{listen}");
+    let grpc = match grpc_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address} (PALISADE_GRPC_LISTEN)"))?,
+        ),
+        None => None,
+    };
     let state = app.into_state();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    App::spawn_background(&state, stopped);
+    App::spawn_background(&state, stopped.clone());
     spawn_sighup_reload(&state);
+    if let Some(listener) = grpc {
+        tracing::info!(
+            "Envoy rate limit service (gRPC) on {}",
+            listener.local_addr()?
+        );
+        let state = state.clone();
+        let mut stopped = stopped;
+        tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            };
+            if let Err(err) = crate::api::envoy::serve(state, listener, shutdown).await {
+                tracing::error!(error.cause = %err, "the gRPC server stopped: {err}");
+            }
+        });
+    }
     crate::api::serve(state, listener, shutdown_signal()).await?;
     let _ = stop.send(true);
     tracing::info!("shut down");

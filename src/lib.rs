@@ -20,8 +20,11 @@ pub mod app;
 pub mod attestation;
 pub mod audit;
 pub mod cli;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod clock;
 pub mod config;
+pub mod crowdsec;
 pub mod ingest;
 pub mod limiter;
 pub mod lockout;

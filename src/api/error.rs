@@ -174,6 +174,11 @@ impl ApiError {
     pub fn code(&self) -> ErrorCode {
         self.0.code
     }
+
+    /// The message for the client.
+    pub fn message(&self) -> &str {
+        &self.0.message
+    }
 }
 
 impl std::fmt::Display for ApiError {

@@ -194,40 +194,53 @@ impl<R: RequiredRole> FromRequestParts<AppState> for Authorized<R> {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let Some(token) = bearer_token(parts) else {
-            metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "missing").increment(1);
-            return Err(ApiError::new(
-                ErrorCode::Unauthenticated,
-                "missing API token: send Authorization: Bearer <token>",
-            ));
-        };
-        let caller = state.access.authenticate(token).await.inspect_err(|_| {
-            metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "unknown").increment(1);
-        })?;
-        if !caller.role.allows(R::ROLE) {
-            metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "forbidden").increment(1);
-            return Err(ApiError::new(
-                ErrorCode::Forbidden,
-                format!(
-                    "this route needs the {} role; the token {:?} has {}",
-                    R::ROLE.as_str(),
-                    caller.name,
-                    caller.role.as_str()
-                ),
-            ));
-        }
-        // The handle of the one hot counter is looked up once, not per request (registered
-        // after the recorder: requests only come once an `App` has installed it).
-        static OK: std::sync::OnceLock<metrics::Counter> = std::sync::OnceLock::new();
-        OK.get_or_init(
-            || metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "ok"),
-        )
-        .increment(1);
+        let caller = authorize(state, bearer_token(parts), R::ROLE).await?;
         Ok(Authorized {
             caller,
             _role: PhantomData,
         })
     }
+}
+
+/// Checks a presented token (however the route receives it) against a role: 401 when it is
+/// missing or unknown, 403 when its role does not allow `role`. Counted in metrics.
+pub async fn authorize(
+    state: &AppState,
+    token: Option<&str>,
+    role: Role,
+) -> Result<Caller, ApiError> {
+    let Some(token) = token else {
+        metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "missing")
+            .increment(1);
+        return Err(ApiError::new(
+            ErrorCode::Unauthenticated,
+            "missing API token: send Authorization: Bearer <token>",
+        ));
+    };
+    let caller = state.access.authenticate(token).await.inspect_err(|_| {
+        metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "unknown").increment(1);
+    })?;
+    if !caller.role.allows(role) {
+        metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "forbidden")
+            .increment(1);
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "this route needs the {} role; the token {:?} has {}",
+                role.as_str(),
+                caller.name,
+                caller.role.as_str()
+            ),
+        ));
+    }
+    // The handle of the one hot counter is looked up once, not per request (registered
+    // after the recorder: requests only come once an `App` has installed it).
+    static OK: std::sync::OnceLock<metrics::Counter> = std::sync::OnceLock::new();
+    OK.get_or_init(
+        || metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "ok"),
+    )
+    .increment(1);
+    Ok(caller)
 }
 
 /// A page cursor returned by a listing of this API (a ULID).

@@ -72,7 +72,7 @@ pub struct LimitAllowed {
     pub shadow_blocked: Vec<String>,
 }
 
-fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, ApiError> {
+pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, ApiError> {
     let limits = &app.settings.limits;
     let max_len = app.settings.http.max_key_length;
     if body.endpoint.is_empty() || body.endpoint.len() > 2048 || !body.endpoint.starts_with('/') {
@@ -152,7 +152,7 @@ async fn check(
     respond(&decision)
 }
 
-fn respond(decision: &Decision) -> Result<(HeaderMap, Json<LimitAllowed>), ApiError> {
+pub(super) fn respond(decision: &Decision) -> Result<(HeaderMap, Json<LimitAllowed>), ApiError> {
     let headers = layer::headers(decision);
     if !decision.allowed {
         let mut error = ApiError::new(ErrorCode::RateLimited, "Too many requests")

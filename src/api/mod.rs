@@ -7,9 +7,11 @@
 pub mod admin;
 pub mod attestations;
 mod context;
+pub mod envoy;
 pub mod error;
 pub mod events;
 pub mod extract;
+mod gateway;
 pub mod health;
 pub mod limit;
 pub mod lists;
@@ -144,6 +146,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(lists::routes())
         .merge(scoring::routes())
         .merge(attestations::routes())
+        .merge(gateway::routes())
 }
 
 /// Builds the whole HTTP application.

@@ -6,6 +6,7 @@
 
 mod attestation;
 mod http;
+mod integrations;
 mod limits;
 mod lockout;
 mod reputation;
@@ -23,6 +24,7 @@ pub use attestation::{
     AppAttestEnvironment, AppAttestSettings, AttestationSettings, LEVELS, PlayIntegritySettings,
 };
 pub use http::HttpSettings;
+pub use integrations::{CrowdsecSettings, EnvoySettings, ForwardAuthSettings};
 pub use limits::{BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, When};
 pub use lockout::{Escalation, LockoutSettings};
 pub use reputation::{ReputationSettings, SourceSettings};
@@ -74,6 +76,10 @@ pub struct Settings {
     /// default `127.0.0.1/32,::1/128`.
     #[serde(deserialize_with = "cidr_list")]
     pub trusted_proxies: Vec<ipnetwork::IpNetwork>,
+    /// Where the Envoy rate limit service (gRPC) listens; empty turns it off.
+    ///
+    /// TOML `grpc_listen`, env `PALISADE_GRPC_LISTEN`; default `127.0.0.1:8081`.
+    pub grpc_listen: String,
     /// HTTP server limits (`[http]`).
     pub http: HttpSettings,
     /// Endpoint classes, budgets, failure policy (`[limits]`).
@@ -87,6 +93,12 @@ pub struct Settings {
     /// Device attestation: challenges, Play Integrity, App Attest, verdict factors
     /// (`[attestation]`).
     pub attestation: AttestationSettings,
+    /// Envoy descriptor keys (`[envoy]`).
+    pub envoy: EnvoySettings,
+    /// The forward-auth endpoint (`[forward_auth]`).
+    pub forward_auth: ForwardAuthSettings,
+    /// The CrowdSec-compatible decisions stream (`[crowdsec]`).
+    pub crowdsec: CrowdsecSettings,
     /// Store connection tuning (`[store]`).
     pub store: StoreSettings,
 }
@@ -104,12 +116,16 @@ impl Default for Settings {
                 ipnetwork::IpNetwork::from(std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST)),
                 ipnetwork::IpNetwork::from(std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
             ],
+            grpc_listen: "127.0.0.1:8081".to_owned(),
             http: HttpSettings::default(),
             limits: LimitSettings::default(),
             lockout: LockoutSettings::default(),
             reputation: ReputationSettings::default(),
             scoring: ScoringSettings::default(),
             attestation: AttestationSettings::default(),
+            envoy: EnvoySettings::default(),
+            forward_auth: ForwardAuthSettings::default(),
+            crowdsec: CrowdsecSettings::default(),
             store: StoreSettings::default(),
         }
     }
@@ -179,6 +195,15 @@ pub fn setting_name(key_path: &str) -> String {
 }
 
 impl Settings {
+    /// The Envoy rate limit service's address; `None` when `grpc_listen` is empty (off).
+    pub fn grpc_listen_addr(&self) -> Result<Option<SocketAddr>, std::net::AddrParseError> {
+        let text = self.grpc_listen.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        text.parse().map(Some)
+    }
+
     /// Loads defaults, then the TOML file, then `PALISADE_*` variables (env wins), and
     /// validates the result.
     ///
@@ -261,6 +286,16 @@ impl Settings {
         let classes: Vec<&str> = self.limits.classes.keys().map(String::as_str).collect();
         self.scoring.validate(&classes)?;
         self.attestation.validate()?;
+        if self.grpc_listen_addr().is_err() {
+            return Err(SettingError::new(
+                setting_name("grpc_listen"),
+                format!(
+                    "{:?} is not an address (expected HOST:PORT such as 127.0.0.1:8081, or empty to turn the gRPC service off)",
+                    self.grpc_listen
+                ),
+            ));
+        }
+        integrations::validate(&self.envoy, &self.forward_auth, &self.crowdsec)?;
         self.store.validate()?;
         Ok(self)
     }

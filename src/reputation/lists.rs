@@ -189,6 +189,13 @@ const DELETE: &str = "UPDATE list_entries SET deleted_at = $3, deleted_by = $4 \
 const GET: &str = "SELECT id, list, kind, value, reason, created_at, created_by, expires_at FROM list_entries \
     WHERE id = $1 AND list = $2";
 
+const BANS_NEW: &str = "SELECT id, list, kind, value, reason, created_at, created_by, expires_at FROM list_entries \
+    WHERE list = 'deny' AND kind = 'cidr' AND deleted_at IS NULL AND (expires_at IS NULL OR expires_at > $2) \
+    AND created_at > $1 ORDER BY id";
+const BANS_GONE: &str = "SELECT id, list, kind, value, reason, created_at, created_by, expires_at FROM list_entries \
+    WHERE list = 'deny' AND kind = 'cidr' \
+    AND ((deleted_at > $1 AND deleted_at <= $2) OR (expires_at > $1 AND expires_at <= $2)) ORDER BY id";
+
 #[derive(sqlx::FromRow)]
 struct Row {
     id: String,
@@ -506,6 +513,34 @@ impl Lists {
             .filter(|e| e.list == list && e.expires_at_ms.is_none_or(|at| at > now))
             .cloned()
             .collect()
+    }
+
+    /// IP bans for firewall-style enforcers: deny entries of kind `cidr` that became live
+    /// after `since_ms` (every live one when None), and those deleted or expired in
+    /// `(since_ms, now_ms]`. Read from the durable store, so every instance answers alike.
+    pub async fn ip_bans_since(
+        &self,
+        since_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<(Vec<Entry>, Vec<Entry>), crate::store::Error> {
+        let from = since_ms.unwrap_or(i64::MIN);
+        let fetch = |sql: &'static str| async move {
+            let rows: Vec<Row> = with_pool!(&self.durable, |pool| sqlx::query_as(sql)
+                .bind(from)
+                .bind(now_ms)
+                .fetch_all(pool)
+                .await)?;
+            Ok::<_, crate::store::Error>(
+                rows.into_iter().filter_map(Row::entry).collect::<Vec<_>>(),
+            )
+        };
+        let new = fetch(BANS_NEW).await?;
+        let gone = if since_ms.is_some() {
+            fetch(BANS_GONE).await?
+        } else {
+            Vec::new()
+        };
+        Ok((new, gone))
     }
 
     /// Reloads the live entries from the durable store.

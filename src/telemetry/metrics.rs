@@ -45,6 +45,12 @@ pub const INGEST_LAG_SECONDS: &str = "palisade_ingest_lag_seconds";
 pub const BASELINE_KEYS: &str = "palisade_baseline_keys";
 /// Attestation submissions, by `platform` and `outcome` (the level, or the rejection code).
 pub const ATTESTATIONS_TOTAL: &str = "palisade_attestations_total";
+/// Envoy rate limit service calls, by `outcome` (`ok`, `over_limit`, `error`).
+pub const GRPC_REQUESTS_TOTAL: &str = "palisade_grpc_requests_total";
+/// Forward-auth answers, by `outcome` (`pass`, `block`).
+pub const FORWARD_AUTH_TOTAL: &str = "palisade_forward_auth_total";
+/// CrowdSec stream pulls, by `startup` (`true`, `false`).
+pub const CROWDSEC_PULLS_TOTAL: &str = "palisade_crowdsec_pulls_total";
 /// Every metric name, for the dashboard test.
 pub const ALL: &[&str] = &[
     HTTP_REQUESTS_TOTAL,
@@ -66,6 +72,9 @@ pub const ALL: &[&str] = &[
     INGEST_LAG_SECONDS,
     BASELINE_KEYS,
     ATTESTATIONS_TOTAL,
+    GRPC_REQUESTS_TOTAL,
+    FORWARD_AUTH_TOTAL,
+    CROWDSEC_PULLS_TOTAL,
 ];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -152,6 +161,12 @@ fn describe() {
         ATTESTATIONS_TOTAL,
         "Attestation submissions by platform and outcome (level or rejection code)"
     );
+    metrics::describe_counter!(
+        GRPC_REQUESTS_TOTAL,
+        "Envoy rate limit service calls by outcome"
+    );
+    metrics::describe_counter!(FORWARD_AUTH_TOTAL, "Forward-auth answers by outcome");
+    metrics::describe_counter!(CROWDSEC_PULLS_TOTAL, "CrowdSec decision stream pulls");
 }
 
 #[cfg(test)]

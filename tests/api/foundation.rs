@@ -394,6 +394,8 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/attestations/challenge"),
     ("post", "/v1/attestations"),
     ("get", "/v1/attestations/{device_id}"),
+    ("get", "/v1/forward-auth"),
+    ("get", "/crowdsec/v1/decisions/stream"),
 ];
 
 async fn openapi_document_lists_every_route(app: TestApp) {

@@ -1,0 +1,178 @@
+//! What existing gateways call: forward-auth for nginx `auth_request`, Traefik ForwardAuth
+//! and Caddy `forward_auth`, and CrowdSec's decisions stream for CrowdSec bouncers.
+
+use std::net::SocketAddr;
+
+use axum::Json;
+use axum::extract::{ConnectInfo, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use serde::Deserialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Envelope};
+use super::extract::{authorize, parse_query};
+use super::limit::{LimitCheck, parse, respond};
+use crate::access::Role;
+use crate::app::AppState;
+use crate::crowdsec::Stream;
+use crate::limiter::layer;
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(forward_auth))
+        .routes(routes!(crowdsec_stream))
+}
+
+/// `GET /v1/forward-auth` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct ForwardAuthQuery {
+    /// The limiter token, accepted here only with `forward_auth.query_token = true`.
+    #[serde(default)]
+    token: Option<String>,
+    /// Status of a block: 429 (default; Traefik, Caddy) or 403 / 401 (nginx `auth_request`
+    /// only understands 2xx, 401 and 403: map it back to 429 with `error_page`).
+    #[serde(default)]
+    deny_status: Option<u16>,
+}
+
+fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+/// Forward-auth: may the original request pass? (role `limiter`)
+///
+/// For nginx `auth_request`, Traefik ForwardAuth and Caddy `forward_auth`. The original
+/// request comes from `X-Forwarded-Method` / `X-Original-Method` and `X-Forwarded-Uri` /
+/// `X-Original-URI`; the client IP from `X-Forwarded-For` / `Forwarded` / `X-Real-IP`, believed
+/// only from `trusted_proxies` (the right-most untrusted hop is the client); user and device
+/// from the configured headers (`x-user-id`, `x-device-id`). 200 passes with the rate-limit
+/// headers; a block is 429 (or `deny_status`) with `Retry-After` and the same headers.
+#[utoipa::path(get, path = "/v1/forward-auth", tag = "gateways", security(("bearer" = [])),
+    params(ForwardAuthQuery),
+    responses((status = 200, description = "pass"), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope),
+        (status = 429, body = Envelope), (status = 503, body = Envelope)))]
+async fn forward_auth(
+    State(app): State<AppState>,
+    parts: Parts,
+) -> Result<(StatusCode, HeaderMap), ApiError> {
+    let (headers, uri) = (&parts.headers, &parts.uri);
+    let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>();
+    let query: ForwardAuthQuery = parse_query(uri)?;
+    let settings = &app.settings.forward_auth;
+    let bearer = header(headers, "authorization")
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    let token = match (bearer, query.token.as_deref()) {
+        (Some(token), _) => Some(token),
+        (None, Some(token)) if settings.query_token => Some(token),
+        (None, Some(_)) => {
+            return Err(ApiError::new(
+                super::error::ErrorCode::Unauthenticated,
+                "?token= is turned off (forward_auth.query_token); send Authorization: Bearer <token>",
+            ));
+        }
+        (None, None) => None,
+    };
+    authorize(&app, token, Role::Limiter).await?;
+    let deny_status = match query.deny_status {
+        None | Some(429) => StatusCode::TOO_MANY_REQUESTS,
+        Some(403) => StatusCode::FORBIDDEN,
+        Some(401) => StatusCode::UNAUTHORIZED,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "deny_status {other} is not one of 429, 403, 401"
+            )));
+        }
+    };
+    let Some(ConnectInfo(peer)) = peer else {
+        return Err(ApiError::invalid("the proxy's address is unknown"));
+    };
+    let client = layer::client_ip(peer.ip(), headers, &app.settings.trusted_proxies);
+    let method = header(headers, "x-forwarded-method")
+        .or_else(|| header(headers, "x-original-method"))
+        .unwrap_or("GET");
+    let original = header(headers, "x-forwarded-uri")
+        .or_else(|| header(headers, "x-original-uri"))
+        .unwrap_or("/");
+    let endpoint = original.split(['?', '#']).next().unwrap_or("/");
+    let check = LimitCheck {
+        endpoint: if endpoint.starts_with('/') {
+            endpoint.to_owned()
+        } else {
+            // An absolute URI (some proxies send one): keep its path.
+            endpoint
+                .split_once("://")
+                .and_then(|(_, rest)| rest.find('/').map(|at| rest[at..].to_owned()))
+                .unwrap_or_else(|| "/".to_owned())
+        },
+        method: Some(method.to_owned()),
+        ip: client.to_string(),
+        user_id: header(headers, &settings.user_header).map(str::to_owned),
+        device_id: header(headers, &settings.device_header).map(str::to_owned),
+        cost: None,
+        consume: None,
+    };
+    let request = parse(&app, check)?;
+    let decision = app.limiter.check(&request).await?;
+    if let Err(err) = app.scoring.observe_check(&request, &decision).await {
+        tracing::warn!(error.cause = %err, "scoring could not record a limit decision");
+    }
+    let outcome = if decision.allowed { "pass" } else { "block" };
+    metrics::counter!(crate::telemetry::metrics::FORWARD_AUTH_TOTAL, "outcome" => outcome)
+        .increment(1);
+    match respond(&decision) {
+        Ok((headers, _)) => Ok((StatusCode::OK, headers)),
+        Err(blocked) if deny_status != StatusCode::TOO_MANY_REQUESTS => {
+            Err(blocked.with_status(deny_status))
+        }
+        Err(blocked) => Err(blocked),
+    }
+}
+
+/// `GET /crowdsec/v1/decisions/stream` query (other CrowdSec parameters are accepted and
+/// ignored).
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct StreamQuery {
+    /// `true`: every live ban; `false` (default): changes since this bouncer's last pull.
+    #[serde(default)]
+    startup: Option<String>,
+}
+
+/// CrowdSec LAPI decisions stream of Palisade's IP bans (role `limiter`, token in
+/// `X-Api-Key`).
+///
+/// Existing CrowdSec bouncers point their LAPI URL at `http://palisade/crowdsec/` with a
+/// limiter token as API key. `new` holds bans to add, `deleted` bans to remove (deny-list
+/// entries of kind `cidr`: scope `Ip` or `Range`, type `ban`, origin `palisade`).
+#[utoipa::path(get, path = "/crowdsec/v1/decisions/stream", tag = "gateways",
+    params(StreamQuery, ("X-Api-Key" = String, Header, description = "a limiter token")),
+    responses((status = 200, body = Stream), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
+async fn crowdsec_stream(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Json<Stream>, ApiError> {
+    let token = header(&headers, "x-api-key");
+    let caller = authorize(&app, token, Role::Limiter).await?;
+    let query: StreamQuery = parse_query(&uri)?;
+    let startup = match query.startup.as_deref() {
+        None => false,
+        Some(text) => text
+            .parse::<bool>()
+            .map_err(|_| ApiError::invalid(format!("startup {text:.16?} is not true or false")))?,
+    };
+    metrics::counter!(crate::telemetry::metrics::CROWDSEC_PULLS_TOTAL, "startup" => if startup { "true" } else { "false" })
+        .increment(1);
+    Ok(Json(app.crowdsec.pull(&caller.token_id, startup).await?))
+}

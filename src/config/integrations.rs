@@ -1,0 +1,164 @@
+//! `[envoy]`, `[forward_auth]`, `[crowdsec]`: how gateways that already exist talk to us.
+
+use serde::{Deserialize, Serialize};
+
+use super::{SettingError, setting_name};
+
+/// Envoy rate limit service (v3 gRPC): which descriptor entries name what.
+///
+/// Envoy sends descriptors as lists of `(key, value)` entries; every entry whose key is
+/// listed here feeds the one Palisade check of the request. Entries with other keys are
+/// ignored (they still get a status, that of the whole request).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvoySettings {
+    /// Keys holding the client IP (Envoy's `remote_address` action).
+    ///
+    /// TOML `envoy.ip_keys`; default `["remote_address"]`.
+    pub ip_keys: Vec<String>,
+    /// Keys holding the user (a `request_headers` action with this `descriptor_key`).
+    ///
+    /// TOML `envoy.user_keys`; default `["user_id"]`.
+    pub user_keys: Vec<String>,
+    /// Keys holding the device.
+    ///
+    /// TOML `envoy.device_keys`; default `["device_id"]`.
+    pub device_keys: Vec<String>,
+    /// Keys holding the request path (the endpoint class is matched on it).
+    ///
+    /// TOML `envoy.path_keys`; default `["path", ":path", "request_path"]`.
+    pub path_keys: Vec<String>,
+    /// Keys holding the HTTP method.
+    ///
+    /// TOML `envoy.method_keys`; default `["method", ":method", "request_method"]`.
+    pub method_keys: Vec<String>,
+    /// Path used when no descriptor names one (the class is then `read` or `write` by
+    /// method).
+    ///
+    /// TOML `envoy.default_path`; default `/`.
+    pub default_path: String,
+}
+
+impl Default for EnvoySettings {
+    fn default() -> Self {
+        let list = |keys: &[&str]| keys.iter().map(|k| (*k).to_owned()).collect();
+        Self {
+            ip_keys: list(&["remote_address"]),
+            user_keys: list(&["user_id"]),
+            device_keys: list(&["device_id"]),
+            path_keys: list(&["path", ":path", "request_path"]),
+            method_keys: list(&["method", ":method", "request_method"]),
+            default_path: "/".to_owned(),
+        }
+    }
+}
+
+/// `GET /v1/forward-auth` for nginx `auth_request`, Traefik ForwardAuth, Caddy
+/// `forward_auth`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ForwardAuthSettings {
+    /// Accept the limiter token as `?token=` (for proxies that cannot set a header on the
+    /// auth subrequest). Off by default: query strings end up in access logs.
+    ///
+    /// TOML `forward_auth.query_token`, env `PALISADE_FORWARD_AUTH__QUERY_TOKEN`; default
+    /// false.
+    pub query_token: bool,
+    /// Header carrying the authenticated user, set by the proxy (e.g. from a verified JWT).
+    ///
+    /// TOML `forward_auth.user_header`; default `x-user-id`.
+    pub user_header: String,
+    /// Header carrying the device id sent by the app.
+    ///
+    /// TOML `forward_auth.device_header`; default `x-device-id`.
+    pub device_header: String,
+}
+
+impl Default for ForwardAuthSettings {
+    fn default() -> Self {
+        Self {
+            query_token: false,
+            user_header: "x-user-id".to_owned(),
+            device_header: "x-device-id".to_owned(),
+        }
+    }
+}
+
+/// The CrowdSec-compatible decisions stream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CrowdsecSettings {
+    /// Duration given to bans of deny entries without an expiry (bouncers need one; a
+    /// bouncer's next `startup=true` pull sends them again).
+    ///
+    /// TOML `crowdsec.permanent_ban_s`, env `PALISADE_CROWDSEC__PERMANENT_BAN_S`; default
+    /// 604800 (7 days).
+    pub permanent_ban_s: u64,
+    /// How far before a bouncer's previous pull `startup=false` looks again, ms: an entry
+    /// written by an instance whose clock is slightly behind is sent twice rather than
+    /// missed (bouncers treat a repeated decision as an update).
+    ///
+    /// TOML `crowdsec.overlap_ms`, env `PALISADE_CROWDSEC__OVERLAP_MS`; default 2000.
+    pub overlap_ms: u64,
+}
+
+impl Default for CrowdsecSettings {
+    fn default() -> Self {
+        Self {
+            permanent_ban_s: 7 * 24 * 3600,
+            overlap_ms: 2_000,
+        }
+    }
+}
+
+pub(super) fn validate(
+    envoy: &EnvoySettings,
+    forward: &ForwardAuthSettings,
+    crowdsec: &CrowdsecSettings,
+) -> Result<(), SettingError> {
+    if !envoy.default_path.starts_with('/') {
+        return Err(SettingError::new(
+            setting_name("envoy.default_path"),
+            "must be a path starting with '/'",
+        ));
+    }
+    for (name, keys) in [
+        ("envoy.ip_keys", &envoy.ip_keys),
+        ("envoy.path_keys", &envoy.path_keys),
+    ] {
+        if keys.is_empty() {
+            return Err(SettingError::new(
+                setting_name(name),
+                "needs at least one descriptor key",
+            ));
+        }
+    }
+    for (name, header) in [
+        ("forward_auth.user_header", &forward.user_header),
+        ("forward_auth.device_header", &forward.device_header),
+    ] {
+        let token = !header.is_empty()
+            && header
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !token {
+            return Err(SettingError::new(
+                setting_name(name),
+                format!("{header:?} is not an HTTP header name"),
+            ));
+        }
+    }
+    if crowdsec.overlap_ms > 3_600_000 {
+        return Err(SettingError::new(
+            setting_name("crowdsec.overlap_ms"),
+            "must be at most 3600000 (one hour)",
+        ));
+    }
+    if crowdsec.permanent_ban_s == 0 {
+        return Err(SettingError::new(
+            setting_name("crowdsec.permanent_ban_s"),
+            "must be greater than 0 (seconds)",
+        ));
+    }
+    Ok(())
+}

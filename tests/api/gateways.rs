@@ -1,0 +1,539 @@
+//! The gateways users already run: Envoy's rate limit service (gRPC, driven by a tonic
+//! client exactly as Envoy calls it), forward-auth (directly and behind a real nginx), the
+//! CrowdSec decisions stream, and the Rust client against a live instance.
+
+use std::time::Duration;
+
+use palisade::api::envoy::proto::{
+    Code, Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, Unit,
+};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{ADMIN_TOKEN, TestApp, assert_envelope};
+use crate::on_both_backends;
+
+on_both_backends!(
+    envoy_descriptors_get_the_http_check_decision,
+    envoy_calls_need_a_limiter_token_and_an_ip,
+    forward_auth_passes_then_blocks_with_headers,
+    forward_auth_believes_forwarded_headers_only_from_trusted_proxies,
+    crowdsec_stream_follows_the_deny_list,
+    the_rust_client_makes_the_auth_service_calls,
+);
+
+/// A tonic client of the rate limit service of `app`, served on an ephemeral port.
+struct Envoy {
+    grpc: tonic::client::Grpc<tonic::transport::Channel>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Envoy {
+    async fn start(app: &TestApp) -> Envoy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let state = app.app.clone();
+        tokio::spawn(async move {
+            palisade::api::envoy::serve(state, listener, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("grpc serve");
+        });
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect to the gRPC service");
+        Envoy {
+            grpc: tonic::client::Grpc::new(channel),
+            _stop: stop,
+        }
+    }
+
+    async fn call(
+        &mut self,
+        token: Option<&str>,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        self.grpc.ready().await.unwrap();
+        let mut request = tonic::Request::new(request);
+        if let Some(token) = token {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        let path =
+            axum::http::uri::PathAndQuery::from_static(palisade::api::envoy::SHOULD_RATE_LIMIT);
+        self.grpc
+            .unary(request, path, tonic_prost::ProstCodec::default())
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: (*key).to_owned(),
+                value: (*value).to_owned(),
+            })
+            .collect(),
+        hits_addend: None,
+    }
+}
+
+/// What Envoy sends for a login with `remote_address`, a `user_id` header action and
+/// the path and method.
+fn login(ip: &str, user: &str, hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: vec![
+            descriptor(&[("remote_address", ip)]),
+            descriptor(&[("user_id", user)]),
+            descriptor(&[("path", "/auth/login?next=/home"), ("method", "POST")]),
+        ],
+        hits_addend: hits,
+    }
+}
+
+fn header<'r>(response: &'r RateLimitResponse, name: &str) -> Option<&'r str> {
+    response
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == name)
+        .map(|h| h.value.as_str())
+}
+
+async fn envoy_descriptors_get_the_http_check_decision(app: TestApp) {
+    let mut envoy = Envoy::start(&app).await;
+    // The auth class allows 5 logins a minute per account.
+    for n in 1..=5u32 {
+        let answer = envoy
+            .call(Some(ADMIN_TOKEN), login("203.0.113.5", "alice", 1))
+            .await
+            .unwrap();
+        assert_eq!(answer.overall_code, Code::Ok as i32, "login {n}");
+        let user = &answer.statuses[1];
+        assert_eq!(user.limit_remaining, 5 - n, "login {n}: {answer:?}");
+        let limit = user.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (5, Unit::Minute as i32)
+        );
+        assert_eq!(
+            header(&answer, "x-ratelimit-remaining"),
+            Some(&*(5 - n).to_string())
+        );
+    }
+    let answer = envoy
+        .call(Some(ADMIN_TOKEN), login("203.0.113.5", "alice", 1))
+        .await
+        .unwrap();
+    assert_eq!(answer.overall_code, Code::OverLimit as i32);
+    assert_eq!(answer.statuses.len(), 3, "one status per descriptor");
+    let (ip, user) = (&answer.statuses[0], &answer.statuses[1]);
+    assert_eq!(user.code, Code::OverLimit as i32);
+    assert_eq!(user.limit_remaining, 0);
+    let reset = user.duration_until_reset.as_ref().unwrap();
+    assert!(reset.seconds > 0 && reset.seconds <= 60, "{reset:?}");
+    // The IP's own buckets still had room: that descriptor is OK.
+    assert_eq!(ip.code, Code::Ok as i32, "{answer:?}");
+    let retry_after: u64 = header(&answer, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry_after));
+    assert!(header(&answer, "ratelimit-policy").is_some());
+
+    // The same request over HTTP gets the same decision, scope and wait.
+    let http = app
+        .limit_check(
+            &json!({"endpoint": "/auth/login", "method": "POST", "ip": "203.0.113.5",
+            "user_id": "alice", "consume": false}),
+        )
+        .await;
+    let envelope = assert_envelope(http, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    assert_eq!(envelope["error"]["details"]["scope"], "endpoint_user");
+
+    // hits_addend is the cost; a per-descriptor addend overrides it.
+    let answer = envoy
+        .call(Some(ADMIN_TOKEN), login("203.0.113.6", "bob", 3))
+        .await
+        .unwrap();
+    assert_eq!(answer.statuses[1].limit_remaining, 2);
+    let mut request = login("203.0.113.6", "bob", 1);
+    request.descriptors[1].hits_addend =
+        Some(palisade::api::envoy::proto::UInt64Value { value: 2 });
+    let answer = envoy.call(Some(ADMIN_TOKEN), request).await.unwrap();
+    assert_eq!(answer.statuses[1].limit_remaining, 0);
+    let answer = envoy
+        .call(Some(ADMIN_TOKEN), login("203.0.113.6", "bob", 1))
+        .await
+        .unwrap();
+    assert_eq!(answer.overall_code, Code::OverLimit as i32);
+}
+
+async fn envoy_calls_need_a_limiter_token_and_an_ip(app: TestApp) {
+    let mut envoy = Envoy::start(&app).await;
+    let (_, limiter) = app.create_token("limiter", "envoy").await;
+    let (_, ingest) = app.create_token("ingest", "auth-svc").await;
+    let status = envoy
+        .call(None, login("192.0.2.1", "u", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let status = envoy
+        .call(Some("not-a-token"), login("192.0.2.1", "u", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let status = envoy
+        .call(Some(&ingest), login("192.0.2.1", "u", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    let answer = envoy
+        .call(Some(&limiter), login("192.0.2.1", "u", 1))
+        .await
+        .unwrap();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    // No remote_address entry: a clear error, not a guess.
+    let mut request = login("192.0.2.1", "u", 1);
+    request.descriptors.remove(0);
+    let status = envoy.call(Some(&limiter), request).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("remote_address"),
+        "{}",
+        status.message()
+    );
+    let status = envoy
+        .call(
+            Some(&limiter),
+            RateLimitRequest {
+                domain: "edge".to_owned(),
+                descriptors: vec![descriptor(&[("remote_address", "not-an-ip")])],
+                hits_addend: 0,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+}
+
+/// A forward-auth subrequest as a proxy sends it.
+async fn forward(
+    app: &TestApp,
+    token: Option<&str>,
+    query: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = app.client.get(app.url(&format!("/v1/forward-auth{query}")));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
+}
+
+async fn forward_auth_passes_then_blocks_with_headers(app: TestApp) {
+    let original = [
+        ("x-forwarded-method", "POST"),
+        ("x-forwarded-uri", "/auth/login?next=%2F"),
+        ("x-forwarded-for", "198.51.100.9"),
+        ("x-user-id", "carol"),
+    ];
+    for n in 1..=5 {
+        let response = forward(&app, Some(ADMIN_TOKEN), "", &original).await;
+        assert_eq!(response.status(), StatusCode::OK, "request {n}");
+        assert_eq!(response.headers()["x-ratelimit-limit"], "5");
+        assert_eq!(
+            response.headers()["x-ratelimit-remaining"],
+            (5 - n).to_string().as_str()
+        );
+    }
+    let blocked = forward(&app, Some(ADMIN_TOKEN), "", &original).await;
+    assert!(
+        blocked.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
+    assert_eq!(blocked.headers()["x-ratelimit-remaining"], "0");
+    let envelope = assert_envelope(blocked, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    assert_eq!(envelope["error"]["details"]["scope"], "endpoint_user");
+    // nginx's auth_request only understands 401/403: the status of a block is chosen.
+    let blocked = forward(&app, Some(ADMIN_TOKEN), "?deny_status=403", &original).await;
+    assert_eq!(blocked.status(), StatusCode::FORBIDDEN);
+    assert!(blocked.headers().contains_key("retry-after"));
+    let bad = forward(&app, Some(ADMIN_TOKEN), "?deny_status=500", &original).await;
+    assert_envelope(bad, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    // Another user on the same IP passes: the block was the account's.
+    let other = [
+        ("x-forwarded-method", "POST"),
+        ("x-original-uri", "/auth/login"),
+        ("x-forwarded-for", "198.51.100.9"),
+        ("x-user-id", "dave"),
+    ];
+    assert_eq!(
+        forward(&app, Some(ADMIN_TOKEN), "", &other).await.status(),
+        StatusCode::OK
+    );
+    // Roles, and ?token= only when configured.
+    let (_, ingest) = app.create_token("ingest", "auth").await;
+    let (_, limiter) = app.create_token("limiter", "edge").await;
+    let forbidden = forward(&app, Some(&ingest), "", &other).await;
+    assert_envelope(forbidden, StatusCode::FORBIDDEN, "FORBIDDEN").await;
+    let missing = forward(&app, None, "", &other).await;
+    assert_envelope(missing, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
+    let by_query = forward(&app, None, &format!("?token={limiter}"), &other).await;
+    assert_envelope(by_query, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
+    let backend = app.backend;
+    drop(app);
+    let app = TestApp::spawn_with(backend, |s| s.forward_auth.query_token = true)
+        .await
+        .unwrap();
+    let (_, limiter) = app.create_token("limiter", "edge").await;
+    let by_query = forward(&app, None, &format!("?token={limiter}"), &other).await;
+    assert_eq!(by_query.status(), StatusCode::OK);
+}
+
+async fn forward_auth_believes_forwarded_headers_only_from_trusted_proxies(app: TestApp) {
+    // Trusted (the default trusts loopback): each forwarded address has its own budget of
+    // 10 unauthenticated logins a minute.
+    for n in 0..12 {
+        let ip = format!("198.51.100.{n}");
+        let headers = [
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-uri", "/auth/login"),
+            ("x-forwarded-for", ip.as_str()),
+        ];
+        assert_eq!(
+            forward(&app, Some(ADMIN_TOKEN), "", &headers)
+                .await
+                .status(),
+            StatusCode::OK
+        );
+    }
+    // Untrusted peer: the headers are a client's claim and ignored; all twelve are the peer.
+    let backend = app.backend;
+    drop(app);
+    let app = TestApp::spawn_with(backend, |s| {
+        s.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()]
+    })
+    .await
+    .unwrap();
+    let mut statuses = Vec::new();
+    for n in 0..12 {
+        let ip = format!("198.51.100.{n}");
+        let headers = [
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-uri", "/auth/login"),
+            ("x-forwarded-for", ip.as_str()),
+            ("x-real-ip", ip.as_str()),
+        ];
+        statuses.push(
+            forward(&app, Some(ADMIN_TOKEN), "", &headers)
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    assert_eq!(statuses[10..], [429, 429]);
+}
+
+async fn add_deny(app: &TestApp, value: &str, reason: &str) -> String {
+    let mut entry = json!({"value": value, "reason": reason});
+    if !value.contains(['.', ':']) {
+        entry["kind"] = json!("account");
+    }
+    let response = app.post("/v1/lists/deny", Some(ADMIN_TOKEN), &entry).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let body: Value = response.json().await.unwrap();
+    body["id"].as_str().unwrap().to_owned()
+}
+
+async fn pull(app: &TestApp, key: Option<&str>, query: &str) -> reqwest::Response {
+    let mut request = app
+        .client
+        .get(app.url(&format!("/crowdsec/v1/decisions/stream{query}")));
+    if let Some(key) = key {
+        request = request.header("X-Api-Key", key);
+    }
+    request.send().await.unwrap()
+}
+
+async fn crowdsec_stream_follows_the_deny_list(app: TestApp) {
+    let backend = app.backend;
+    drop(app);
+    // Exact semantics for the test (the default overlap re-sends the last 2 s).
+    let app = TestApp::spawn_with(backend, |s| s.crowdsec.overlap_ms = 0)
+        .await
+        .unwrap();
+    let (_, bouncer) = app.create_token("limiter", "nginx-bouncer").await;
+    let single = add_deny(&app, "203.0.113.7", "credential stuffing").await;
+    let range = add_deny(&app, "198.51.100.0/24", "abusive hosting range").await;
+    add_deny(&app, "mallory", "fraud ring").await; // an account: not a bouncer's business
+    // Bouncers send more parameters than startup; they are accepted.
+    let response = pull(
+        &app,
+        Some(&bouncer),
+        "?startup=true&scopes=ip,range&origins=",
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let stream: Value = response.json().await.unwrap();
+    assert_eq!(stream["deleted"], json!([]));
+    let new = stream["new"].as_array().unwrap();
+    assert_eq!(new.len(), 2, "{stream}");
+    let by_uuid = |uuid: &str| new.iter().find(|d| d["uuid"] == uuid).unwrap().clone();
+    let ip = by_uuid(&single);
+    assert_eq!(
+        (ip["scope"].as_str(), ip["value"].as_str()),
+        (Some("Ip"), Some("203.0.113.7"))
+    );
+    assert_eq!(
+        (ip["type"].as_str(), ip["origin"].as_str()),
+        (Some("ban"), Some("palisade"))
+    );
+    assert!(ip["id"].as_i64().unwrap() > 0);
+    assert_eq!(
+        ip["duration"], "168h0m0s",
+        "no expiry: the permanent ban duration"
+    );
+    assert!(
+        ip["scenario"]
+            .as_str()
+            .unwrap()
+            .contains("credential stuffing")
+    );
+    assert_eq!(by_uuid(&range)["scope"], "Range");
+    assert_eq!(by_uuid(&range)["value"], "198.51.100.0/24");
+
+    // Nothing changed: nothing new.
+    app.advance(Duration::from_millis(5)).await;
+    let stream: Value = pull(&app, Some(&bouncer), "?startup=false")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stream, json!({"new": [], "deleted": []}));
+    // A removal is `deleted`, an addition `new`.
+    app.advance(Duration::from_millis(5)).await;
+    let response = app
+        .request(
+            Method::DELETE,
+            &format!("/v1/lists/deny/{range}"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let later = add_deny(&app, "2001:db8::/48", "v6 abuse").await;
+    app.advance(Duration::from_millis(5)).await;
+    let stream: Value = pull(&app, Some(&bouncer), "").await.json().await.unwrap();
+    assert_eq!(stream["deleted"].as_array().unwrap().len(), 1, "{stream}");
+    assert_eq!(stream["deleted"][0]["uuid"], range.as_str());
+    assert_eq!(stream["new"].as_array().unwrap().len(), 1, "{stream}");
+    assert_eq!(stream["new"][0]["uuid"], later.as_str());
+    assert_eq!(stream["new"][0]["scope"], "Range");
+    // Each bouncer has its own position: a second one starts from everything.
+    let (_, second) = app.create_token("limiter", "firewall-bouncer").await;
+    let stream: Value = pull(&app, Some(&second), "?startup=false")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stream["new"].as_array().unwrap().len(), 2, "{stream}");
+    // Keys and roles.
+    assert_envelope(
+        pull(&app, None, "").await,
+        StatusCode::UNAUTHORIZED,
+        "UNAUTHENTICATED",
+    )
+    .await;
+    let (_, analyst) = app.create_token("analyst", "soc").await;
+    assert_envelope(
+        pull(&app, Some(&analyst), "").await,
+        StatusCode::FORBIDDEN,
+        "FORBIDDEN",
+    )
+    .await;
+    let bad = pull(&app, Some(&bouncer), "?startup=maybe").await;
+    assert_envelope(bad, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+}
+
+async fn the_rust_client_makes_the_auth_service_calls(app: TestApp) {
+    use palisade::client::{AuthEvent, Client, LimitCheck};
+    let (_, ingest) = app.create_token("ingest", "auth-svc").await;
+    let client = Client::new(&app.base, &ingest).unwrap();
+    let failure = |n: u32| AuthEvent {
+        event_id: format!("evt-{n}"),
+        kind: "login_failure".to_owned(),
+        account: "erin@example.com".to_owned(),
+        ip: "192.0.2.44".to_owned(),
+        device_id: None,
+        endpoint: Some("/auth/login".to_owned()),
+        ts: None,
+    };
+    let events: Vec<AuthEvent> = (0..5).map(failure).collect();
+    let accepted = client.post_auth_events(&events).await.unwrap();
+    assert_eq!((accepted.accepted, accepted.duplicates), (5, 0));
+    assert_eq!(accepted.decisions[0].action, "challenge");
+    // A retried batch counts nothing twice.
+    let again = client.post_auth_events(&events).await.unwrap();
+    assert_eq!((again.accepted, again.duplicates), (0, 5));
+    let status = client
+        .account_status("erin@example.com", "192.0.2.44", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (status.action.as_str(), status.failures_in_window),
+        ("challenge", 5)
+    );
+    // A 4xx is an error with the envelope's code, not retried.
+    let err = client
+        .account_status("erin@example.com", "not-an-ip", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, palisade::client::ClientError::Api { status: 400, .. }),
+        "{err}"
+    );
+    // Limit checks: a 429 is an answer with the exact wait.
+    let (_, limiter) = app.create_token("limiter", "gw").await;
+    let gateway = Client::new(&app.base, &limiter).unwrap();
+    let check = LimitCheck {
+        endpoint: "/auth/login".to_owned(),
+        method: Some("POST".to_owned()),
+        ip: "192.0.2.45".to_owned(),
+        user_id: Some("frank".to_owned()),
+        ..LimitCheck::default()
+    };
+    for _ in 0..5 {
+        assert!(gateway.limit_check(&check).await.unwrap().allowed);
+    }
+    let denied = gateway.limit_check(&check).await.unwrap();
+    assert!(!denied.allowed);
+    assert!(
+        denied.retry_after_ms > 0 && denied.retry_after_ms <= 12_000,
+        "{denied:?}"
+    );
+    // Nothing listening: a connection error after the retries.
+    let nowhere = Client::new("http://127.0.0.1:9", &limiter).unwrap();
+    let err = nowhere.limit_check(&check).await.unwrap_err();
+    assert!(
+        matches!(err, palisade::client::ClientError::Connect(_)),
+        "{err}"
+    );
+}

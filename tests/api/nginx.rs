@@ -1,0 +1,202 @@
+//! A real nginx (Debian package) on loopback in front of a tiny upstream, asking Palisade's
+//! forward-auth endpoint through `auth_request`: requests pass with the rate-limit headers
+//! until the budget is spent, then nginx answers 429 with `Retry-After`. The configuration
+//! is the README's snippet.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+
+use crate::helpers::{Backend, TestApp};
+
+/// The nginx binary, or None (a loud skip locally; a failure in CI).
+fn nginx_binary() -> Option<PathBuf> {
+    let found = ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI=true but nginx is not installed (.ci/run installs it)"
+        );
+        eprintln!("SKIPPED (no nginx): apt-get install nginx to run the nginx forward-auth test");
+    }
+    found
+}
+
+/// A running nginx, stopped (by PID) on drop.
+struct Nginx {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The README's snippet, with this test's ports and token.
+fn config(dir: &Path, port: u16, upstream: u16, palisade: u16, token: &str) -> String {
+    let d = dir.display();
+    format!(
+        r#"
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+
+    server {{
+        listen 127.0.0.1:{port};
+
+        location / {{
+            auth_request /_palisade;
+            auth_request_set $rl_limit $upstream_http_x_ratelimit_limit;
+            auth_request_set $rl_remaining $upstream_http_x_ratelimit_remaining;
+            auth_request_set $rl_reset $upstream_http_x_ratelimit_reset;
+            auth_request_set $rl_retry_after $upstream_http_retry_after;
+            add_header X-RateLimit-Limit $rl_limit always;
+            add_header X-RateLimit-Remaining $rl_remaining always;
+            add_header X-RateLimit-Reset $rl_reset always;
+            # auth_request understands 2xx, 401 and 403 only: Palisade blocks with 403
+            # (deny_status=403) and nginx turns it back into 429.
+            error_page 403 = @palisade_blocked;
+            proxy_pass http://127.0.0.1:{upstream};
+        }}
+
+        location = /_palisade {{
+            internal;
+            proxy_pass http://127.0.0.1:{palisade}/v1/forward-auth?deny_status=403;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header Authorization "Bearer {token}";
+            proxy_set_header X-Original-Method $request_method;
+            proxy_set_header X-Original-URI $request_uri;
+            proxy_set_header X-Forwarded-For $remote_addr;
+        }}
+
+        location @palisade_blocked {{
+            add_header Retry-After $rl_retry_after always;
+            add_header X-RateLimit-Limit $rl_limit always;
+            add_header X-RateLimit-Remaining $rl_remaining always;
+            add_header X-RateLimit-Reset $rl_reset always;
+            default_type application/json;
+            return 429 '{{"error":{{"code":"RATE_LIMITED","message":"Too many requests"}}}}';
+        }}
+    }}
+}}
+"#
+    )
+}
+
+async fn start_upstream() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new().fallback(|| async { "upstream ok" });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    port
+}
+
+async fn start_nginx(binary: &Path, upstream: u16, palisade: u16, token: &str) -> Nginx {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let conf = dir.path().join("nginx.conf");
+    std::fs::write(&conf, config(dir.path(), port, upstream, palisade, token)).unwrap();
+    let mut command = Command::new(binary);
+    command
+        .args([
+            "-p",
+            dir.path().to_str().unwrap(),
+            "-c",
+            conf.to_str().unwrap(),
+        ])
+        .args(["-g", "daemon off;"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // Workers run as the master's user when it is not root; as root, stay root so they can
+    // use the temp folders.
+    let is_root =
+        std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
+    if is_root {
+        command.args(["-g", "user root;"]);
+    }
+    let child = command.spawn().expect("start nginx");
+    let nginx = Nginx {
+        child,
+        port,
+        _dir: dir,
+    };
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return nginx;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = std::fs::read_to_string(nginx._dir.path().join("error.log")).unwrap_or_default();
+    panic!("nginx did not start on port {port}: {log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_auth_request_passes_then_blocks_with_headers() {
+    let Some(binary) = nginx_binary() else {
+        return;
+    };
+    let app = TestApp::spawn(Backend::Embedded).await.unwrap();
+    let (_, token) = app.create_token("limiter", "nginx").await;
+    let palisade_port = crate::helpers::socket_of(&app.base).port();
+    let upstream = start_upstream().await;
+    let nginx = start_nginx(&binary, upstream, palisade_port, &token).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{}/auth/login", nginx.port);
+    // The auth class: 10 logins a minute per IP (unauthenticated).
+    for n in 1..=10u32 {
+        let response = client.post(&url).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "request {n}");
+        assert_eq!(response.headers()["x-ratelimit-limit"], "10");
+        assert_eq!(
+            response.headers()["x-ratelimit-remaining"],
+            (10 - n).to_string().as_str()
+        );
+        assert_eq!(response.text().await.unwrap(), "upstream ok");
+    }
+    let blocked = client.post(&url).send().await.unwrap();
+    assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = blocked.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=6).contains(&retry_after), "{retry_after}");
+    assert_eq!(blocked.headers()["x-ratelimit-remaining"], "0");
+    let body: serde_json::Value = blocked.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "RATE_LIMITED");
+    // Reads are another class with their own budget: they still pass.
+    let read = client
+        .get(format!("http://127.0.0.1:{}/v1/feed", nginx.port))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+}
