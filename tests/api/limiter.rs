@@ -730,16 +730,20 @@ async fn redis_cluster_keeps_every_budget() {
     assert_eq!(other_ip.headers()["x-ratelimit-remaining"], "4");
 }
 
-/// README's budgets table is the output of `palisade budgets` with the default settings.
+/// The budgets tables of README.md and of the client guide are the output of
+/// `palisade budgets` with the default settings.
 #[test]
 fn readme_budgets_table_matches_palisade_budgets() {
     let table =
         palisade::limiter::Budgets::from_settings(&palisade::config::LimitSettings::default())
             .markdown();
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    assert!(
-        readme.contains(&table),
-        "README.md is stale: paste the output of `palisade budgets`"
-    );
+    for doc in ["README.md", "docs/CLIENTS.md"] {
+        let text =
+            std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(doc))
+                .unwrap();
+        assert!(
+            text.contains(&table),
+            "{doc} is stale: paste the output of `palisade budgets`"
+        );
+    }
 }
