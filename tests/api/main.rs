@@ -14,3 +14,4 @@ mod lockout;
 mod nginx;
 mod reputation;
 mod scoring;
+mod security;
