@@ -138,5 +138,105 @@ pub fn asn_lookups(c: &mut Criterion) {
             black_box(snapshot.lookup(queries[i], &factors).asn)
         });
     });
+
+    // The same ranges written as a GeoLite2-ASN-format .mmdb (mmdb-writer), read by the
+    // `maxminddb` crate through the same code path (`asn/*.mmdb` in the data dir).
+    let started = Instant::now();
+    let (mmdb, networks) = mmdb_from_csvs(&[
+        shared("asn/ip-location-db-asn-ipv4.csv"),
+        shared("asn/ip-location-db-asn-ipv6.csv"),
+    ]);
+    println!(
+        "asn: {networks} networks written as a {} MiB .mmdb in {:.1} s",
+        mmdb.len() / (1024 * 1024),
+        started.elapsed().as_secs_f64()
+    );
+    let mmdb_dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(mmdb_dir.path().join("asn")).unwrap();
+    std::fs::write(mmdb_dir.path().join("asn/asn.mmdb"), &mmdb).unwrap();
+    let from_mmdb = palisade::reputation::load(mmdb_dir.path()).expect("the mmdb loads");
+    // Same answers on every query address.
+    let aliased = |ip: &IpAddr| match ip {
+        IpAddr::V6(v6) => matches!(v6.segments(), [0x2001, 0, ..] | [0x2002, ..]),
+        IpAddr::V4(_) => false,
+    };
+    for ip in queries.iter().filter(|ip| !aliased(ip)) {
+        assert_eq!(
+            snapshot.asn(*ip).map(|a| a.0),
+            from_mmdb.asn(*ip).map(|a| a.0),
+            "{ip}"
+        );
+    }
+    group.bench_function(BenchmarkId::new("palisade_asn_ranges", asn_ranges), |b| {
+        b.iter(|| {
+            i = (i + 1) % queries.len();
+            black_box(snapshot.asn(queries[i]))
+        });
+    });
+    group.bench_function(BenchmarkId::new("maxminddb_same_data", asn_ranges), |b| {
+        b.iter(|| {
+            i = (i + 1) % queries.len();
+            black_box(from_mmdb.asn(queries[i]))
+        });
+    });
+    group.bench_function(BenchmarkId::new("maxminddb_verdict", asn_ranges), |b| {
+        b.iter(|| {
+            i = (i + 1) % queries.len();
+            black_box(from_mmdb.lookup(queries[i], &factors).asn)
+        });
+    });
     group.finish();
+}
+
+/// Writes `start,end,asn,org` CSVs as a GeoLite2-ASN-format database; returns its bytes and
+/// the number of networks (each range becomes the CIDRs that cover it exactly).
+fn mmdb_from_csvs(files: &[PathBuf]) -> (Vec<u8>, usize) {
+    use mmdb_writer::ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
+    use mmdb_writer::{Value, Writer};
+    let mut writer = Writer::new("GeoLite2-ASN");
+    let mut networks = 0;
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for line in text.lines() {
+            let mut fields = line.splitn(4, ',');
+            let (Some(start), Some(end), Some(asn), Some(org)) =
+                (fields.next(), fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            let (Ok(start), Ok(end), Ok(asn)) = (
+                start.parse::<IpAddr>(),
+                end.parse::<IpAddr>(),
+                asn.parse::<u32>(),
+            ) else {
+                continue;
+            };
+            let value = Value::map([
+                ("autonomous_system_number", Value::from(asn)),
+                (
+                    "autonomous_system_organization",
+                    Value::from(org.trim_matches('"')),
+                ),
+            ]);
+            let nets: Vec<IpNet> = match (start, end) {
+                (IpAddr::V4(s), IpAddr::V4(e)) => {
+                    Ipv4Subnets::new(s, e, 0).map(IpNet::V4).collect()
+                }
+                (IpAddr::V6(s), IpAddr::V6(e)) => {
+                    Ipv6Subnets::new(s, e, 0).map(IpNet::V6).collect()
+                }
+                _ => continue,
+            };
+            for net in nets {
+                // The IPv4 aliases of an IPv6 tree (2001::/32 Teredo, 2002::/16 6to4) cannot
+                // hold their own data: those few networks are left out (and not compared).
+                match writer.insert_value(net, value.clone()) {
+                    Ok(()) => networks += 1,
+                    Err(mmdb_writer::Error::AliasedNetwork(_)) => {}
+                    Err(err) => panic!("{net}: {err}"),
+                }
+            }
+        }
+    }
+    (writer.to_bytes().unwrap(), networks)
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{SettingError, setting_name};
+use crate::reputation::parse::RangeFormat;
 
 /// A range source that `palisade ranges update` downloads.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -14,8 +15,14 @@ pub struct SourceSettings {
     pub name: String,
     /// Class it assigns (the folder).
     pub class: String,
-    /// Where to download it from (`https://…` or `http://…`).
+    /// Where to download it from (`https://…` or `http://…`); empty: a local file that
+    /// `palisade ranges update` leaves alone (the entry then only sets its format).
+    #[serde(default)]
     pub url: String,
+    /// How `ranges/<class>/<name>` is parsed: `auto` (detected from the content, the
+    /// default), `cidr`, `csv`, `json` (AWS / Google) or `urls` (proxy URLs).
+    #[serde(default)]
+    pub format: crate::reputation::parse::RangeFormat,
 }
 
 /// The `[reputation]` section.
@@ -60,16 +67,19 @@ impl Default for ReputationSettings {
                     name: "aws-ip-ranges.json".to_owned(),
                     class: "datacenter".to_owned(),
                     url: "https://ip-ranges.amazonaws.com/ip-ranges.json".to_owned(),
+                    format: RangeFormat::Json,
                 },
                 SourceSettings {
                     name: "google-cloud.json".to_owned(),
                     class: "datacenter".to_owned(),
                     url: "https://www.gstatic.com/ipranges/cloud.json".to_owned(),
+                    format: RangeFormat::Json,
                 },
                 SourceSettings {
                     name: "tor-exits.txt".to_owned(),
                     class: "tor".to_owned(),
                     url: "https://check.torproject.org/torbulkexitlist".to_owned(),
+                    format: RangeFormat::Cidr,
                 },
             ],
         }
@@ -116,10 +126,13 @@ impl ReputationSettings {
                     "name and class must be plain file/folder names (no '/', not hidden)",
                 ));
             }
-            if !(source.url.starts_with("https://") || source.url.starts_with("http://")) {
+            if !(source.url.is_empty()
+                || source.url.starts_with("https://")
+                || source.url.starts_with("http://"))
+            {
                 return Err(SettingError::new(
                     key,
-                    "url must start with https:// or http://",
+                    "url must start with https:// or http:// (or be empty for a local file)",
                 ));
             }
         }

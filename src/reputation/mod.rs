@@ -149,6 +149,15 @@ fn hidden(path: &Path) -> bool {
 
 /// Loads a snapshot from the data-dir convention. A missing dir is an empty snapshot.
 pub fn load(dir: &Path) -> Result<Snapshot, LoadError> {
+    load_with(dir, &[])
+}
+
+/// Like [`load`], parsing `ranges/<class>/<name>` of a configured source in its `format`
+/// (the other files are detected from their content).
+pub fn load_with(
+    dir: &Path,
+    sources: &[crate::config::SourceSettings],
+) -> Result<Snapshot, LoadError> {
     let mut snapshot = Snapshot::default();
     let mut triples = Vec::new();
     let add_source = |snapshot: &mut Snapshot,
@@ -179,7 +188,12 @@ pub fn load(dir: &Path) -> Result<Snapshot, LoadError> {
             .filter(|p| !hidden(p))
         {
             let text = read(dir, &path)?;
-            let ranges = parse::parse_ranges(&text).map_err(|e| LoadError {
+            let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let format = sources
+                .iter()
+                .find(|s| s.class == class && s.name == file_name)
+                .map_or(parse::RangeFormat::Auto, |s| s.format);
+            let ranges = parse::parse_ranges_as(&text, format).map_err(|e| LoadError {
                 file: relative(dir, &path),
                 line: e.line,
                 reason: e.reason,
@@ -302,6 +316,15 @@ impl Snapshot {
             .collect()
     }
 
+    /// The ASN and organisation of `ip` (from the mmdb files first, then the ASN ranges).
+    pub fn asn(&self, ip: IpAddr) -> Option<(u32, String)> {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        self.asn_of(ip, parse::position(ip))
+    }
+
     fn asn_of(&self, ip: IpAddr, position: u128) -> Option<(u32, String)> {
         for reader in &self.mmdbs {
             if let Ok(result) = reader.lookup(ip)
@@ -387,7 +410,7 @@ pub struct Reputation {
 impl Reputation {
     /// Loads the data dir (a broken file stops the start with its name and line).
     pub fn open(data_dir: &Path, factors: ReputationSettings) -> Result<Self, LoadError> {
-        let snapshot = load(data_dir)?;
+        let snapshot = load_with(data_dir, &factors.sources)?;
         Ok(Self {
             data_dir: data_dir.to_owned(),
             factors,
@@ -402,14 +425,7 @@ impl Reputation {
 
     /// The ASN of `ip`, without the rest of a verdict.
     pub fn asn(&self, ip: IpAddr) -> Option<u32> {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-            v4 => v4,
-        };
-        self.current
-            .load()
-            .asn_of(ip, parse::position(ip))
-            .map(|(asn, _)| asn)
+        self.current.load().asn(ip).map(|(asn, _)| asn)
     }
 
     /// The current snapshot.
@@ -421,7 +437,8 @@ impl Reputation {
     /// on error the old one stays and the error names the file and line.
     pub async fn reload(&self) -> Result<Arc<Snapshot>, LoadError> {
         let dir = self.data_dir.clone();
-        let snapshot = tokio::task::spawn_blocking(move || load(&dir))
+        let sources = self.factors.sources.clone();
+        let snapshot = tokio::task::spawn_blocking(move || load_with(&dir, &sources))
             .await
             .map_err(|e| LoadError {
                 file: String::new(),

@@ -62,10 +62,20 @@ fn strip_comment(line: &str) -> &str {
 
 /// Detects the format and parses every range of a range file.
 pub fn parse_ranges(text: &str) -> Result<Vec<Range>, LineError> {
+    parse_ranges_as(text, RangeFormat::Auto)
+}
+
+/// Parses a range file in a given format; `Auto` detects it from the content. With an
+/// explicit format, a line of another format is an error naming the expected one.
+pub fn parse_ranges_as(text: &str, format: RangeFormat) -> Result<Vec<Range>, LineError> {
     let trimmed = text.trim_start();
-    if trimmed.starts_with('{') {
+    if format == RangeFormat::Json || (format == RangeFormat::Auto && trimmed.starts_with('{')) {
         return parse_cloud_json(text);
     }
+    let refuse = |line_no: usize, line: &str| LineError {
+        line: line_no,
+        reason: format!("{line:.60?} is not a {} line", format.as_str()),
+    };
     let mut ranges = Vec::new();
     for (index, raw) in text.lines().enumerate() {
         let line_no = index + 1;
@@ -73,11 +83,14 @@ pub fn parse_ranges(text: &str) -> Result<Vec<Range>, LineError> {
         if line.is_empty() {
             continue;
         }
-        if let Some(range) = parse_cidr_or_ip(line) {
+        let allows = |f: RangeFormat| format == RangeFormat::Auto || format == f;
+        if allows(RangeFormat::Cidr)
+            && let Some(range) = parse_cidr_or_ip(line)
+        {
             ranges.push(range);
             continue;
         }
-        if line.contains(',') {
+        if allows(RangeFormat::Csv) && line.contains(',') {
             match parse_csv_line(line) {
                 Some(range) => ranges.push(range),
                 // A header line (first line, no address in it) is skipped.
@@ -91,7 +104,9 @@ pub fn parse_ranges(text: &str) -> Result<Vec<Range>, LineError> {
             }
             continue;
         }
-        if let Some((_, rest)) = line.split_once("://") {
+        if allows(RangeFormat::Urls)
+            && let Some((_, rest)) = line.split_once("://")
+        {
             let host = rest
                 .rsplit_once(':')
                 .map_or(rest, |(h, _)| h)
@@ -107,12 +122,45 @@ pub fn parse_ranges(text: &str) -> Result<Vec<Range>, LineError> {
             }
             continue;
         }
+        if format != RangeFormat::Auto {
+            return Err(refuse(line_no, line));
+        }
         return Err(LineError {
             line: line_no,
             reason: format!("{line:.60?} is not an IP address or CIDR"),
         });
     }
     Ok(ranges)
+}
+
+/// The format of a range file (`[[reputation.sources]] format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RangeFormat {
+    /// Detected from the content.
+    #[default]
+    Auto,
+    /// One IP or CIDR per line, `#` comments.
+    Cidr,
+    /// CSV rows: a CIDR column, start,end columns, or an IP column; a header line is skipped.
+    Csv,
+    /// AWS `ip-ranges.json` or Google `cloud.json`.
+    Json,
+    /// Proxy URLs (`scheme://IP:port`).
+    Urls,
+}
+
+impl RangeFormat {
+    /// The name in the settings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RangeFormat::Auto => "auto",
+            RangeFormat::Cidr => "cidr",
+            RangeFormat::Csv => "csv",
+            RangeFormat::Json => "json",
+            RangeFormat::Urls => "urls",
+        }
+    }
 }
 
 /// CSV: a CIDR in the first column; or start,end IPs in the first two; or an IP in any column.
@@ -226,6 +274,18 @@ mod tests {
         assert_eq!(err.line, 2);
         let err = parse_ranges("1.1.1.1\nnot an ip\n").unwrap_err();
         assert_eq!(err.line, 2);
+        // An explicit format refuses the others' lines, naming the line.
+        let err = parse_ranges_as("10.0.0.0/8\n1.2.3.4,5.6.7.8\n", RangeFormat::Cidr).unwrap_err();
+        assert_eq!(err.line, 2);
+        assert!(err.reason.contains("cidr"), "{}", err.reason);
+        assert!(parse_ranges_as("1.2.3.4,5.6.7.8\n", RangeFormat::Csv).is_ok());
+        assert!(parse_ranges_as("10.0.0.0/8\n", RangeFormat::Json).is_err());
+        assert_eq!(
+            parse_ranges_as("socks5://1.2.3.4:1080\n", RangeFormat::Urls)
+                .unwrap()
+                .len(),
+            1
+        );
         let err = parse_asns("AS1\nASX\n").unwrap_err();
         assert_eq!(err.line, 2);
         assert!(parse_ranges("{\"prefixes\": [").is_err());

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::parse::parse_ranges;
+use super::parse::parse_ranges_as;
 use crate::config::SourceSettings;
 
 /// Largest download accepted.
@@ -33,7 +33,7 @@ pub async fn update(
         }
     };
     let mut results = Vec::with_capacity(sources.len());
-    for source in sources {
+    for source in sources.iter().filter(|s| !s.url.is_empty()) {
         results.push((
             format!("ranges/{}/{}", source.class, source.name),
             update_one(&client, data_dir, source).await,
@@ -64,7 +64,7 @@ async fn update_one(
     }
     let text = String::from_utf8(body.to_vec())
         .map_err(|_| format!("{} is not UTF-8 text", source.url))?;
-    let ranges = parse_ranges(&text)
+    let ranges = parse_ranges_as(&text, source.format)
         .map_err(|e| format!("{}: {e}; the previous file is kept", source.url))?;
     if ranges.is_empty() {
         return Err(format!(

@@ -302,3 +302,38 @@ async fn reputation_route_answers_and_reload_swaps_or_keeps(app: TestApp) {
         .unwrap();
     assert_eq!(audit["items"].as_array().unwrap().len(), 6);
 }
+
+/// A source configured with an explicit format is parsed as that format only; the others
+/// are still detected from their content.
+#[test]
+fn configured_formats_are_enforced_with_file_and_line() {
+    use palisade::config::SourceSettings;
+    use palisade::reputation::parse::RangeFormat;
+    let dir = tempfile::tempdir().unwrap();
+    lay_out(
+        dir.path(),
+        &[
+            ("cloud/aws-ip-ranges.json", "ranges/datacenter/aws.json"),
+            ("tor/tor-exit-relays.csv", "ranges/tor/exits.csv"),
+        ],
+    );
+    let source = |name: &str, class: &str, format| SourceSettings {
+        name: name.to_owned(),
+        class: class.to_owned(),
+        url: String::new(),
+        format,
+    };
+    let right = [
+        source("aws.json", "datacenter", RangeFormat::Json),
+        source("exits.csv", "tor", RangeFormat::Csv),
+    ];
+    let snapshot = palisade::reputation::load_with(dir.path(), &right).expect("formats match");
+    assert!(snapshot.ranges > 1000);
+    // The Tor CSV declared as a plain CIDR list: refused at its first data line, named.
+    let wrong = [source("exits.csv", "tor", RangeFormat::Cidr)];
+    let err = palisade::reputation::load_with(dir.path(), &wrong).unwrap_err();
+    assert_eq!(err.file, "ranges/tor/exits.csv");
+    assert!(err.line >= 1 && err.reason.contains("cidr"), "{err:?}");
+    // Undeclared, the same file is detected as CSV.
+    assert!(palisade::reputation::load(dir.path()).is_ok());
+}
