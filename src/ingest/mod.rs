@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::clock::Clock;
-use crate::lockout::{AccountStatus, Lockouts, LoginContext};
+use crate::lockout::{AccountStatus, Lockouts, LoginContext, LoginEvent};
 use crate::model::{ClientIp, SubjectKey};
 use crate::scoring::Engine;
 use crate::store::Durable;
@@ -25,8 +25,6 @@ use requests::RequestEvent;
 pub const MAX_AUTH_BATCH: usize = 1000;
 /// Events older than this are rejected (ms).
 pub const MAX_AGE_MS: i64 = 24 * 3_600_000;
-/// Accounts of one batch processed at once.
-const CONCURRENT_ACCOUNTS: usize = 64;
 /// Events further in the future than this are rejected (ms).
 pub const MAX_FUTURE_MS: i64 = 5 * 60_000;
 
@@ -250,11 +248,10 @@ impl Ingest {
     /// Stores a parsed batch (idempotent by `event_id`), then feeds every event to the
     /// lockout signals and answers each account's status.
     ///
-    /// Accounts are independent, so their events are processed concurrently (the Redis
-    /// connection pipelines the commands); one account's events run in time order.
+    /// The batch's window operations run as one hot-store call (one script on a single
+    /// Redis), account by account and each account's events in time order; the statuses
+    /// are one more call and one pipeline.
     pub async fn auth_events(&self, events: Vec<AuthEvent>) -> Result<Outcome, Error> {
-        use futures_util::stream::{self, StreamExt, TryStreamExt};
-
         let now = self.clock.now_ms();
         for event in &events {
             metrics::histogram!(names::INGEST_LAG_SECONDS, "source" => "auth")
@@ -286,36 +283,22 @@ impl Ingest {
                     .map(|e| (e.context.account_name.clone(), e.context.clone()))
             })
             .collect();
-        stream::iter(groups)
-            .map(|group| {
-                let lockouts = self.lockouts.clone();
-                async move {
-                    for event in group {
-                        match event.kind {
-                            AuthKind::LoginFailure => {
-                                lockouts
-                                    .record_failure(&event.context, &event.event_id, event.ts_ms)
-                                    .await?;
-                            }
-                            AuthKind::LoginSuccess => {
-                                lockouts.record_success(&event.context, event.ts_ms).await?
-                            }
-                        }
-                    }
-                    Ok::<(), Error>(())
-                }
+        // Every event in one sequence, account by account (each in time order): one
+        // hot-store call records the whole batch, then each failure's consequences follow.
+        let ordered: Vec<LoginEvent<'_>> = groups
+            .iter()
+            .flatten()
+            .map(|event| LoginEvent {
+                context: &event.context,
+                event_id: &event.event_id,
+                ts_ms: event.ts_ms,
+                failure: event.kind == AuthKind::LoginFailure,
             })
-            .buffer_unordered(CONCURRENT_ACCOUNTS)
-            .try_collect::<Vec<()>>()
-            .await?;
-        let decisions = stream::iter(contexts)
-            .map(|(account, context)| {
-                let lockouts = self.lockouts.clone();
-                async move { Ok::<_, Error>((account, lockouts.status(&context).await?)) }
-            })
-            .buffered(CONCURRENT_ACCOUNTS)
-            .try_collect()
-            .await?;
+            .collect();
+        self.lockouts.record_events(&ordered).await?;
+        let (accounts, contexts): (Vec<String>, Vec<LoginContext>) = contexts.into_iter().unzip();
+        let statuses = self.lockouts.statuses(&contexts).await?;
+        let decisions = accounts.into_iter().zip(statuses).collect();
         Ok(Outcome {
             accepted,
             duplicates,

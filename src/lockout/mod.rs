@@ -26,7 +26,7 @@ use crate::config::LockoutSettings;
 use crate::model::{ClientIp, SubjectKey};
 use crate::scoring::{DecisionChange, Engine, Factor};
 use crate::store::{Durable, Hot, Keys, Stores};
-use velocity::WindowOp;
+use velocity::{Step, WindowOp};
 
 /// A lockout record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -131,6 +131,19 @@ pub struct LoginContext {
     pub device: Option<SubjectKey>,
 }
 
+/// One login event to record ([`Lockouts::record_events`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LoginEvent<'a> {
+    /// Who, from where.
+    pub context: &'a LoginContext,
+    /// The event's id (failures are counted by it, so a retry counts nothing twice).
+    pub event_id: &'a str,
+    /// When, Unix ms.
+    pub ts_ms: i64,
+    /// A failure (else a success).
+    pub failure: bool,
+}
+
 /// Why a lockout operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -230,12 +243,105 @@ impl Lockouts {
         event_id: &str,
         ts_ms: i64,
     ) -> Result<(), Error> {
-        let now = self.clock.now_ms();
-        let window = self.window_ms();
-        let ops = self.context_windows(context, Some((event_id.to_owned(), ts_ms)));
-        let counts = velocity::record(&self.hot, &ops, now, window, velocity::WINDOW_CAP).await?;
-        let account_failures = counts.first().map_or(0, |c| c.0);
+        self.record_events(&[LoginEvent {
+            context,
+            event_id,
+            ts_ms,
+            failure: true,
+        }])
+        .await
+    }
 
+    /// Records login events in order: every window operation of the whole batch in one
+    /// hot-store call (one script on a single Redis), then each failure's consequences
+    /// (challenge factor, spraying, lockout) in order, exactly as if recorded one by one.
+    pub async fn record_events(&self, events: &[LoginEvent<'_>]) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        let mut steps = Vec::new();
+        let mut spans = Vec::with_capacity(events.len());
+        for event in events {
+            let start = steps.len();
+            if event.failure {
+                self.failure_steps(event, &mut steps);
+            } else {
+                self.success_steps(event, &mut steps);
+            }
+            spans.push(start..steps.len());
+        }
+        let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
+        for (event, span) in events.iter().zip(spans) {
+            if event.failure {
+                self.after_failure(event.context, &counts[span], now)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn step(&self, key: String, add: Option<(String, i64)>) -> Step {
+        Step {
+            key,
+            add,
+            window_ms: self.window_ms(),
+            cap: velocity::WINDOW_CAP,
+            gap: false,
+            delete: false,
+        }
+    }
+
+    /// A failure's window operations: the account's windows (account, +IP, +device), then
+    /// per source the distinct accounts failing from it (and, for an IP, its failures).
+    fn failure_steps(&self, event: &LoginEvent<'_>, steps: &mut Vec<Step>) {
+        let add = Some((event.event_id.to_owned(), event.ts_ms));
+        for op in self.context_windows(event.context, add.clone()) {
+            steps.push(self.step(op.key, op.add));
+        }
+        let account = Some((event.context.account.as_str().to_owned(), event.ts_ms));
+        let ip = SubjectKey::ip(&event.context.ip);
+        steps.push(self.step(self.keys.window(&ip, "a"), account.clone()));
+        steps.push(self.step(self.keys.window(&ip, "f"), add));
+        if let Some(device) = &event.context.device {
+            steps.push(self.step(self.keys.window(device, "a"), account));
+        }
+    }
+
+    /// A success's operations: its IP and device become known to the account (the
+    /// lockout-DoS rule), and the account+IP / account+device failure windows are cleared.
+    fn success_steps(&self, event: &LoginEvent<'_>, steps: &mut Vec<Step>) {
+        let known_ms = i64::try_from(self.settings.known_for_days.saturating_mul(86_400_000))
+            .unwrap_or(i64::MAX);
+        let context = event.context;
+        let mut members = vec![SubjectKey::ip(&context.ip).to_string()];
+        members.extend(context.device.as_ref().map(ToString::to_string));
+        let known = self.keys.known(&context.account);
+        for member in members {
+            steps.push(Step {
+                key: known.clone(),
+                add: Some((member, event.ts_ms)),
+                window_ms: known_ms,
+                cap: velocity::KNOWN_CAP,
+                gap: false,
+                delete: false,
+            });
+        }
+        for op in self.context_windows(context, None).into_iter().skip(1) {
+            steps.push(Step {
+                delete: true,
+                ..self.step(op.key, None)
+            });
+        }
+    }
+
+    /// What a recorded failure leads to, from its windows' counts (in `failure_steps` order).
+    async fn after_failure(
+        &self,
+        context: &LoginContext,
+        counts: &[(u32, Option<i64>)],
+        now: i64,
+    ) -> Result<(), Error> {
+        let window = self.window_ms();
+        let count = |i: usize| counts.get(i).map_or(0, |c| c.0);
+        let account_failures = count(0);
         let window_s = self.settings.window_s;
         let challenge = self.settings.challenge_after;
         if account_failures >= challenge
@@ -257,49 +363,39 @@ impl Lockouts {
                 )
                 .await?;
         }
-
-        let mut sources = vec![SubjectKey::ip(&context.ip)];
-        sources.extend(context.device.clone());
-        for source in sources {
-            let is_ip = source.kind() == crate::model::SubjectKind::Ip;
-            let mut ops = vec![WindowOp {
-                key: self.keys.window(&source, "a"),
-                add: Some((context.account.as_str().to_owned(), ts_ms)),
-            }];
-            if is_ip {
-                ops.push(WindowOp {
-                    key: self.keys.window(&source, "f"),
-                    add: Some((event_id.to_owned(), ts_ms)),
-                });
-            }
-            let counts =
-                velocity::record(&self.hot, &ops, now, window, velocity::WINDOW_CAP).await?;
-            let distinct = counts.first().map_or(0, |c| c.0);
-            if distinct >= self.settings.spray_accounts {
-                self.spraying(&source, distinct, now).await?;
-            }
-            let failures = counts.get(1).map_or(0, |c| c.0);
-            let threshold = self.settings.ip_failures;
-            if is_ip && failures >= threshold && (failures - threshold).is_multiple_of(threshold) {
-                self.scoring
-                    .assert(
-                        &source,
-                        Factor::scale(
-                            SIGNAL,
-                            "ip_failures",
-                            self.settings.failure_factor,
-                            format!(
-                                "{failures} failed logins from this IP in {} min",
-                                window_s / 60
-                            ),
-                        )
-                        .on_classes(&["auth"])
-                        .until(now + window),
+        // After the account's windows (2, or 3 with a device): the IP's, then the device's.
+        let first_source = if context.device.is_some() { 3 } else { 2 };
+        let ip = SubjectKey::ip(&context.ip);
+        let distinct = count(first_source);
+        if distinct >= self.settings.spray_accounts {
+            self.spraying(&ip, distinct, now).await?;
+        }
+        let failures = count(first_source + 1);
+        let threshold = self.settings.ip_failures;
+        if failures >= threshold && (failures - threshold).is_multiple_of(threshold) {
+            self.scoring
+                .assert(
+                    &ip,
+                    Factor::scale(
+                        SIGNAL,
+                        "ip_failures",
+                        self.settings.failure_factor,
+                        format!(
+                            "{failures} failed logins from this IP in {} min",
+                            window_s / 60
+                        ),
                     )
-                    .await?;
+                    .on_classes(&["auth"])
+                    .until(now + window),
+                )
+                .await?;
+        }
+        if let Some(device) = &context.device {
+            let distinct = count(first_source + 2);
+            if distinct >= self.settings.spray_accounts {
+                self.spraying(device, distinct, now).await?;
             }
         }
-
         let counts = policy::Counts {
             account: account_failures,
             ..policy::Counts::default()
@@ -445,30 +541,13 @@ impl Lockouts {
     /// Records a successful login: its IP and device become known to the account (the
     /// lockout-DoS rule), and the account+IP / account+device failure windows are cleared.
     pub async fn record_success(&self, context: &LoginContext, ts_ms: i64) -> Result<(), Error> {
-        let now = self.clock.now_ms();
-        let known_ms = i64::try_from(self.settings.known_for_days.saturating_mul(86_400_000))
-            .unwrap_or(i64::MAX);
-        let mut members = vec![SubjectKey::ip(&context.ip).to_string()];
-        members.extend(context.device.as_ref().map(ToString::to_string));
-        let known = self.keys.known(&context.account);
-        let ops: Vec<WindowOp> = members
-            .into_iter()
-            .map(|member| WindowOp {
-                key: known.clone(),
-                add: Some((member, ts_ms)),
-            })
-            .collect();
-        for op in ops {
-            velocity::record(&self.hot, &[op], now, known_ms, velocity::KNOWN_CAP).await?;
-        }
-        let pairs: Vec<String> = self
-            .context_windows(context, None)
-            .into_iter()
-            .skip(1)
-            .map(|op| op.key)
-            .collect();
-        velocity::clear(&self.hot, &pairs).await?;
-        Ok(())
+        self.record_events(&[LoginEvent {
+            context,
+            event_id: "",
+            ts_ms,
+            failure: false,
+        }])
+        .await
     }
 
     async fn is_known(&self, context: &LoginContext, now: i64) -> Result<bool, Error> {
@@ -486,24 +565,56 @@ impl Lockouts {
     /// What the auth service must do for a login attempt in this context, from the hot store
     /// only (no SQL per login).
     pub async fn status(&self, context: &LoginContext) -> Result<AccountStatus, Error> {
+        let mut statuses = self.statuses(std::slice::from_ref(context)).await?;
+        Ok(statuses.pop().expect("one status per context"))
+    }
+
+    /// [`Lockouts::status`] of many attempts at once: every window count in one hot-store
+    /// call and every lock marker in one pipeline (an ingest batch's answer).
+    pub async fn statuses(&self, contexts: &[LoginContext]) -> Result<Vec<AccountStatus>, Error> {
         let now = self.clock.now_ms();
-        let counts = velocity::record(
-            &self.hot,
-            &self.context_windows(context, None),
-            now,
-            self.window_ms(),
-            velocity::WINDOW_CAP,
-        )
-        .await?;
+        let mut steps = Vec::new();
+        let mut spans = Vec::with_capacity(contexts.len());
+        for context in contexts {
+            let start = steps.len();
+            for (i, op) in self.context_windows(context, None).into_iter().enumerate() {
+                steps.push(Step {
+                    gap: i == 0,
+                    ..self.step(op.key, None)
+                });
+            }
+            spans.push(start..steps.len());
+        }
+        let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
+        let accounts: Vec<&SubjectKey> = contexts.iter().map(|c| &c.account).collect();
+        let locks = velocity::locks(&self.hot, &self.keys, &accounts, now).await?;
+        let mut out = Vec::with_capacity(contexts.len());
+        for ((context, span), lock) in contexts.iter().zip(spans).zip(locks) {
+            let known = match &lock {
+                Some(_) => self.is_known(context, now).await?,
+                None => false,
+            };
+            out.push(self.decide_status(&counts[span], lock, known, now));
+        }
+        Ok(out)
+    }
+
+    /// The status from an account's window counts (account with its gap, +IP, +device), its
+    /// lock marker and whether this IP/device logged in successfully before.
+    fn decide_status(
+        &self,
+        counts: &[(u32, Option<i64>)],
+        lock: Option<(String, i64)>,
+        known: bool,
+        now: i64,
+    ) -> AccountStatus {
         let count = |i: usize| counts.get(i).map_or(0, |c| c.0);
         let newest_gap = counts.first().and_then(|c| c.1);
         let failures = count(0);
-        if let Some((lockout_id, ttl_ms)) =
-            velocity::lock(&self.hot, &self.keys, &context.account, now).await?
-        {
+        if let Some((lockout_id, ttl_ms)) = lock {
             let locked_until = now.saturating_add(ttl_ms.min(PERMANENT_MS));
-            if self.is_known(context, now).await? {
-                return Ok(AccountStatus {
+            if known {
+                return AccountStatus {
                     action: Action::Challenge,
                     locked_until_ms: None,
                     lockout_id: Some(lockout_id),
@@ -512,9 +623,9 @@ impl Lockouts {
                         "known_context",
                         "the account is locked, but this IP or device logged in successfully before: challenge instead",
                     )],
-                });
+                };
             }
-            return Ok(AccountStatus {
+            return AccountStatus {
                 action: Action::Lockout,
                 locked_until_ms: Some(locked_until),
                 lockout_id: Some(lockout_id),
@@ -523,7 +634,7 @@ impl Lockouts {
                     "account_locked",
                     "the account is locked after repeated failures",
                 )],
-            });
+            };
         }
         let too_fast = newest_gap.is_some_and(|gap| {
             gap > 0 && gap < i64::try_from(self.settings.human_interval_ms).unwrap_or(0)
@@ -546,13 +657,13 @@ impl Lockouts {
                 "the last lockout has ended; failures are still in the window",
             ));
         }
-        Ok(AccountStatus {
+        AccountStatus {
             action,
             locked_until_ms: None,
             lockout_id: None,
             failures_in_window: failures,
             reasons,
-        })
+        }
     }
 
     /// Lockouts matching `query`, newest first, and the cursor of the next page.

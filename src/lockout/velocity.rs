@@ -4,7 +4,7 @@
 use redis::Value;
 
 use crate::model::SubjectKey;
-use crate::store::scripts::VELOCITY_WINDOW;
+use crate::store::scripts::{VELOCITY_BATCH, VELOCITY_WINDOW};
 use crate::store::{Error, Hot, Keys};
 
 /// Most entries kept per window (thresholds are validated to be at most this).
@@ -23,6 +23,119 @@ pub struct WindowOp {
 
 /// Per window: count within the window, ms between its two newest entries (if two).
 pub type WindowCounts = Vec<(u32, Option<i64>)>;
+
+/// One step of a sequence of window operations ([`run_sequence`]).
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Redis key of the window.
+    pub key: String,
+    /// `(member, score_ms)` to add; None only counts.
+    pub add: Option<(String, i64)>,
+    /// The window's length, ms.
+    pub window_ms: i64,
+    /// Most entries kept.
+    pub cap: usize,
+    /// Also report the gap between the two newest entries.
+    pub gap: bool,
+    /// Delete the window instead (a success clears the pair windows).
+    pub delete: bool,
+}
+
+/// Runs window operations in order, each seeing the ones before.
+///
+/// Keys of any subjects may repeat: a whole ingest batch is **one** script call on a single
+/// Redis. On a cluster a
+/// script may touch one slot only, so each step is its own call there. Returns, per step,
+/// the count in its window and (when asked) the gap; `(0, None)` for a delete.
+pub async fn run_sequence(hot: &Hot, steps: &[Step], now_ms: i64) -> Result<WindowCounts, Error> {
+    match hot {
+        Hot::Memory(memory) => Ok(steps
+            .iter()
+            .map(|step| {
+                if step.delete {
+                    memory.window_clear(std::slice::from_ref(&step.key));
+                    return (0, None);
+                }
+                let (count, gap) = memory.window_record(
+                    &[(step.key.clone(), step.add.clone())],
+                    now_ms,
+                    step.window_ms,
+                    step.cap,
+                )[0];
+                (count, gap.filter(|_| step.gap))
+            })
+            .collect()),
+        Hot::Redis(redis) if redis.is_cluster() => {
+            let mut out = Vec::with_capacity(steps.len());
+            for step in steps {
+                if step.delete {
+                    clear(hot, std::slice::from_ref(&step.key)).await?;
+                    out.push((0, None));
+                    continue;
+                }
+                let op = WindowOp {
+                    key: step.key.clone(),
+                    add: step.add.clone(),
+                };
+                let (count, gap) = record(hot, &[op], now_ms, step.window_ms, step.cap).await?[0];
+                out.push((count, gap.filter(|_| step.gap)));
+            }
+            Ok(out)
+        }
+        Hot::Redis(redis) => {
+            if steps.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut keys: Vec<String> = Vec::new();
+            let mut index: std::collections::HashMap<&str, usize> =
+                std::collections::HashMap::new();
+            let mut args = Vec::with_capacity(1 + steps.len() * 6);
+            args.push(now_ms.to_string());
+            for step in steps {
+                let at = *index.entry(step.key.as_str()).or_insert_with(|| {
+                    keys.push(step.key.clone());
+                    keys.len()
+                });
+                let (member, score) = step.add.clone().unwrap_or_default();
+                args.push(at.to_string());
+                args.push(member);
+                args.push(score.to_string());
+                args.push(step.window_ms.to_string());
+                args.push(step.cap.to_string());
+                args.push(
+                    if step.delete {
+                        "x"
+                    } else if step.gap {
+                        "g"
+                    } else {
+                        "w"
+                    }
+                    .to_owned(),
+                );
+            }
+            let reply: Vec<Value> = redis.eval(&VELOCITY_BATCH, &keys, &args).await?;
+            Ok(pairs(&reply))
+        }
+    }
+}
+
+fn pairs(reply: &[Value]) -> WindowCounts {
+    let ints: Vec<i64> = reply
+        .iter()
+        .map(|v| match v {
+            Value::Int(i) => *i,
+            _ => 0,
+        })
+        .collect();
+    ints.chunks_exact(2)
+        .map(|pair| {
+            (
+                u32::try_from(pair[0]).unwrap_or(0),
+                (pair[1] >= 0).then_some(pair[1]),
+            )
+        })
+        .collect()
+}
 
 /// Records into (and counts) windows of one subject, atomically.
 pub async fn record(
@@ -52,22 +165,7 @@ pub async fn record(
                 args.push(score.to_string());
             }
             let reply: Vec<Value> = redis.eval(&VELOCITY_WINDOW, &keys, &args).await?;
-            let ints: Vec<i64> = reply
-                .iter()
-                .map(|v| match v {
-                    Value::Int(i) => *i,
-                    _ => 0,
-                })
-                .collect();
-            Ok(ints
-                .chunks_exact(2)
-                .map(|pair| {
-                    (
-                        u32::try_from(pair[0]).unwrap_or(0),
-                        (pair[1] >= 0).then_some(pair[1]),
-                    )
-                })
-                .collect())
+            Ok(pairs(&reply))
         }
     }
 }
@@ -158,6 +256,49 @@ pub async fn lock(
             Ok(id
                 .filter(|_| ttl != -2)
                 .map(|id| (id, if ttl < 0 { i64::MAX } else { ttl })))
+        }
+    }
+}
+
+/// The lock markers of many accounts: one pipeline on a single Redis (one call per account
+/// on a cluster, where the markers live in different slots).
+pub async fn locks(
+    hot: &Hot,
+    keys: &Keys,
+    accounts: &[&SubjectKey],
+    now_ms: i64,
+) -> Result<Vec<Option<(String, i64)>>, Error> {
+    match hot {
+        Hot::Redis(redis) if !redis.is_cluster() && accounts.len() > 1 => {
+            let mut pipe = redis::pipe();
+            for account in accounts {
+                let key = keys.lock(account);
+                pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
+            }
+            let reply: Vec<Value> = redis.query_pipeline(&pipe).await?;
+            Ok(reply
+                .chunks_exact(2)
+                .map(|pair| {
+                    let id = match &pair[0] {
+                        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+                        Value::SimpleString(text) => Some(text.clone()),
+                        _ => None,
+                    };
+                    let ttl = match pair[1] {
+                        Value::Int(ttl) => ttl,
+                        _ => -2,
+                    };
+                    id.filter(|_| ttl != -2)
+                        .map(|id| (id, if ttl < 0 { i64::MAX } else { ttl }))
+                })
+                .collect())
+        }
+        _ => {
+            let mut out = Vec::with_capacity(accounts.len());
+            for account in accounts {
+                out.push(lock(hot, keys, account, now_ms).await?);
+            }
+            Ok(out)
         }
     }
 }

@@ -20,6 +20,7 @@ on_both_backends!(
     analyst_cannot_ingest_and_ingest_cannot_release,
     a_bad_event_rejects_the_whole_batch,
     old_events_are_pruned_and_lockouts_kept,
+    one_batch_decides_like_the_same_events_one_by_one,
 );
 
 fn failure(id: &str, account: &str, ip: &str) -> Value {
@@ -447,4 +448,98 @@ async fn two_failures_faster_than_a_human_ask_for_a_challenge_on_both_backends()
             "faster_than_human"
         );
     }
+}
+
+/// A batch is recorded in one hot-store call; it must decide exactly what the same events
+/// posted one at a time decide: challenges, a success clearing the pair windows, spraying
+/// across accounts, a lockout.
+async fn one_batch_decides_like_the_same_events_one_by_one(batched: TestApp) {
+    let single = TestApp::spawn(batched.backend).await.unwrap();
+    let start = batched.app.clock.now_ms() - 300_000;
+    let mut events = Vec::new();
+    let mut event = |account: &str, ip: &str, device: Option<&str>, kind: &str| {
+        let n = events.len() as i64;
+        let ts = chrono::DateTime::from_timestamp_millis(start + n * 2_000)
+            .unwrap()
+            .to_rfc3339();
+        let mut e = json!({"event_id": format!("e{n}"), "type": kind, "account": account,
+            "ip": ip, "ts": ts});
+        if let Some(device) = device {
+            e["device_id"] = json!(device);
+        }
+        events.push(e);
+    };
+    for _ in 0..7 {
+        event("amy", "198.51.100.1", Some("dev-a"), "login_failure");
+    }
+    event("amy", "198.51.100.1", Some("dev-a"), "login_success");
+    for _ in 0..2 {
+        event("amy", "198.51.100.1", Some("dev-a"), "login_failure");
+    }
+    for i in 0..21 {
+        event(
+            &format!("sprayed-{i}"),
+            "203.0.113.50",
+            None,
+            "login_failure",
+        );
+    }
+    for i in 0..11 {
+        event("ben", &format!("192.0.2.{}", i + 1), None, "login_failure");
+    }
+    let answer = batched.post_auth(events.clone()).await;
+    assert_eq!(answer["accepted"], events.len());
+    for e in &events {
+        single.post_auth(vec![e.clone()]).await;
+    }
+    let summary = |status: &Value| {
+        let codes: Vec<&str> = status["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["code"].as_str().unwrap())
+            .collect();
+        (
+            status["action"].clone(),
+            status["failures_in_window"].clone(),
+            codes.join(","),
+        )
+    };
+    for (account, ip, device) in [
+        ("amy", "198.51.100.1", Some("dev-a")),
+        ("amy", "198.51.100.9", None),
+        ("sprayed-3", "203.0.113.50", None),
+        ("ben", "192.0.2.1", None),
+    ] {
+        let a = batched.status(account, ip, device).await;
+        let b = single.status(account, ip, device).await;
+        assert_eq!(summary(&a), summary(&b), "{account} from {ip}: {a} vs {b}");
+    }
+    // The success in the middle cleared amy's pair windows: 9 account failures, 2 from the pair.
+    let amy = summary(&batched.status("amy", "198.51.100.1", Some("dev-a")).await);
+    assert_eq!(
+        amy,
+        (json!("challenge"), json!(9), "account_failures".to_owned())
+    );
+    assert_eq!(
+        batched.status("ben", "192.0.2.1", None).await["action"],
+        "lockout"
+    );
+    assert_eq!(batched.lockouts("?account=ben").await.len(), 1);
+    assert_eq!(single.lockouts("?account=ben").await.len(), 1);
+    let sprayer = "/v1/multipliers?ip=203.0.113.50&endpoint=/auth/login&method=POST";
+    let a: Value = batched
+        .get(sprayer, Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let b: Value = single
+        .get(sprayer, Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(a["multiplier"], 0.0, "{a}");
+    assert_eq!(a["multiplier"], b["multiplier"]);
 }

@@ -1,0 +1,56 @@
+-- velocity_batch.lua: a whole ingest batch's window operations in one call, in order.
+-- KEYS   every window key the batch touches (distinct; a single Redis, not a cluster:
+--        on a cluster the caller sends one op per call instead)
+-- ARGV   [1] now_ms, then 6 fields per op, in the order the events happened:
+--        key index (into KEYS), member ('' = only count; '-' with kind 'x'), score (ms),
+--        window_ms, cap (most entries kept), flags: 'w' record/count, 'g' the same and also
+--        return the gap, 'x' delete the key (a success clears the pair windows)
+-- Idem.  members are event ids (or account names for distinct-account windows): a retried
+--        event adds nothing, so a retried batch counts nothing twice.
+-- Returns per op: {count in window, ms between the two newest entries or -1} (0, -1 for 'x')
+-- Time   windows end at the caller's now_ms, the auth service's clock (as velocity_window.lua).
+local call = redis.call
+local now = tonumber(ARGV[1])
+local pruned = {}
+local expire = {}
+local out = {}
+local ops = (#ARGV - 1) / 6
+for j = 0, ops - 1 do
+  local base = 2 + 6 * j
+  local index = tonumber(ARGV[base])
+  local key = KEYS[index]
+  local member = ARGV[base + 1]
+  local window = tonumber(ARGV[base + 3])
+  local flags = ARGV[base + 5]
+  local cutoff = now - window
+  if flags == 'x' then
+    call('DEL', key)
+    pruned[index] = nil
+    expire[index] = nil
+    out[#out + 1] = 0
+    out[#out + 1] = -1
+  else
+    if not pruned[index] then
+      call('ZREMRANGEBYSCORE', key, '-inf', '(' .. cutoff)
+      pruned[index] = true
+    end
+    if member ~= '' then
+      call('ZADD', key, ARGV[base + 2], member)
+      local cap = tonumber(ARGV[base + 4])
+      local size = call('ZCARD', key)
+      if size > cap then call('ZREMRANGEBYRANK', key, 0, size - cap - 1) end
+      expire[index] = window
+    end
+    out[#out + 1] = call('ZCOUNT', key, cutoff, '+inf')
+    local gap = -1
+    if flags == 'g' then
+      local newest = call('ZRANGE', key, -2, -1, 'WITHSCORES')
+      if newest[4] then gap = tonumber(newest[4]) - tonumber(newest[2]) end
+    end
+    out[#out + 1] = gap
+  end
+end
+for index, window in pairs(expire) do
+  call('PEXPIRE', KEYS[index], window)
+end
+return out
