@@ -193,7 +193,9 @@ pub fn asn_lookups(c: &mut Criterion) {
 fn mmdb_from_csvs(files: &[PathBuf]) -> (Vec<u8>, usize) {
     use mmdb_writer::ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
     use mmdb_writer::{Value, Writer};
-    let mut writer = Writer::new("GeoLite2-ASN");
+    let mut writer = Writer::builder("GeoLite2-ASN")
+        .description(&[("en", "ip-location-db ASN ranges, for the benchmark")])
+        .build();
     let mut networks = 0;
     for file in files {
         let text = std::fs::read_to_string(file).unwrap();

@@ -5,6 +5,7 @@ mod helpers;
 
 mod attestation;
 mod cli;
+mod faults;
 mod foundation;
 mod fuzz;
 mod gateways;
@@ -13,5 +14,6 @@ mod lists;
 mod lockout;
 mod nginx;
 mod reputation;
+mod scaleout;
 mod scoring;
 mod security;
