@@ -31,6 +31,21 @@ pub fn in_process_vs_governor(c: &mut Criterion) {
         });
     });
 
+    // The same, keyed by the very strings Palisade uses (formatted per check into a reused
+    // buffer, as below): the key's construction and hashing cost the same on both sides.
+    let by_string = governor::RateLimiter::<String, _, _>::keyed(quota);
+    let mut string_index = 0u64;
+    let mut string_key = String::with_capacity(64);
+    group.bench_function(BenchmarkId::new("governor_string_keys", KEYS), |b| {
+        b.iter(|| {
+            use std::fmt::Write;
+            string_index = (string_index + 1) % KEYS;
+            string_key.clear();
+            let _ = write!(string_key, "pal:v1:{{user:{string_index}}}:b:b");
+            black_box(by_string.check_key(&string_key).is_ok())
+        });
+    });
+
     let memory = MemoryHot::new();
     // A bucket that never refills to full within the run, so every key stays resident,
     // as in governor (which never evicts): the comparison is check vs check.

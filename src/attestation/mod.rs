@@ -473,29 +473,25 @@ impl Attestation {
                     "attestation.play_integrity.decryption_key",
                 ))?;
                 let payload = play_integrity::decrypt_and_verify(&token, keys)?;
-                let (level, mut reasons) =
-                    play_integrity::evaluate(&payload, &self.expected(challenge, now))?;
-                reasons.insert(
-                    0,
+                self.play_verdict(
+                    &payload,
+                    challenge,
+                    now,
                     Reason::new(
                         "play_integrity_token",
                         "integrity token decrypted and its signature verified",
                     ),
-                );
-                ("play_integrity", level, reasons)
+                )?
             }
-            Submission::PlayIntegrityVerdict(payload) => {
-                let (level, mut reasons) =
-                    play_integrity::evaluate(&payload, &self.expected(challenge, now))?;
-                reasons.insert(
-                    0,
-                    Reason::new(
-                        "decoded_by_caller",
-                        "a verdict decoded by the caller with decodeIntegrityToken",
-                    ),
-                );
-                ("play_integrity", level, reasons)
-            }
+            Submission::PlayIntegrityVerdict(payload) => self.play_verdict(
+                &payload,
+                challenge,
+                now,
+                Reason::new(
+                    "decoded_by_caller",
+                    "a verdict decoded by the caller with decodeIntegrityToken",
+                ),
+            )?,
             Submission::AppAttestAttestation { object, key_id } => {
                 let root = self.root_der.as_deref().unwrap_or_default();
                 let attested = app_attest::verify_attestation(
@@ -584,6 +580,21 @@ impl Attestation {
         store::insert_verdict(&self.durable, &verdict).await?;
         self.scoring.apply(device, &self.changes(&verdict)).await?;
         Ok(verdict)
+    }
+
+    /// A Play Integrity payload checked against this app; `how` (how it reached us) is the
+    /// first reason.
+    fn play_verdict(
+        &self,
+        payload: &serde_json::Value,
+        challenge: &str,
+        now_ms: i64,
+        how: Reason,
+    ) -> Result<(&'static str, Level, Vec<Reason>), Rejection> {
+        let (level, mut reasons) =
+            play_integrity::evaluate(payload, &self.expected(challenge, now_ms))?;
+        reasons.insert(0, how);
+        Ok(("play_integrity", level, reasons))
     }
 
     fn expected<'a>(&'a self, challenge: &'a str, now_ms: i64) -> play_integrity::Expected<'a> {

@@ -180,10 +180,42 @@ pub struct SettingError {
 impl SettingError {
     fn new(setting: impl Into<String>, problem: impl Into<String>) -> Self {
         Self {
-            setting: setting.into(),
-            problem: problem.into(),
+            setting: one_line(&setting.into()),
+            problem: one_line(&problem.into()),
         }
     }
+}
+
+/// A message as one line: parser errors (TOML) quote the offending source over several lines
+/// (`305 | [table]`, `    | ^`); those lines are dropped and the rest joined with `: ` / `; `.
+/// Control characters (a quoted TOML key may hold a newline) are escaped.
+fn one_line(text: &str) -> String {
+    let snippet = |line: &str| {
+        let line = line.trim();
+        line.is_empty()
+            || line.starts_with('|')
+            || line
+                .chars()
+                .all(|c| c == '^' || c == '-' || c.is_whitespace())
+            || line
+                .split_once('|')
+                .is_some_and(|(gutter, _)| gutter.trim().chars().all(|c| c.is_ascii_digit()))
+    };
+    let mut parts = text.lines().filter(|line| !snippet(line)).map(str::trim);
+    let mut out = parts.next().unwrap_or_default().to_owned();
+    for (i, part) in parts.enumerate() {
+        out.push_str(if i == 0 { ": " } else { "; " });
+        out.push_str(part);
+    }
+    out.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
 }
 
 /// Name of a setting for messages: `PALISADE_HTTP__BODY_LIMIT_BYTES (http.body_limit_bytes)`.
@@ -584,6 +616,23 @@ mod tests {
             }
             other => out.push((prefix.to_owned(), other.clone())),
         }
+    }
+
+    /// Found by the `config` fuzz target: TOML parse errors quote the source over several
+    /// lines; a settings error is one line.
+    #[test]
+    fn toml_parse_errors_are_one_line() {
+        let text = "[attestation.factors]\nstrong = 1.5\n[attestation.factors]\n";
+        let figment =
+            Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(text));
+        let err = Settings::from_figment(&figment).unwrap_err().to_string();
+        assert!(!err.contains('\n'), "{err}");
+        assert!(err.contains("duplicate key"), "{err}");
+        assert_eq!(
+            one_line("a\n  |\n3 | x = [\n  |   ^\nbad\nworse"),
+            "a: bad; worse"
+        );
+        assert_eq!(one_line("key\u{7}bell"), "key\\u{7}bell");
     }
 
     #[test]

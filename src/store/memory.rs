@@ -18,7 +18,43 @@ use smallvec::SmallVec;
 
 type Map<V> = HashMap<Box<str>, V, foldhash::fast::RandomState>;
 /// `[u64; 2]`, not `u128`: 8-byte alignment keeps an entry at 24 bytes instead of 32.
-type BucketMap = HashMap<[u64; 2], f64, foldhash::fast::RandomState>;
+type BucketMap = HashMap<[u64; 2], f64, PreHashed>;
+
+/// The map's hasher for keys that already are random hashes: the table uses the key's
+/// second word as is (the first picks the shard), instead of hashing 16 bytes again.
+#[derive(Debug, Clone, Copy, Default)]
+struct PreHashed;
+
+impl std::hash::BuildHasher for PreHashed {
+    type Hasher = PreHashedHasher;
+
+    fn build_hasher(&self) -> PreHashedHasher {
+        PreHashedHasher(0)
+    }
+}
+
+/// Keeps the last `u64` written (a `[u64; 2]` writes its two words in order).
+#[derive(Debug, Clone, Copy, Default)]
+struct PreHashedHasher(u64);
+
+impl std::hash::Hasher for PreHashedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by `[u64; 2]`; fold anything else in so the hasher stays correct.
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(word);
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = word;
+    }
+}
 
 const SHARDS: usize = 64;
 const MIN_SWEEP: usize = 1024;
@@ -103,6 +139,9 @@ impl MemoryHot {
         decide: impl FnOnce(&[Option<f64>], &mut [Option<f64>]) -> R,
     ) -> R {
         use std::hash::BuildHasher;
+        if let [key] = keys {
+            return self.update_bucket(key, now_us, decide);
+        }
         let hashes: SmallVec<[[u64; 2]; 8]> = keys
             .iter()
             .map(|k| {
@@ -153,6 +192,47 @@ impl MemoryHot {
             }
         }
         result
+    }
+
+    /// [`MemoryHot::update_buckets`] for one key: one shard lock, one map probe.
+    fn update_bucket<R>(
+        &self,
+        key: &str,
+        now_us: f64,
+        decide: impl FnOnce(&[Option<f64>], &mut [Option<f64>]) -> R,
+    ) -> R {
+        use std::collections::hash_map::Entry;
+        use std::hash::BuildHasher;
+        let hash = [
+            self.inner.seeds.0.hash_one(key),
+            self.inner.seeds.1.hash_one(key),
+        ];
+        let mut guard = self.inner.shards[(hash[0] % SHARDS as u64) as usize]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut writes = [None];
+        match guard.buckets.entry(hash) {
+            Entry::Occupied(mut entry) => {
+                let state = Some(*entry.get()).filter(|&tat| tat > now_us);
+                let result = decide(&[state], &mut writes);
+                if let Some(tat) = writes[0] {
+                    entry.insert(tat);
+                }
+                result
+            }
+            Entry::Vacant(entry) => {
+                let result = decide(&[None], &mut writes);
+                let Some(tat) = writes[0] else {
+                    return result;
+                };
+                entry.insert(tat);
+                if guard.buckets.len() >= guard.sweep_at {
+                    guard.buckets.retain(|_, tat| *tat > now_us);
+                    guard.sweep_at = (guard.buckets.len() * 2).max(MIN_SWEEP);
+                }
+                result
+            }
+        }
     }
 
     /// The twin of `lua/velocity_window.lua`: per key, drop entries before `now − window`,

@@ -627,42 +627,17 @@ async fn app_attest_attestation_and_assertions_verify(app: TestApp) {
 
     // Assertions with a growing counter renew the verdict; a replay fails.
     for counter in [1, 2, 5] {
-        let challenge = app.challenge_for("iphone-1").await;
-        let response = app
-            .attest(&apple(
-                "iphone-1",
-                &challenge,
-                &key,
-                "assertion",
-                assertion(&key, &challenge, counter, false),
-            ))
-            .await;
+        let response = app.assert_with("iphone-1", &key, counter, false).await;
         assert_eq!(response.status(), StatusCode::OK, "counter {counter}");
     }
-    let challenge = app.challenge_for("iphone-1").await;
-    app.rejected(
-        &apple(
-            "iphone-1",
-            &challenge,
-            &key,
-            "assertion",
-            assertion(&key, &challenge, 5, false),
-        ),
-        "counter_replayed",
-    )
-    .await;
-    let challenge = app.challenge_for("iphone-1").await;
-    app.rejected(
-        &apple(
-            "iphone-1",
-            &challenge,
-            &key,
-            "assertion",
-            assertion(&key, &challenge, 9, true),
-        ),
-        "signature_invalid",
-    )
-    .await;
+    for (counter, tamper, reason) in [
+        (5, false, "counter_replayed"),
+        (9, true, "signature_invalid"),
+    ] {
+        let response = app.assert_with("iphone-1", &key, counter, tamper).await;
+        let envelope = assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+        assert_eq!(envelope["error"]["details"]["reason"], reason, "{envelope}");
+    }
     // A key is attested once; a key nobody attested cannot assert; a key is its device's.
     let challenge = app.challenge_for("iphone-1").await;
     app.rejected(
@@ -676,31 +651,35 @@ async fn app_attest_attestation_and_assertions_verify(app: TestApp) {
         "key_already_attested",
     )
     .await;
-    let stranger = app_key();
-    let challenge = app.challenge_for("iphone-1").await;
-    app.rejected(
-        &apple(
-            "iphone-1",
+    for (device, signer) in [("iphone-1", &app_key()), ("iphone-2", &key)] {
+        let response = app.assert_with(device, signer, 10, false).await;
+        let envelope = assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+        assert_eq!(
+            envelope["error"]["details"]["reason"], "unknown_key",
+            "{envelope}"
+        );
+    }
+}
+
+impl TestApp {
+    /// An assertion by `key` for `device` over a fresh challenge, with `counter`.
+    async fn assert_with(
+        &self,
+        device: &str,
+        key: &AppKey,
+        counter: u32,
+        tamper: bool,
+    ) -> reqwest::Response {
+        let challenge = self.challenge_for(device).await;
+        self.attest(&apple(
+            device,
             &challenge,
-            &stranger,
+            key,
             "assertion",
-            assertion(&stranger, &challenge, 1, false),
-        ),
-        "unknown_key",
-    )
-    .await;
-    let challenge = app.challenge_for("iphone-2").await;
-    app.rejected(
-        &apple(
-            "iphone-2",
-            &challenge,
-            &key,
-            "assertion",
-            assertion(&key, &challenge, 10, false),
-        ),
-        "unknown_key",
-    )
-    .await;
+            assertion(key, &challenge, counter, tamper),
+        ))
+        .await
+    }
 }
 
 async fn each_app_attest_check_fails_on_its_own(app: TestApp) {
