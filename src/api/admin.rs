@@ -173,6 +173,7 @@ async fn revoke_token(
 
 /// `GET /v1/audit` query.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AuditParams {
     /// Only this action, e.g. `token.create`.
@@ -180,6 +181,7 @@ pub struct AuditParams {
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
     /// Page size, 1–500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
 }
 

@@ -206,6 +206,7 @@ async fn post_request_events(
 
 /// `GET /v1/accounts/{account}/status` query.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct StatusParams {
     /// The client IP of the login attempt.

@@ -146,7 +146,7 @@ async fn add_entry(
 /// Deletes an entry (role `analyst`); audited as `list.delete`.
 #[utoipa::path(delete, path = "/v1/lists/{list}/{id}", tag = "lists", security(("bearer" = [])),
     params(("list" = ListName, Path, description = "allow or deny"), ("id" = String, Path, description = "entry id")),
-    responses((status = 200, body = EntryView), (status = 401, body = Envelope),
+    responses((status = 200, body = EntryView), (status = 400, body = Envelope), (status = 401, body = Envelope),
         (status = 403, body = Envelope), (status = 404, body = Envelope)))]
 async fn delete_entry(
     auth: Authorized<role::Analyst>,

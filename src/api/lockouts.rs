@@ -82,9 +82,11 @@ pub struct LockoutPage {
 
 /// `GET /v1/lockouts` query.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListParams {
     /// `active` (default), `released`, `expired` or `all`.
+    #[param(inline)]
     pub status: Option<Status>,
     /// Only this account.
     pub account: Option<String>,
@@ -93,6 +95,7 @@ pub struct ListParams {
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
     /// Page size 1–500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
 }
 

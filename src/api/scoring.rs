@@ -29,6 +29,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 
 /// `GET /v1/multipliers` query: at least one of `ip`, `user_id`, `device_id`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct MultiplierParams {
     /// Client IP.
@@ -202,11 +203,13 @@ async fn explain_multipliers(
 
 /// `GET /v1/decisions` query.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionParams {
     /// The `next_cursor` of the previous answer; absent: a full snapshot.
     pub since: Option<String>,
     /// Most changes per answer, 1–1000 (default 500).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
 }
 
@@ -322,11 +325,14 @@ pub(super) async fn snapshot(app: &AppState) -> Result<Vec<DecisionChange>, ApiE
 
 /// `GET /v1/offenders` query.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct OffenderParams {
     /// Window in seconds, 1–3600 (default 60), rounded up to whole minutes.
+    #[param(minimum = 1, maximum = 3600)]
     pub window_s: Option<u64>,
     /// Most keys, 1–500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
 }
 
@@ -383,6 +389,7 @@ async fn offenders(
 
 /// `GET /v1/alerts` query.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AlertParams {
     /// `anomaly`, `repeat_offender`, `spraying` or `lockout`.
@@ -394,6 +401,7 @@ pub struct AlertParams {
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
     /// Page size 1–500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
 }
 

@@ -40,7 +40,10 @@ fn login_from_own_ip(account: &str) -> Value {
     json!({"endpoint": "/auth/login", "method": "POST", "ip": "198.51.100.201", "user_id": account})
 }
 
-/// 90 concurrent checks of one account (5 logins a minute) over three instances.
+/// 90 concurrent checks of one account (5 logins a minute) over three instances: never more
+/// than the bucket. On one Redis a check is one atomic script, so the full bucket is used; on
+/// a cluster the scopes in other slots are checked, then consumed, and under this much
+/// contention the races may under-admit (documented), so only the upper bound holds there.
 async fn concurrent_checks_admit_exactly_the_bucket(instances: &[TestApp; 3], account: &str) {
     let mut tasks = Vec::new();
     for i in 0..90 {
@@ -68,7 +71,15 @@ async fn concurrent_checks_admit_exactly_the_bucket(instances: &[TestApp; 3], ac
         admitted += u32::from(status == StatusCode::OK);
     }
     assert!(admitted <= 5, "admitted {admitted} of a bucket of 5");
-    assert!(admitted >= 1, "the bucket was full: at least one passes");
+    if !instances[0]
+        .settings
+        .redis_url
+        .as_deref()
+        .unwrap_or("")
+        .starts_with("redis+cluster")
+    {
+        assert_eq!(admitted, 5, "one Redis: the full bucket, exactly");
+    }
 }
 
 async fn statuses(instances: &[TestApp; 3], account: &str) -> Vec<String> {
