@@ -709,6 +709,7 @@ fn main() {
     match std::env::var("LOAD_ONLY").as_deref() {
         Ok("ingest") => return ingest_section(redis.port, seconds),
         Ok("scoring") => return scoring_section(redis.port, seconds, concurrency),
+        Ok("flood") => return flood_section(env_or("LOAD_FLOOD_KEYS", 1_000_000)),
         _ => {}
     }
     println!(
@@ -1014,4 +1015,94 @@ fn scoring_section(redis_port: u16, seconds: u64, concurrency: u64) {
     );
     println!("| axum handler that only parses the same JSON | {parse_only:.0} | 1.00 |");
     runtime.block_on(database.drop_it());
+}
+
+/// Resident memory of this process, KiB (`VmRSS`).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Key-cardinality flood (`LOAD_ONLY=flood`): `keys` checks, each from a new random user id
+/// and IP, through an embedded instance's limiter and scoring (what `/v1/limit/check` does
+/// after parsing), printing resident memory and tracked keys as it goes.
+fn flood_section(keys: u64) {
+    use rand::Rng;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = palisade::Settings {
+            database_url: format!("sqlite://{}", dir.path().join("flood.db").display()),
+            data_dir: dir.path().join("data"),
+            ..palisade::Settings::default()
+        };
+        let app = palisade::App::build(settings).await.expect("app").into_state();
+        let mut rng = rand::rng();
+        println!(
+            "\n## Key-cardinality flood: {keys} random user ids (and IPs) through the embedded limiter and scoring\n"
+        );
+        println!("| checks | resident memory MiB | baseline keys tracked (ip, user, device) |\n|---|---|---|");
+        let report = |done: u64| {
+            let (ip, user, device) = app.scoring.baseline_keys();
+            println!("| {done} | {:.1} | {ip}, {user}, {device} |", rss_kib() as f64 / 1024.0);
+        };
+        report(0);
+        let started = std::time::Instant::now();
+        for done in 1..=keys {
+            let user: u128 = rng.random();
+            let ip = std::net::Ipv4Addr::from(rng.random::<u32>()).to_string();
+            let request = palisade::limiter::LimitRequest {
+                method: "GET".to_owned(),
+                endpoint: "/v1/feed".to_owned(),
+                ip: palisade::model::ClientIp::parse(&ip, 64).unwrap(),
+                user: Some(palisade::model::SubjectKey::user(&format!("{user:x}"), 256).unwrap()),
+                device: None,
+                cost: 1,
+                consume: true,
+            };
+            let part = std::env::var("LOAD_FLOOD_PART").unwrap_or_default();
+            if part == "defaults" {
+                use palisade::limiter::DefaultMultipliers;
+                std::hint::black_box(app.scoring.defaults("read", &request));
+            } else if part == "buckets" {
+                let memory = match &app.stores.hot {
+                    palisade::store::Hot::Memory(memory) => memory.clone(),
+                    _ => unreachable!(),
+                };
+                let now = app.clock.monotonic_us() as f64;
+                let (a, b) = (format!("pal:v1:{{ip:{ip}}}:b:x"), format!("pal:v1:{{user:{user:x}}}:b:y"));
+                memory.update_buckets(&[a.as_str(), b.as_str()], now, |_, writes| {
+                    writes[0] = Some(now + 100_000.0);
+                    writes[1] = Some(now + 200_000.0);
+                });
+            } else if part == "scoring" {
+                let ip = palisade::model::SubjectKey::ip(&request.ip);
+                let keys = [&ip, request.user.as_ref().unwrap()];
+                app.scoring.observe(&keys, 1, false);
+            } else {
+                let decision = app.limiter.check(&request).await.unwrap();
+                if part != "limiter" {
+                    app.scoring.observe_check(&request, &decision).await.unwrap();
+                }
+            }
+            if done % (keys / 5).max(1) == 0 {
+                report(done);
+            }
+        }
+        println!(
+            "\n{keys} checks in {:.1} s ({:.0}/s, one thread)",
+            started.elapsed().as_secs_f64(),
+            keys as f64 / started.elapsed().as_secs_f64()
+        );
+    });
 }

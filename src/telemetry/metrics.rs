@@ -79,6 +79,9 @@ pub const ALL: &[&str] = &[
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// How often buffered histogram samples are folded into their buckets.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The Prometheus recorder of this process, installed on first use.
 ///
 /// One recorder per process: several `App`s in one test binary share it.
@@ -93,6 +96,18 @@ pub fn handle() -> PrometheusHandle {
                 .expect("static bucket list is not empty")
                 .build_recorder();
             let handle = recorder.handle();
+            // Histogram samples are buffered until upkeep folds them into their buckets; a
+            // scrape does it too, but nothing may scrape (embedded use), and a flood of
+            // requests would then grow memory without bound. Fold them every 5 s.
+            let upkeep = handle.clone();
+            let _ = std::thread::Builder::new()
+                .name("metrics-upkeep".to_owned())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP_INTERVAL);
+                        upkeep.run_upkeep();
+                    }
+                });
             // Another recorder may already be installed (a library user's); then ours only
             // renders what it sees, which is still a valid, empty exposition.
             let _ = metrics::set_global_recorder(recorder);
