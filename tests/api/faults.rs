@@ -125,3 +125,170 @@ async fn postgres_outage_under_ingest_loses_no_acknowledged_event() {
         acknowledged.len()
     );
 }
+
+/// A Palisade process (the real binary) on the production backends.
+struct Process {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Process {
+    async fn start(env: &[(&str, String)]) -> Process {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
+        command
+            .arg("serve")
+            .env("PALISADE_LISTEN", format!("127.0.0.1:{port}"))
+            .env("PALISADE_GRPC_LISTEN", "")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let process = Process {
+            child: command.spawn().expect("start palisade"),
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        for _ in 0..200 {
+            if reqwest::get(format!("{}/healthz", process.base))
+                .await
+                .is_ok()
+            {
+                return process;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("palisade did not start on {}", process.base);
+    }
+}
+
+/// An instance killed (SIGKILL) while batches are in flight: every acknowledged event is
+/// stored; the auth service's retries of the unanswered batches, on a new instance, store
+/// the rest exactly once; every account that reached the threshold has exactly one lockout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_killed_mid_batch_loses_and_duplicates_nothing() {
+    let Some((db_url, redis_url)) = production_urls() else {
+        return;
+    };
+    let database = crate::helpers::fresh_postgres(&db_url).await;
+    let data = tempfile::tempdir().unwrap();
+    let env = [
+        ("PALISADE_DATABASE_URL", database.clone()),
+        ("PALISADE_REDIS_URL", redis_url),
+        ("PALISADE_BOOTSTRAP_TOKEN", ADMIN_TOKEN.to_owned()),
+        ("PALISADE_DATA_DIR", data.path().display().to_string()),
+        (
+            "PALISADE_STORE__REDIS_KEY_PREFIX",
+            format!("k{}", &ulid::Ulid::new().to_string().to_lowercase()[16..]),
+        ),
+    ];
+    let first = Process::start(&env).await;
+    // 24 batches of 25 failures over 12 accounts (50 failures each: every account locks).
+    let batches: Vec<Vec<serde_json::Value>> = (0..24)
+        .map(|b| {
+            (0..25)
+                .map(|i| {
+                    json!({"event_id": format!("b{b}-e{i}"), "type": "login_failure",
+                        "account": format!("victim-{}", (b * 25 + i) % 12),
+                        "ip": format!("10.9.{b}.{i}")})
+                })
+                .collect()
+        })
+        .collect();
+    let acknowledged = Arc::new(Mutex::new(HashSet::<usize>::new()));
+    let client = reqwest::Client::new();
+    let mut posters = Vec::new();
+    for poster in 0..4 {
+        let (client, url) = (client.clone(), format!("{}/v1/events/auth", first.base));
+        let (batches, acknowledged) = (batches.clone(), acknowledged.clone());
+        posters.push(tokio::spawn(async move {
+            for b in (poster..batches.len()).step_by(4) {
+                let sent = client
+                    .post(&url)
+                    .bearer_auth(ADMIN_TOKEN)
+                    .json(&json!({"events": batches[b]}))
+                    .send()
+                    .await;
+                match sent {
+                    Ok(response) if response.status() == 200 => {
+                        acknowledged.lock().await.insert(b);
+                    }
+                    Ok(response) => panic!("batch {b}: {}", response.status()),
+                    Err(_) => return, // the instance is gone
+                }
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    drop(first); // SIGKILL, mid-run
+    for poster in posters {
+        poster.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().await.clone();
+    let pool = sqlx::PgPool::connect(&database).await.unwrap();
+    let stored: HashSet<String> =
+        sqlx::query_scalar::<_, String>("SELECT event_id FROM auth_events")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    for b in &acknowledged {
+        for i in 0..25 {
+            assert!(
+                stored.contains(&format!("b{b}-e{i}")),
+                "acknowledged b{b}-e{i} lost"
+            );
+        }
+    }
+    assert!(acknowledged.len() < batches.len(), "the kill came mid-run");
+
+    // The auth service retries what was not acknowledged, on a new instance.
+    let second = Process::start(&env).await;
+    for (b, batch) in batches.iter().enumerate() {
+        if acknowledged.contains(&b) {
+            continue;
+        }
+        let response = client
+            .post(format!("{}/v1/events/auth", second.base))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "events": batch }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "retry of batch {b}");
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM auth_events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 24 * 25, "every event stored exactly once");
+    let lockouts: Vec<(String, i64)> =
+        sqlx::query_as("SELECT account, count(*) FROM lockouts GROUP BY account ORDER BY account")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(lockouts.len(), 12, "every account locked: {lockouts:?}");
+    assert!(
+        lockouts.iter().all(|(_, n)| *n == 1),
+        "one lockout each: {lockouts:?}"
+    );
+    eprintln!(
+        "killed mid-run: {} of {} batches acknowledged before the kill, all stored; retries stored the rest once",
+        acknowledged.len(),
+        batches.len()
+    );
+}
