@@ -710,6 +710,7 @@ fn main() {
         Ok("ingest") => return ingest_section(redis.port, seconds),
         Ok("scoring") => return scoring_section(redis.port, seconds, concurrency),
         Ok("flood") => return flood_section(env_or("LOAD_FLOOD_KEYS", 1_000_000)),
+        Ok("mixed") => return mixed_section(redis.port, seconds),
         _ => {}
     }
     println!(
@@ -1105,4 +1106,109 @@ fn flood_section(keys: u64) {
             keys as f64 / started.elapsed().as_secs_f64()
         );
     });
+}
+
+/// Mixed traffic (`LOAD_ONLY=mixed`): limit checks over 100k users with a skew (a few hot
+/// users, a long tail), auth-event batches, telemetry batches and multiplier queries, all at
+/// once against one instance (SQLite + the bench's Redis), each route from its own clients;
+/// throughput and latency per route.
+fn mixed_section(redis_port: u16, seconds: u64) {
+    use rand::Rng;
+    let server = start_palisade(redis_port, 250);
+    // A cube of a uniform draw: about 20 % of checks go to the first 0.8 % of users.
+    let skewed = |rng: &mut rand::rngs::ThreadRng| (100_000.0 * rng.random::<f64>().powi(3)) as u32;
+    let routes: Vec<(&str, u64, MakeRequest)> = vec![
+        (
+            "POST /v1/limit/check (skewed users)",
+            24,
+            Arc::new(move |client, base, rng| {
+                let n = skewed(rng);
+                client
+                    .post(format!("{base}/v1/limit/check"))
+                    .header("content-type", "application/json")
+                    .body(format!(
+                        r#"{{"endpoint":"/v1/feed","ip":"10.{}.{}.{}","user_id":"u{n}","device_id":"d{n}"}}"#,
+                        n >> 16 & 255,
+                        n >> 8 & 255,
+                        n & 255
+                    ))
+            }),
+        ),
+        (
+            "GET /v1/multipliers",
+            8,
+            Arc::new(move |client, base, rng| {
+                let n = skewed(rng);
+                client.get(format!(
+                    "{base}/v1/multipliers?ip=10.0.{}.{}&user_id=u{n}&endpoint=/v1/feed",
+                    n >> 8 & 255,
+                    n & 255
+                ))
+            }),
+        ),
+        (
+            "POST /v1/events/auth (batches of 50)",
+            2,
+            Arc::new(|client, base, rng| {
+                let now = chrono::Utc::now();
+                let batch: Vec<serde_json::Value> = (0..50)
+                    .map(|_| {
+                        let n: u32 = rng.random_range(0..100_000);
+                        serde_json::json!({"event_id": format!("{:x}", rng.random::<u128>()),
+                            "type": "login_failure", "account": format!("u{n}"),
+                            "ip": format!("10.{}.{}.{}", n >> 16 & 255, n >> 8 & 255, n & 255),
+                            "ts": now.to_rfc3339()})
+                    })
+                    .collect();
+                client
+                    .post(format!("{base}/v1/events/auth"))
+                    .json(&serde_json::json!({"events": batch}))
+            }),
+        ),
+        (
+            "POST /v1/events/requests (batches of 100)",
+            2,
+            Arc::new(|client, base, rng| {
+                let now = chrono::Utc::now();
+                let batch: Vec<serde_json::Value> = (0..100)
+                    .map(|_| {
+                        let n: u32 = rng.random_range(0..100_000);
+                        serde_json::json!({"ts": now.to_rfc3339(), "ip": format!("10.0.{}.{}", n >> 8 & 255, n & 255),
+                            "user_id": format!("u{n}"), "endpoint": "/v1/feed", "status": 200})
+                    })
+                    .collect();
+                client
+                    .post(format!("{base}/v1/events/requests"))
+                    .json(&serde_json::json!({"events": batch}))
+            }),
+        ),
+    ];
+    let runs: Vec<(&str, Run)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = routes
+            .into_iter()
+            .map(|(name, concurrency, make)| {
+                let base = server.base.clone();
+                scope.spawn(move || (name, drive_with(&base, concurrency, seconds, make)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    println!(
+        "\n## Mixed traffic, {seconds} s, all routes at once (SQLite + Redis, 2 cores shared)\n"
+    );
+    println!(
+        "| route | clients | requests/s | p50 ms | p99 ms | p99.9 ms | 200 | 429 | other |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for ((name, run), clients) in runs.iter().zip([24, 8, 2, 2]) {
+        println!(
+            "| {name} | {clients} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
+            run.rps(),
+            run.percentile_ms(0.5),
+            run.percentile_ms(0.99),
+            run.percentile_ms(0.999),
+            run.statuses[0],
+            run.statuses[1],
+            run.statuses[2]
+        );
+    }
 }
