@@ -55,7 +55,8 @@ pub mod proto {
         #[prost(message, repeated, tag = "1")]
         pub entries: Vec<Entry>,
         /// A per-descriptor hits addend (`google.protobuf.UInt64Value`), overriding the
-        /// request's.
+        /// request's. Sent by newer Envoy versions only; older ones leave field 3 unused, so
+        /// it is simply absent there.
         #[prost(message, optional, tag = "3")]
         pub hits_addend: Option<UInt64Value>,
     }
