@@ -35,7 +35,21 @@ struct Nginx {
 }
 
 impl Drop for Nginx {
+    /// SIGTERM to the master (fast shutdown: it stops its workers, then exits); SIGKILL
+    /// would leave the workers running.
     fn drop(&mut self) {
+        let terminated = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        if terminated {
+            for _ in 0..100 {
+                if matches!(self.child.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -132,16 +146,19 @@ async fn start_nginx(binary: &Path, upstream: u16, palisade: u16, token: &str) -
             "-c",
             conf.to_str().unwrap(),
         ])
-        .args(["-g", "daemon off;"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     // Workers run as the master's user when it is not root; as root, stay root so they can
-    // use the temp folders.
+    // use the temp folders. One -g only: nginx keeps the last one, and without `daemon off`
+    // it would fork away from the PID we stop.
     let is_root =
         std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
-    if is_root {
-        command.args(["-g", "user root;"]);
-    }
+    let globals = if is_root {
+        "daemon off; user root;"
+    } else {
+        "daemon off;"
+    };
+    command.args(["-g", globals]);
     let child = command.spawn().expect("start nginx");
     let nginx = Nginx {
         child,
@@ -170,6 +187,7 @@ async fn nginx_auth_request_passes_then_blocks_with_headers() {
     let nginx = start_nginx(&binary, upstream, palisade_port, &token).await;
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{}/auth/login", nginx.port);
+    let master = nginx.child.id();
     // The auth class: 10 logins a minute per IP (unauthenticated).
     for n in 1..=10u32 {
         let response = client.post(&url).send().await.unwrap();
@@ -199,4 +217,11 @@ async fn nginx_auth_request_passes_then_blocks_with_headers() {
         .await
         .unwrap();
     assert_eq!(read.status(), StatusCode::OK);
+    // Stopped by PID, workers included: nothing serves the port any more.
+    let port = nginx.port;
+    drop(nginx);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "nginx (master {master}) still serves port {port}"
+    );
 }
