@@ -212,7 +212,8 @@ pub fn evaluate(
             "requestDetails.timestampMillis is missing".to_owned(),
         ));
     };
-    let age = expected.now_ms - ts;
+    // Saturating: a hostile timestampMillis (e.g. i64::MIN) must be stale, not an overflow.
+    let age = expected.now_ms.saturating_sub(ts);
     if age > expected.max_age_ms || age < -60_000 {
         return Err(Rejection::StaleTimestamp(format!(
             "the verdict is {} s old (at most {} s)",
@@ -301,4 +302,28 @@ pub fn evaluate(
         )),
     }
     Ok((level, reasons))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extreme_timestamps_are_stale_not_an_overflow() {
+        let packages = ["com.example.app".to_owned()];
+        let expected = Expected {
+            package_names: &packages,
+            certificate_digests: &[],
+            challenge: "c",
+            max_age_ms: 300_000,
+            now_ms: 1_800_000_000_000,
+            require_licensed: false,
+        };
+        for ts in [i64::MIN.to_string(), i64::MAX.to_string()] {
+            let payload = serde_json::json!({"requestDetails": {"requestPackageName": "com.example.app",
+                "nonce": "c", "timestampMillis": ts}});
+            let err = evaluate(&payload, &expected).unwrap_err();
+            assert_eq!(err.code(), "stale_timestamp", "{ts}");
+        }
+    }
 }
