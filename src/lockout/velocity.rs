@@ -66,19 +66,43 @@ pub async fn run_sequence(hot: &Hot, steps: &[Step], now_ms: i64) -> Result<Wind
             })
             .collect()),
         Hot::Redis(redis) if redis.is_cluster() => {
+            // A script sees one slot: consecutive steps of one subject (same hash tag, window
+            // and cap) go as one `velocity_window.lua` call, as before batching; a delete is
+            // its own command.
             let mut out = Vec::with_capacity(steps.len());
-            for step in steps {
-                if step.delete {
-                    clear(hot, std::slice::from_ref(&step.key)).await?;
+            let mut rest = steps;
+            while let Some(first) = rest.first() {
+                if first.delete {
+                    clear(hot, std::slice::from_ref(&first.key)).await?;
                     out.push((0, None));
+                    rest = &rest[1..];
                     continue;
                 }
-                let op = WindowOp {
-                    key: step.key.clone(),
-                    add: step.add.clone(),
-                };
-                let (count, gap) = record(hot, &[op], now_ms, step.window_ms, step.cap).await?[0];
-                out.push((count, gap.filter(|_| step.gap)));
+                let run = rest
+                    .iter()
+                    .take_while(|s| {
+                        !s.delete
+                            && s.window_ms == first.window_ms
+                            && s.cap == first.cap
+                            && Keys::hash_tag(&s.key) == Keys::hash_tag(&first.key)
+                    })
+                    .count();
+                let (group, tail) = rest.split_at(run);
+                let ops: Vec<WindowOp> = group
+                    .iter()
+                    .map(|s| WindowOp {
+                        key: s.key.clone(),
+                        add: s.add.clone(),
+                    })
+                    .collect();
+                let counts = record(hot, &ops, now_ms, first.window_ms, first.cap).await?;
+                out.extend(
+                    group
+                        .iter()
+                        .zip(counts)
+                        .map(|(s, (count, gap))| (count, gap.filter(|_| s.gap))),
+                );
+                rest = tail;
             }
             Ok(out)
         }

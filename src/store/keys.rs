@@ -19,6 +19,17 @@ impl Keys {
         }
     }
 
+    /// The `{…}` hash tag of a key built here (what decides its Redis Cluster slot); the
+    /// whole key when it has none.
+    pub fn hash_tag(key: &str) -> &str {
+        key.find('{')
+            .and_then(|open| {
+                let close = open + key[open..].find('}')?;
+                Some(&key[open + 1..close])
+            })
+            .unwrap_or(key)
+    }
+
     /// The prefix every key of this deployment starts with, e.g. `pal:v1`.
     pub fn prefix(&self) -> &str {
         &self.prefix
@@ -90,6 +101,15 @@ impl Keys {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hash_tags_are_the_subject() {
+        use super::Keys;
+        assert_eq!(Keys::hash_tag("pal:v1:{user:ann}:w:f"), "user:ann");
+        assert_eq!(Keys::hash_tag("pal:v1:{scoring}:due"), "scoring");
+        assert_eq!(Keys::hash_tag("no-tag"), "no-tag");
+        assert_eq!(Keys::hash_tag("open{only"), "open{only");
+    }
+
     use super::*;
 
     #[test]
