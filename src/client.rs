@@ -331,10 +331,12 @@ impl Client {
         if let Some(device) = device_id {
             query.push(("device_id", device));
         }
-        let url = reqwest::Url::parse(&self.base)
-            .map_err(|e| ClientError::Transport(e.to_string()))?
-            .join(&format!("/v1/accounts/{}/status", encode_segment(account)))
+        // The account goes in as one path segment, percent-encoded by `url`.
+        let mut url = reqwest::Url::parse(&self.url("/v1/accounts"))
             .map_err(|e| ClientError::Transport(e.to_string()))?;
+        url.path_segments_mut()
+            .map_err(|()| ClientError::Transport(format!("{} is not a base URL", self.base)))?
+            .extend([account, "status"]);
         retrying(
             &self.retry,
             |_| true,
@@ -395,18 +397,6 @@ impl Client {
             .await
             .map_err(transport_error)
     }
-}
-
-fn encode_segment(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 fn transport_error(err: reqwest::Error) -> ClientError {
