@@ -299,19 +299,10 @@ pub async fn locks(
                 let key = keys.lock(account);
                 pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
             }
-            let reply: Vec<Value> = redis.query_pipeline(&pipe).await?;
+            let reply: Vec<(Option<String>, i64)> = redis.query_pipeline(&pipe).await?;
             Ok(reply
-                .chunks_exact(2)
-                .map(|pair| {
-                    let id = match &pair[0] {
-                        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-                        Value::SimpleString(text) => Some(text.clone()),
-                        _ => None,
-                    };
-                    let ttl = match pair[1] {
-                        Value::Int(ttl) => ttl,
-                        _ => -2,
-                    };
+                .into_iter()
+                .map(|(id, ttl)| {
                     id.filter(|_| ttl != -2)
                         .map(|id| (id, if ttl < 0 { i64::MAX } else { ttl }))
                 })

@@ -489,6 +489,19 @@ async fn one_batch_decides_like_the_same_events_one_by_one(batched: TestApp) {
     }
     let answer = batched.post_auth(events.clone()).await;
     assert_eq!(answer["accepted"], events.len());
+    // The batch's own answer (every account's status in one call and one pipeline).
+    let decision = |account: &str| {
+        answer["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["account"] == account)
+            .unwrap()["action"]
+            .clone()
+    };
+    assert_eq!(decision("ben"), "lockout", "{answer}");
+    assert_eq!(decision("amy"), "challenge", "{answer}");
+    assert_eq!(decision("sprayed-0"), "none", "{answer}");
     for e in &events {
         single.post_auth(vec![e.clone()]).await;
     }
