@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope};
-use super::extract::{authorize, parse_query};
+use super::extract::{authorize, bearer_token, parse_query};
 use super::limit::{LimitCheck, parse, respond};
 use crate::access::Role;
 use crate::app::AppState;
@@ -65,13 +65,12 @@ async fn forward_auth(
 ) -> Result<(StatusCode, HeaderMap), ApiError> {
     let (headers, uri) = (&parts.headers, &parts.uri);
     let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>();
-    let query: ForwardAuthQuery = parse_query(uri)?;
+    // The role is checked before the query is judged: a malformed query is a 400 only for
+    // a caller allowed to ask.
+    let query: Result<ForwardAuthQuery, ApiError> = parse_query(uri);
     let settings = &app.settings.forward_auth;
-    let bearer = header(headers, "authorization")
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    let token = match (bearer, query.token.as_deref()) {
+    let query_token = query.as_ref().ok().and_then(|q| q.token.as_deref());
+    let token = match (bearer_token(&parts), query_token) {
         (Some(token), _) => Some(token),
         (None, Some(token)) if settings.query_token => Some(token),
         (None, Some(_)) => {
@@ -83,6 +82,7 @@ async fn forward_auth(
         (None, None) => None,
     };
     authorize(&app, token, Role::Limiter).await?;
+    let query = query?;
     let deny_status = match query.deny_status {
         None | Some(429) => StatusCode::TOO_MANY_REQUESTS,
         Some(403) => StatusCode::FORBIDDEN,
