@@ -22,7 +22,7 @@ use tonic::server::NamedService;
 
 use super::error::ErrorCode;
 use super::extract::authorize;
-use super::limit::{LimitCheck, parse};
+use super::limit::{LimitCheck, decide, parse};
 use crate::access::Role;
 use crate::app::AppState;
 use crate::config::ScopeKind;
@@ -322,7 +322,7 @@ pub async fn should_rate_limit(
     let check = limit_check(state, request)?;
     let limit_request =
         parse(state, check).map_err(|err| tonic::Status::invalid_argument(err.message()))?;
-    let decision = match state.limiter.check(&limit_request).await {
+    let decision = match decide(state, &limit_request).await {
         Ok(decision) => decision,
         Err(crate::limiter::Error::CostAboveCapacity { .. }) => {
             return Err(tonic::Status::invalid_argument(
@@ -347,9 +347,6 @@ pub async fn should_rate_limit(
             });
         }
     };
-    if let Err(err) = state.scoring.observe_check(&limit_request, &decision).await {
-        tracing::warn!(error.cause = %err, "scoring could not record a limit decision");
-    }
     let statuses = request
         .descriptors
         .iter()

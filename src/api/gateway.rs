@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope};
 use super::extract::{authorize, bearer_token, parse_query};
-use super::limit::{LimitCheck, parse, respond};
+use super::limit::{LimitCheck, decide, parse, respond};
 use crate::access::Role;
 use crate::app::AppState;
 use crate::crowdsec::Stream;
@@ -122,10 +122,7 @@ async fn forward_auth(
         consume: None,
     };
     let request = parse(&app, check)?;
-    let decision = app.limiter.check(&request).await?;
-    if let Err(err) = app.scoring.observe_check(&request, &decision).await {
-        tracing::warn!(error.cause = %err, "scoring could not record a limit decision");
-    }
+    let decision = decide(&app, &request).await?;
     let outcome = if decision.allowed { "pass" } else { "block" };
     metrics::counter!(crate::telemetry::metrics::FORWARD_AUTH_TOTAL, "outcome" => outcome)
         .increment(1);

@@ -143,13 +143,21 @@ async fn check(
     ApiJson(body): ApiJson<LimitCheck>,
 ) -> Result<(HeaderMap, Json<LimitAllowed>), ApiError> {
     let request = parse(&app, body)?;
-    let decision = app.limiter.check(&request).await?;
-    // Telemetry for baselines and repeat offenders; a scoring failure never changes the
-    // answer already decided.
-    if let Err(err) = app.scoring.observe_check(&request, &decision).await {
+    respond(&decide(&app, &request).await?)
+}
+
+/// Decides a request and feeds the decision to scoring (baselines, repeat offenders): what
+/// `/v1/limit/check`, forward-auth and Envoy's service all do. A scoring failure never
+/// changes the answer already decided.
+pub(super) async fn decide(
+    app: &AppState,
+    request: &LimitRequest,
+) -> Result<Decision, limiter::Error> {
+    let decision = app.limiter.check(request).await?;
+    if let Err(err) = app.scoring.observe_check(request, &decision).await {
         tracing::warn!(error.cause = %err, "scoring could not record a limit decision");
     }
-    respond(&decision)
+    Ok(decision)
 }
 
 pub(super) fn respond(decision: &Decision) -> Result<(HeaderMap, Json<LimitAllowed>), ApiError> {
