@@ -1052,12 +1052,16 @@ fn flood_section(keys: u64) {
         println!(
             "\n## Key-cardinality flood: {keys} random user ids (and IPs) through the embedded limiter and scoring\n"
         );
-        println!("| checks | resident memory MiB | baseline keys tracked (ip, user, device) |\n|---|---|---|");
+        println!("| checks | resident memory MiB | baseline keys tracked | of at most | table bytes |\n|---|---|---|---|---|");
         let report = |done: u64| {
-            let (ip, user, device) = app.scoring.baseline_keys();
-            println!("| {done} | {:.1} | {ip}, {user}, {device} |", rss_kib() as f64 / 1024.0);
+            let (tracked, capacity, bytes) = app.scoring.baseline_keys();
+            println!(
+                "| {done} | {:.1} | {tracked} | {capacity} | {bytes} |",
+                rss_kib() as f64 / 1024.0
+            );
         };
         report(0);
+        let part = std::env::var("LOAD_FLOOD_PART").unwrap_or_default();
         let started = std::time::Instant::now();
         for done in 1..=keys {
             let user: u128 = rng.random();
@@ -1071,7 +1075,6 @@ fn flood_section(keys: u64) {
                 cost: 1,
                 consume: true,
             };
-            let part = std::env::var("LOAD_FLOOD_PART").unwrap_or_default();
             if part == "defaults" {
                 use palisade::limiter::DefaultMultipliers;
                 std::hint::black_box(app.scoring.defaults("read", &request));
