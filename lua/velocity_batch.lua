@@ -34,14 +34,20 @@ for j = 0, ops - 1 do
       call('ZREMRANGEBYSCORE', key, '-inf', '(' .. cutoff)
       pruned[index] = true
     end
-    if member ~= '' then
+    -- An entry older than the window is not added (it would not count), so after the
+    -- prune every entry is inside the window and ZCARD is the count.
+    local score = tonumber(ARGV[base + 2])
+    if member ~= '' and score >= cutoff then
       call('ZADD', key, ARGV[base + 2], member)
-      local cap = tonumber(ARGV[base + 4])
-      local size = call('ZCARD', key)
-      if size > cap then call('ZREMRANGEBYRANK', key, 0, size - cap - 1) end
       expire[index] = window
     end
-    out[#out + 1] = call('ZCOUNT', key, cutoff, '+inf')
+    local size = call('ZCARD', key)
+    local cap = tonumber(ARGV[base + 4])
+    if size > cap then
+      call('ZREMRANGEBYRANK', key, 0, size - cap - 1)
+      size = cap
+    end
+    out[#out + 1] = size
     local gap = -1
     if flags == 'g' then
       local newest = call('ZRANGE', key, -2, -1, 'WITHSCORES')

@@ -18,13 +18,19 @@ for i = 1, #KEYS do
   local key = KEYS[i]
   local member = ARGV[2 * i + 2]
   call('ZREMRANGEBYSCORE', key, '-inf', '(' .. cutoff)
-  if member ~= '' then
+  -- An entry older than the window is not added (it would not count), so after the prune
+  -- every entry is inside the window and ZCARD is the count.
+  local score = tonumber(ARGV[2 * i + 3])
+  if member ~= '' and score >= cutoff then
     call('ZADD', key, ARGV[2 * i + 3], member)
-    local size = call('ZCARD', key)
-    if size > cap then call('ZREMRANGEBYRANK', key, 0, size - cap - 1) end
     call('PEXPIRE', key, window)
   end
-  out[#out + 1] = call('ZCOUNT', key, cutoff, '+inf')
+  local size = call('ZCARD', key)
+  if size > cap then
+    call('ZREMRANGEBYRANK', key, 0, size - cap - 1)
+    size = cap
+  end
+  out[#out + 1] = size
   local newest = call('ZRANGE', key, -2, -1, 'WITHSCORES')
   local gap = -1
   if newest[4] then gap = tonumber(newest[4]) - tonumber(newest[2]) end

@@ -259,8 +259,7 @@ impl Ingest {
         }
         let accepted = store::insert_auth(&self.durable, &events, now).await?;
         let duplicates = events.len() as u64 - accepted;
-        // Accounts in first-seen order, each with its events in time order (owned, so each
-        // group's future owns what it needs).
+        // Accounts in first-seen order, each with its events in time order.
         let mut groups: Vec<Vec<AuthEvent>> = Vec::new();
         let mut index: BTreeMap<String, usize> = BTreeMap::new();
         for event in events {
@@ -275,30 +274,26 @@ impl Ingest {
         for group in &mut groups {
             group.sort_by_key(|e| e.ts_ms);
         }
-        let contexts: Vec<(String, LoginContext)> = groups
-            .iter()
-            .filter_map(|group| {
-                group
-                    .last()
-                    .map(|e| (e.context.account_name.clone(), e.context.clone()))
-            })
-            .collect();
         // Every event in one sequence, account by account (each in time order): one
-        // hot-store call records the whole batch, then each failure's consequences follow.
-        let ordered: Vec<LoginEvent<'_>> = groups
-            .iter()
-            .flatten()
-            .map(|event| LoginEvent {
+        // hot-store call records the whole batch, then each failure's consequences follow;
+        // each account's status is taken at its latest event.
+        let mut latest = Vec::with_capacity(groups.len());
+        let mut ordered: Vec<LoginEvent<'_>> = Vec::new();
+        for group in &groups {
+            ordered.extend(group.iter().map(|event| LoginEvent {
                 context: &event.context,
                 event_id: &event.event_id,
                 ts_ms: event.ts_ms,
                 failure: event.kind == AuthKind::LoginFailure,
-            })
+            }));
+            latest.push(ordered.len() - 1);
+        }
+        let statuses = self.lockouts.record_and_decide(&ordered, &latest).await?;
+        let decisions = groups
+            .iter()
+            .map(|group| group[0].context.account_name.clone())
+            .zip(statuses)
             .collect();
-        self.lockouts.record_events(&ordered).await?;
-        let (accounts, contexts): (Vec<String>, Vec<LoginContext>) = contexts.into_iter().unzip();
-        let statuses = self.lockouts.statuses(&contexts).await?;
-        let decisions = accounts.into_iter().zip(statuses).collect();
         Ok(Outcome {
             accepted,
             duplicates,

@@ -26,7 +26,7 @@ use crate::config::LockoutSettings;
 use crate::model::{ClientIp, SubjectKey};
 use crate::scoring::{DecisionChange, Engine, Factor};
 use crate::store::{Durable, Hot, Keys, Stores};
-use velocity::{Step, WindowOp};
+use velocity::{Step, WindowCounts, WindowOp};
 
 /// A lockout record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -256,6 +256,59 @@ impl Lockouts {
     /// hot-store call (one script on a single Redis), then each failure's consequences
     /// (challenge factor, spraying, lockout) in order, exactly as if recorded one by one.
     pub async fn record_events(&self, events: &[LoginEvent<'_>]) -> Result<(), Error> {
+        self.record(events, &[]).await.map(|_| ())
+    }
+
+    /// [`Lockouts::record_events`], then the status of each event named in `latest`
+    /// (indexes into `events`: an ingest batch's latest event per account), as
+    /// [`Lockouts::statuses`] would answer it right after.
+    ///
+    /// A failure's own window counts are its account's status windows (the recording
+    /// returns them), so only the accounts whose latest event is a success are counted
+    /// again; the lock markers are one pipeline.
+    pub async fn record_and_decide(
+        &self,
+        events: &[LoginEvent<'_>],
+        latest: &[usize],
+    ) -> Result<Vec<AccountStatus>, Error> {
+        let (counts, spans, now) = self.record(events, latest).await?;
+        let mut windows: Vec<Option<WindowCounts>> = latest
+            .iter()
+            .map(|&i| {
+                let event = &events[i];
+                // `failure_steps` begins with the context's windows, in `context_windows` order.
+                let n = if event.context.device.is_some() { 3 } else { 2 };
+                event
+                    .failure
+                    .then(|| counts[spans[i].clone()][..n].to_vec())
+            })
+            .collect();
+        let missing: Vec<usize> = (0..latest.len())
+            .filter(|&k| windows[k].is_none())
+            .collect();
+        if !missing.is_empty() {
+            let contexts: Vec<&LoginContext> =
+                missing.iter().map(|&k| events[latest[k]].context).collect();
+            for (k, counted) in missing
+                .into_iter()
+                .zip(self.count_windows(&contexts, now).await?)
+            {
+                windows[k] = Some(counted);
+            }
+        }
+        let contexts: Vec<&LoginContext> = latest.iter().map(|&i| events[i].context).collect();
+        let windows = windows.into_iter().map(Option::unwrap_or_default).collect();
+        self.finish_statuses(&contexts, windows, now).await
+    }
+
+    /// Runs the events' window operations (one hot-store call) and their consequences;
+    /// the account window of each event in `gaps` also reports its gap. Returns every
+    /// step's count, each event's span of steps and the time used.
+    async fn record(
+        &self,
+        events: &[LoginEvent<'_>],
+        gaps: &[usize],
+    ) -> Result<(WindowCounts, Vec<std::ops::Range<usize>>, i64), Error> {
         let now = self.clock.now_ms();
         let mut steps = Vec::new();
         let mut spans = Vec::with_capacity(events.len());
@@ -268,14 +321,19 @@ impl Lockouts {
             }
             spans.push(start..steps.len());
         }
+        for &i in gaps {
+            if events[i].failure {
+                steps[spans[i].start].gap = true;
+            }
+        }
         let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
-        for (event, span) in events.iter().zip(spans) {
+        for (event, span) in events.iter().zip(&spans) {
             if event.failure {
-                self.after_failure(event.context, &counts[span], now)
+                self.after_failure(event.context, &counts[span.clone()], now)
                     .await?;
             }
         }
-        Ok(())
+        Ok((counts, spans, now))
     }
 
     fn step(&self, key: String, add: Option<(String, i64)>) -> Step {
@@ -570,9 +628,21 @@ impl Lockouts {
     }
 
     /// [`Lockouts::status`] of many attempts at once: every window count in one hot-store
-    /// call and every lock marker in one pipeline (an ingest batch's answer).
+    /// call and every lock marker in one pipeline.
     pub async fn statuses(&self, contexts: &[LoginContext]) -> Result<Vec<AccountStatus>, Error> {
         let now = self.clock.now_ms();
+        let contexts: Vec<&LoginContext> = contexts.iter().collect();
+        let windows = self.count_windows(&contexts, now).await?;
+        self.finish_statuses(&contexts, windows, now).await
+    }
+
+    /// Each context's status windows (account with its gap, +IP, +device), counted in one
+    /// hot-store call.
+    async fn count_windows(
+        &self,
+        contexts: &[&LoginContext],
+        now: i64,
+    ) -> Result<Vec<WindowCounts>, Error> {
         let mut steps = Vec::new();
         let mut spans = Vec::with_capacity(contexts.len());
         for context in contexts {
@@ -586,15 +656,28 @@ impl Lockouts {
             spans.push(start..steps.len());
         }
         let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
+        Ok(spans
+            .into_iter()
+            .map(|span| counts[span].to_vec())
+            .collect())
+    }
+
+    /// Statuses from each context's window counts and its lock marker (one pipeline).
+    async fn finish_statuses(
+        &self,
+        contexts: &[&LoginContext],
+        windows: Vec<WindowCounts>,
+        now: i64,
+    ) -> Result<Vec<AccountStatus>, Error> {
         let accounts: Vec<&SubjectKey> = contexts.iter().map(|c| &c.account).collect();
         let locks = velocity::locks(&self.hot, &self.keys, &accounts, now).await?;
         let mut out = Vec::with_capacity(contexts.len());
-        for ((context, span), lock) in contexts.iter().zip(spans).zip(locks) {
+        for ((context, counts), lock) in contexts.iter().zip(windows).zip(locks) {
             let known = match &lock {
                 Some(_) => self.is_known(context, now).await?,
                 None => false,
             };
-            out.push(self.decide_status(&counts[span], lock, known, now));
+            out.push(self.decide_status(&counts, lock, known, now));
         }
         Ok(out)
     }

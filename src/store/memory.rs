@@ -261,7 +261,8 @@ impl MemoryHot {
                     window.entries.clear();
                 }
                 window.entries.retain(|(score, _)| *score >= cutoff);
-                if let Some((member, score)) = add {
+                // An entry older than the window would not count: not added (as in Redis).
+                if let Some((member, score)) = add.as_ref().filter(|(_, s)| *s >= cutoff) {
                     window.entries.retain(|(_, m)| **m != **member);
                     window.entries.insert((*score, member.as_str().into()));
                     while window.entries.len() > cap {

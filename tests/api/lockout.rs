@@ -21,6 +21,7 @@ on_both_backends!(
     a_bad_event_rejects_the_whole_batch,
     old_events_are_pruned_and_lockouts_kept,
     one_batch_decides_like_the_same_events_one_by_one,
+    failures_older_than_the_window_do_not_count,
 );
 
 fn failure(id: &str, account: &str, ip: &str) -> Value {
@@ -555,4 +556,31 @@ async fn one_batch_decides_like_the_same_events_one_by_one(batched: TestApp) {
         .unwrap();
     assert_eq!(a["multiplier"], 0.0, "{a}");
     assert_eq!(a["multiplier"], b["multiplier"]);
+}
+
+/// Late-delivered failures from before the window (the auth service may send events up to
+/// 24 h late) are stored but count nothing toward a challenge or lockout.
+async fn failures_older_than_the_window_do_not_count(app: TestApp) {
+    let old = chrono::DateTime::from_timestamp_millis(app.app.clock.now_ms() - 20 * 60_000)
+        .unwrap()
+        .to_rfc3339();
+    let events: Vec<Value> = (0..12)
+        .map(|i| {
+            let mut event = failure(&format!("late-{i}"), "latecomer", "203.0.113.77");
+            event["ts"] = json!(old);
+            event
+        })
+        .collect();
+    let answer = app.post_auth(events).await;
+    assert_eq!(answer["accepted"], 12, "{answer}");
+    assert_eq!(answer["decisions"][0]["action"], "none", "{answer}");
+    let status = app.status("latecomer", "203.0.113.77", None).await;
+    assert_eq!(status["failures_in_window"], 0, "{status}");
+    let answer = app
+        .fail("late-now", "latecomer", &["203.0.113.77"], 1)
+        .await;
+    assert_eq!(answer["decisions"][0]["action"], "none", "{answer}");
+    let status = app.status("latecomer", "203.0.113.77", None).await;
+    assert_eq!(status["action"], "none", "{status}");
+    assert_eq!(status["failures_in_window"], 1, "{status}");
 }
