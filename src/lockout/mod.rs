@@ -501,34 +501,51 @@ impl Lockouts {
     }
 
     async fn lock(&self, context: &LoginContext, failures: u32, now: i64) -> Result<(), Error> {
-        if velocity::lock(&self.hot, &self.keys, &context.account, now)
+        // A marker whose lockout is not known to be stored may be an orphan: the instance
+        // that set it died before writing the row. The lockout is then stored under the
+        // marker's id (a duplicate write of a merely slow writer is one row: same id).
+        let adopted = match velocity::lock_marker(&self.hot, &self.keys, &context.account, now)
             .await?
-            .is_some()
         {
-            return Ok(());
-        }
+            Some((_, _, true)) => return Ok(()),
+            Some((id, ttl_ms, false)) => {
+                if store::exists(&self.durable, &id).await? {
+                    velocity::mark_stored(&self.hot, &self.keys, &context.account, &id).await?;
+                    return Ok(());
+                }
+                tracing::warn!(lockout.id = %id, "lock marker without a stored lockout (its instance stopped): storing it");
+                Some((id, ttl_ms))
+            }
+            None => None,
+        };
         let decay_ms =
             i64::try_from(self.settings.decay_s.saturating_mul(1000)).unwrap_or(i64::MAX);
         let level =
             store::recent_count(&self.durable, &context.account_name, now - decay_ms).await? + 1;
-        let duration_ms = policy::lockout_seconds(level, &self.settings)
-            .map_or(PERMANENT_MS, |s| {
-                i64::try_from(s.saturating_mul(1000)).unwrap_or(PERMANENT_MS)
-            });
-        let id = ulid::Ulid::new().to_string();
-        // Exactly one instance wins the marker and writes the lockout.
-        if !velocity::lock_if_absent(
-            &self.hot,
-            &self.keys,
-            &context.account,
-            &id,
-            now,
-            duration_ms,
-        )
-        .await?
-        {
-            return Ok(());
-        }
+        let (id, duration_ms) = match adopted {
+            Some(marker) => marker,
+            None => {
+                let duration_ms = policy::lockout_seconds(level, &self.settings)
+                    .map_or(PERMANENT_MS, |s| {
+                        i64::try_from(s.saturating_mul(1000)).unwrap_or(PERMANENT_MS)
+                    });
+                let id = ulid::Ulid::new().to_string();
+                // Exactly one instance wins the marker and writes the lockout.
+                if !velocity::lock_if_absent(
+                    &self.hot,
+                    &self.keys,
+                    &context.account,
+                    &id,
+                    now,
+                    duration_ms,
+                )
+                .await?
+                {
+                    return Ok(());
+                }
+                (id, duration_ms)
+            }
+        };
         let events = velocity::members(
             &self.hot,
             &self.keys.window(&context.account, "f"),
@@ -553,6 +570,7 @@ impl Lockouts {
             velocity::unlock(&self.hot, &self.keys, &context.account, &id, now).await?;
             return Err(err.into());
         }
+        velocity::mark_stored(&self.hot, &self.keys, &context.account, &id).await?;
         let until = now.saturating_add(duration_ms);
         let message = format!(
             "locked after {failures} failed logins (level {level}) until {}",

@@ -5,7 +5,8 @@ use crate::store::{Durable, Error};
 use crate::with_pool;
 
 const INSERT: &str = "INSERT INTO lockouts (id, account, scope, reason, failures, level, created_at, locked_until) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING";
+const EXISTS: &str = "SELECT COUNT(*) FROM lockouts WHERE id = $1";
 const INSERT_EVENT: &str =
     "INSERT INTO lockout_events (lockout_id, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
 const RECENT: &str = "SELECT COUNT(*) FROM lockouts WHERE account = $1 AND created_at >= $2";
@@ -59,6 +60,17 @@ impl From<Row> for Lockout {
     }
 }
 
+/// True when a lockout with this id is stored.
+pub(super) async fn exists(durable: &Durable, id: &str) -> Result<bool, Error> {
+    let count: i64 = with_pool!(durable, |pool| sqlx::query_scalar(EXISTS)
+        .bind(id)
+        .fetch_one(pool)
+        .await)?;
+    Ok(count > 0)
+}
+
+/// Stores a lockout and the events that led to it; a lockout already stored under the same
+/// id (an orphaned marker adopted while its writer was only slow) is kept as it is.
 pub(super) async fn insert(
     durable: &Durable,
     lockout: &Lockout,

@@ -263,6 +263,70 @@ pub async fn lock_if_absent(
     }
 }
 
+/// Appended to a lock marker's lockout id once the lockout is durably stored.
+const STORED: char = '!';
+
+/// A marker's value without the stored flag.
+fn marker_id(value: String) -> (String, bool) {
+    match value.strip_suffix(STORED) {
+        Some(id) => (id.to_owned(), true),
+        None => (value, false),
+    }
+}
+
+/// The account's lock marker: lockout id, ms until it expires, and whether it is stored.
+///
+/// Not stored: between the marker and the row, and forever if the instance that set the
+/// marker died in between (an orphan to repair).
+pub async fn lock_marker(
+    hot: &Hot,
+    keys: &Keys,
+    account: &SubjectKey,
+    now_ms: i64,
+) -> Result<Option<(String, i64, bool)>, Error> {
+    let key = keys.lock(account);
+    let found = match hot {
+        // In-process markers die with the process, and with them any orphan.
+        Hot::Memory(memory) => {
+            return Ok(memory
+                .value_get(&key, now_ms)
+                .map(|(id, ttl)| (id, ttl, true)));
+        }
+        Hot::Redis(redis) => {
+            let mut pipe = redis::pipe();
+            pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
+            let (value, ttl): (Option<String>, i64) = redis.query_pipeline(&pipe).await?;
+            value.filter(|_| ttl != -2).map(|value| (value, ttl))
+        }
+    };
+    Ok(found.map(|(value, ttl)| {
+        let (id, stored) = marker_id(value);
+        (id, if ttl < 0 { i64::MAX } else { ttl }, stored)
+    }))
+}
+
+/// Marks the account's lock marker as durably stored (keeping its TTL; nothing if it is
+/// gone, e.g. released meanwhile).
+pub async fn mark_stored(
+    hot: &Hot,
+    keys: &Keys,
+    account: &SubjectKey,
+    lockout_id: &str,
+) -> Result<(), Error> {
+    if let Hot::Redis(redis) = hot {
+        redis
+            .query::<()>(
+                redis::cmd("SET")
+                    .arg(keys.lock(account))
+                    .arg(format!("{lockout_id}{STORED}"))
+                    .arg("XX")
+                    .arg("KEEPTTL"),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
 /// The account's lock marker: lockout id and ms until it expires.
 pub async fn lock(
     hot: &Hot,
@@ -279,7 +343,7 @@ pub async fn lock(
             let (id, ttl): (Option<String>, i64) = redis.query_pipeline(&pipe).await?;
             Ok(id
                 .filter(|_| ttl != -2)
-                .map(|id| (id, if ttl < 0 { i64::MAX } else { ttl })))
+                .map(|id| (marker_id(id).0, if ttl < 0 { i64::MAX } else { ttl })))
         }
     }
 }
@@ -304,7 +368,7 @@ pub async fn locks(
                 .into_iter()
                 .map(|(id, ttl)| {
                     id.filter(|_| ttl != -2)
-                        .map(|id| (id, if ttl < 0 { i64::MAX } else { ttl }))
+                        .map(|id| (marker_id(id).0, if ttl < 0 { i64::MAX } else { ttl }))
                 })
                 .collect())
         }

@@ -584,3 +584,41 @@ async fn failures_older_than_the_window_do_not_count(app: TestApp) {
     assert_eq!(status["action"], "none", "{status}");
     assert_eq!(status["failures_in_window"], 1, "{status}");
 }
+
+/// An instance that dies between setting an account's lock marker and storing the lockout
+/// leaves an orphaned marker: the next failure on any instance stores the lockout under the
+/// marker's id, so an analyst sees it and can release it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphaned_lock_marker_gets_its_lockout_stored() {
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    let account = palisade::model::SubjectKey::user("orphaned", 64).unwrap();
+    let key = app.app.stores.keys.lock(&account);
+    let id = ulid::Ulid::new().to_string();
+    let redis = redis::Client::open(app.settings.redis_url.clone().unwrap()).unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&id)
+        .arg("PX")
+        .arg(900_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let answer = app.fail("orphan", "orphaned", &["203.0.113.90"], 11).await;
+    assert_eq!(answer["decisions"][0]["action"], "lockout", "{answer}");
+    let items = app.lockouts("?account=orphaned").await;
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!(items[0]["id"], id.as_str());
+    // Stored once; the marker now says so (no durable lookup for later failures).
+    app.fail("orphan-more", "orphaned", &["203.0.113.90"], 3)
+        .await;
+    assert_eq!(app.lockouts("?account=orphaned").await.len(), 1);
+    let marker: String = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(marker, format!("{id}!"));
+}
