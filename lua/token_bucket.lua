@@ -1,32 +1,34 @@
--- token_bucket.lua: check, and consume only if all allow, every scope of one request, atomically.
--- KEYS   per scope i: KEYS[2i-1] bucket key, KEYS[2i] multiplier key (same {hash tag})
--- ARGV   [1] cost, [2] consume (1|0), then per scope i (b = 4i - 1): ARGV[b] capacity,
---        ARGV[b+1] refill per second, ARGV[b+2] enforce (1) or shadow (0), ARGV[b+3] the
+-- token_bucket.lua: check, and consume only if all allow, every scope of one request, atomically;
+--        several requests in one call (coalesced by the service) run one after another, each
+--        seeing the ones before, exactly as if each were its own call at the same instant.
+-- KEYS   per request, per scope: bucket key, then multiplier key (same {hash tag}); a key may
+--        appear again for another request of the call (e.g. the global bucket)
+-- ARGV   [1] number of requests; then per request: cost, consume (1|0), number of scopes n,
+--        then per scope: capacity, refill per second, enforce (1) or shadow (0), the
 --        multiplier to use when none is published (scoring's local default: reputation,
 --        attestation)
 -- State  a bucket is one 8-byte double, struct 'd': the theoretical arrival time (GCRA) in µs,
 --        i.e. when the bucket is full again. Written with PSETEX <time until full> <value>,
---        one command, integer milliseconds, so an idle key disappears exactly when it is full.
--- Mult.  the multiplier key holds a decimal number; absent = ARGV[b+3]; it scales capacity
---        and refill; 0 blocks. The burst window capacity/refill does not depend on it.
--- Returns {admitted, then per scope: allowed, limit, remaining, reset_ms, retry_ms
+--        one command per bucket per call, integer milliseconds, so an idle key disappears
+--        exactly when it is full.
+-- Mult.  the multiplier key holds a decimal number; absent = the default given; it scales
+--        capacity and refill; 0 blocks. The burst window capacity/refill does not depend on it.
+-- Returns per request: admitted, then per scope: allowed, limit, remaining, reset_ms, retry_ms
 --        (-1 = never under the current multiplier), multiplier in millionths,
---        multiplier_pttl_ms}
+--        multiplier_pttl_ms
 --        Every number is rounded explicitly (floor for tokens, ceil for waits): Redis would
 --        truncate a fractional Lua number in an integer reply.
--- Time   redis.call('TIME') only; the caller's clock is never used.
+-- Time   redis.call('TIME') only, once per call; the caller's clock is never used.
 -- Model  src/limiter/bucket.rs `evaluate` is the same computation; keep them in step.
 -- Speed  globals are bound to locals and replies are integers: on this project's 2-core
 --        machine that took the 4-scope call from 83 to about 55 µs of Redis CPU
---        (docs/benchmarks.md); TIME + MGET + 4 PSETEX alone cost about 41 µs there.
+--        (docs/benchmarks.md); TIME + MGET + 4 PSETEX alone cost about 41 µs there. A
+--        coalesced call shares TIME, one MGET and one PSETEX per distinct bucket.
 
 local call, floor, ceil = redis.call, math.floor, math.ceil
 local pack, unpack_struct = struct.pack, struct.unpack
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local cost = tonumber(ARGV[1])
-local consume = ARGV[2] == '1'
-local n = #KEYS / 2
 local values = call('MGET', unpack(KEYS))
 
 local function ceil_ms(us)
@@ -35,66 +37,91 @@ local function ceil_ms(us)
   return ms
 end
 
-local out = {1}
-local admitted = true
-local writes = {}
-for i = 1, n do
-  local b = 4 * i - 1
-  local capacity = tonumber(ARGV[b])
-  local refill = tonumber(ARGV[b + 1])
-  local enforce = ARGV[b + 2] == '1'
-  local m = tonumber(values[2 * i]) or tonumber(ARGV[b + 3])
-  if m < 0 then m = 0 end
-  local limit = capacity * m
-  local rate = refill * m / 1e6
-  local window = capacity / refill * 1e6
-  local deficit = 0
-  local raw = values[2 * i - 1]
-  if raw and #raw == 8 then
-    deficit = unpack_struct('d', raw) - now
-    if deficit < 0 then deficit = 0 elseif deficit > window then deficit = window end
-  end
-  local allowed, remaining, reset, retry
-  if rate <= 0 or cost > limit + 1e-9 then
-    allowed = false
-    remaining = floor((window > deficit and window - deficit or 0) * rate + 1e-9)
-    reset = deficit
-    retry = -1
-  else
-    local needed = deficit + cost / rate
-    if needed <= window + 1e-3 then
-      allowed = true
-      remaining = floor((window > needed and window - needed or 0) * rate + 1e-9)
-      reset = needed
-      retry = 0
-      writes[#writes + 1] = {KEYS[2 * i - 1], now + needed, needed}
-    else
+-- Buckets written by an earlier request of this call: key -> theoretical arrival time (µs).
+local written = {}
+local order = {}
+local out = {}
+local k = 0 -- KEYS consumed so far
+local a = 1 -- ARGV consumed so far
+for _ = 1, tonumber(ARGV[1]) do
+  local cost = tonumber(ARGV[a + 1])
+  local consume = ARGV[a + 2] == '1'
+  local n = tonumber(ARGV[a + 3])
+  a = a + 3
+  local head = #out + 1
+  out[head] = 1
+  local admitted = true
+  local writes = {}
+  for i = 1, n do
+    local b = a + 4 * i - 3
+    local key = KEYS[k + 2 * i - 1]
+    local capacity = tonumber(ARGV[b])
+    local refill = tonumber(ARGV[b + 1])
+    local enforce = ARGV[b + 2] == '1'
+    local m = tonumber(values[k + 2 * i]) or tonumber(ARGV[b + 3])
+    if m < 0 then m = 0 end
+    local limit = capacity * m
+    local rate = refill * m / 1e6
+    local window = capacity / refill * 1e6
+    local deficit = 0
+    local tat = written[key]
+    if not tat then
+      local raw = values[k + 2 * i - 1]
+      if raw and #raw == 8 then tat = unpack_struct('d', raw) end
+    end
+    if tat then
+      deficit = tat - now
+      if deficit < 0 then deficit = 0 elseif deficit > window then deficit = window end
+    end
+    local allowed, remaining, reset, retry
+    if rate <= 0 or cost > limit + 1e-9 then
       allowed = false
       remaining = floor((window > deficit and window - deficit or 0) * rate + 1e-9)
       reset = deficit
-      retry = ceil_ms(needed - window)
+      retry = -1
+    else
+      local needed = deficit + cost / rate
+      if needed <= window + 1e-3 then
+        allowed = true
+        remaining = floor((window > needed and window - needed or 0) * rate + 1e-9)
+        reset = needed
+        retry = 0
+        writes[#writes + 1] = {key, now + needed}
+      else
+        allowed = false
+        remaining = floor((window > deficit and window - deficit or 0) * rate + 1e-9)
+        reset = deficit
+        retry = ceil_ms(needed - window)
+      end
+    end
+    if enforce and not allowed then admitted = false end
+    local pttl = -2
+    if retry == -1 then pttl = call('PTTL', KEYS[k + 2 * i]) end
+    out[#out + 1] = allowed and 1 or 0
+    out[#out + 1] = floor(limit + 1e-9)
+    out[#out + 1] = remaining
+    out[#out + 1] = ceil_ms(reset)
+    out[#out + 1] = retry
+    out[#out + 1] = floor(m * 1000000 + 0.5)
+    out[#out + 1] = pttl
+  end
+  if not admitted then
+    out[head] = 0
+  elseif consume then
+    -- Enforced scopes all allowed; shadow scopes are consumed where they allowed too.
+    for _, w in ipairs(writes) do
+      if not written[w[1]] then order[#order + 1] = w[1] end
+      written[w[1]] = w[2]
     end
   end
-  if enforce and not allowed then admitted = false end
-  local pttl = -2
-  if retry == -1 then pttl = call('PTTL', KEYS[2 * i]) end
-  out[#out + 1] = allowed and 1 or 0
-  out[#out + 1] = floor(limit + 1e-9)
-  out[#out + 1] = remaining
-  out[#out + 1] = ceil_ms(reset)
-  out[#out + 1] = retry
-  out[#out + 1] = floor(m * 1000000 + 0.5)
-  out[#out + 1] = pttl
+  k = k + 2 * n
+  a = a + 4 * n
 end
 
-if not admitted then
-  out[1] = 0
-elseif consume then
-  -- Enforced scopes all allowed; shadow scopes are consumed where they allowed too.
-  for _, w in ipairs(writes) do
-    local ttl = ceil_ms(w[3])
-    if ttl < 1 then ttl = 1 end
-    call('PSETEX', w[1], ttl, pack('d', w[2]))
-  end
+for _, key in ipairs(order) do
+  local tat = written[key]
+  local ttl = ceil_ms(tat - now)
+  if ttl < 1 then ttl = 1 end
+  call('PSETEX', key, ttl, pack('d', tat))
 end
 return out

@@ -159,6 +159,9 @@ async fn memory_section(port: u16, keys: u64) {
             .arg(2)
             .arg(&key)
             .arg(format!("{key}:m"))
+            // One request: cost 1, consume, one scope.
+            .arg(1)
+            .arg(1)
             .arg(1)
             .arg(1)
             .arg(10)
@@ -358,6 +361,134 @@ fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
     }
 }
 
+/// Checks per second through `Limiter::check` (the library, no HTTP) on Redis, `concurrency`
+/// tasks, the same 4-scope requests as the HTTP run, with `limits.coalesce` on or off; and
+/// how many checks each `EVALSHA` carried (Redis `INFO commandstats`).
+fn limiter_direct(
+    redis_port: u16,
+    concurrency: u64,
+    seconds: u64,
+    coalesce: bool,
+) -> (f64, f64, f64) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings {
+        database_url: format!("sqlite://{}", dir.path().join("bench.db").display()),
+        redis_url: Some(format!("redis://127.0.0.1:{redis_port}")),
+        ..Settings::default()
+    };
+    settings.limits.coalesce = coalesce;
+    settings.store.redis_key_prefix = format!("direct-{coalesce}");
+    let settings = settings.validate().unwrap();
+    runtime.block_on(async move {
+        let app = App::build(settings).await.unwrap().into_state();
+        let client = redis::Client::open(format!("redis://127.0.0.1:{redis_port}")).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let calls_before = evalsha_calls(&mut conn).await;
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..concurrency {
+            let limiter = app.limiter.clone();
+            tasks.spawn(async move {
+                let mut done = 0u64;
+                while Instant::now() < deadline {
+                    let n: u32 = rand::rng().random_range(0..100_000);
+                    let request = palisade::limiter::LimitRequest {
+                        method: "GET".to_owned(),
+                        endpoint: "/v1/feed".to_owned(),
+                        ip: palisade::model::ClientIp::parse(
+                            &format!("10.{}.{}.{}", n >> 16 & 255, n >> 8 & 255, n & 255),
+                            64,
+                        )
+                        .unwrap(),
+                        user: Some(
+                            palisade::model::SubjectKey::user(&format!("u{n}"), 64).unwrap(),
+                        ),
+                        device: Some(
+                            palisade::model::SubjectKey::device(&format!("d{n}"), 64).unwrap(),
+                        ),
+                        cost: 1,
+                        consume: true,
+                    };
+                    let decision = limiter.check(&request).await.unwrap();
+                    assert!(!decision.degraded);
+                    done += 1;
+                }
+                done
+            });
+        }
+        let mut checks = 0;
+        while let Some(done) = tasks.join_next().await {
+            checks += done.unwrap();
+        }
+        let rate = checks as f64 / started.elapsed().as_secs_f64();
+        let (calls, usec) = evalsha_calls(&mut conn).await;
+        let calls = (calls - calls_before.0).max(1);
+        (
+            rate,
+            checks as f64 / calls as f64,
+            (usec - calls_before.1) as f64 / checks.max(1) as f64,
+        )
+    })
+}
+
+/// `EVALSHA` calls so far and the Redis CPU they took, µs (`INFO commandstats`).
+async fn evalsha_calls(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .unwrap_or("");
+    let field = |name: &str| -> u64 {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls="), field("usec="))
+}
+
+/// Coalescing (`LOAD_ONLY=coalesce`): the limiter library's checks/s on Redis with one
+/// script call per check and with coalesced calls, against `redis-benchmark` EVALSHA of the
+/// same 4-scope call (one call per request) at the same concurrency, all in this run.
+fn coalesce_section(redis_port: u16, concurrency: u64, seconds: u64) {
+    let (single, single_per_call, single_us) =
+        limiter_direct(redis_port, concurrency, seconds, false);
+    let (coalesced, per_call, coalesced_us) =
+        limiter_direct(redis_port, concurrency, seconds, true);
+    let (raw_rps, _) = redis_benchmark(
+        redis_port,
+        concurrency,
+        (single as u64 * seconds).max(100_000),
+    );
+    println!(
+        "\n## Coalesced checks: `Limiter::check` on Redis without HTTP, {concurrency} tasks, 4 scopes\n"
+    );
+    println!(
+        "| what | checks/s | checks per EVALSHA | Redis CPU µs per check | ratio |\n|---|---|---|---|---|"
+    );
+    println!(
+        "| `limits.coalesce = false`: one script call per check | {single:.0} | {single_per_call:.1} | {single_us:.1} | {:.2} |",
+        single / raw_rps
+    );
+    println!(
+        "| `limits.coalesce = true` | {coalesced:.0} | {per_call:.1} | {coalesced_us:.1} | {:.2} |",
+        coalesced / raw_rps
+    );
+    println!(
+        "| redis-benchmark EVALSHA, one call per request, same script and keys | {raw_rps:.0} | 1.0 | | 1.00 |"
+    );
+}
+
 /// `redis-benchmark` EVALSHA of the 4-scope call `/v1/limit/check` makes for a read with
 /// user and device (global, ip-authn, user-read, device): requests per second and p99.
 fn redis_benchmark(port: u16, concurrency: u64, requests: u64) -> (f64, f64) {
@@ -372,10 +503,11 @@ fn redis_benchmark(port: u16, concurrency: u64, requests: u64) -> (f64, f64) {
         "rb:v1:{device:__rand_int__}:b:device".to_owned(),
         "rb:v1:{device:__rand_int__}:m:read".to_owned(),
     ];
-    // Per scope: capacity, refill/s, enforce, default multiplier.
+    // One request (one call per request: the rate coalescing must beat): cost 1, consume,
+    // 4 scopes; per scope: capacity, refill/s, enforce, default multiplier.
     let args = [
-        "1", "1", "100000", "100000", "1", "1", "600", "10", "1", "1", "300", "5", "1", "1", "600",
-        "10", "1", "1",
+        "1", "1", "1", "4", "100000", "100000", "1", "1", "600", "10", "1", "1", "300", "5", "1",
+        "1", "600", "10", "1", "1",
     ];
     let output = Command::new("redis-benchmark")
         .args([
@@ -711,6 +843,7 @@ fn main() {
         Ok("scoring") => return scoring_section(redis.port, seconds, concurrency),
         Ok("flood") => return flood_section(env_or("LOAD_FLOOD_KEYS", 1_000_000)),
         Ok("mixed") => return mixed_section(redis.port, seconds),
+        Ok("coalesce") => return coalesce_section(redis.port, concurrency, seconds),
         _ => {}
     }
     println!(
@@ -778,6 +911,7 @@ fn main() {
         "| redis-benchmark EVALSHA, same script and keys | {raw_rps:.0} | | {raw_p99:.2} | | 1.00 |"
     );
 
+    coalesce_section(redis.port, concurrency, seconds);
     ingest_section(redis.port, seconds);
     scoring_section(redis.port, seconds, concurrency);
 

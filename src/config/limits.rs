@@ -145,6 +145,10 @@ pub struct LimitSettings {
     /// TTL of the in-process L1 cache of blocked buckets, milliseconds (0 disables it).
     /// TOML `limits.l1_ttl_ms`, env `PALISADE_LIMITS__L1_TTL_MS`; default 250 (max 5000).
     pub l1_ttl_ms: u64,
+    /// Coalesce concurrent checks on a single Redis into shared script calls (each still
+    /// answered as if it ran alone). TOML `limits.coalesce`, env `PALISADE_LIMITS__COALESCE`;
+    /// default true. A Redis Cluster always gets one call per check.
+    pub coalesce: bool,
     /// Largest `cost` of one check. TOML `limits.max_cost`; default 1000.
     pub max_cost: u32,
     /// Endpoint classes by name. `read` and `write` must exist (they are the fallbacks).
@@ -270,6 +274,7 @@ impl Default for LimitSettings {
         Self {
             ipv6_prefix_len: 64,
             l1_ttl_ms: 250,
+            coalesce: true,
             max_cost: 1000,
             classes,
             budgets,

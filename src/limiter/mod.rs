@@ -182,6 +182,7 @@ pub struct Limiter {
     hot: Hot,
     clock: Arc<dyn Clock>,
     l1: l1::L1,
+    coalescer: redis_backend::Coalescer,
     defaults: std::sync::OnceLock<Arc<dyn DefaultMultipliers>>,
 }
 
@@ -194,6 +195,7 @@ impl Limiter {
             hot,
             clock,
             l1: l1::L1::new(Duration::from_millis(settings.l1_ttl_ms)),
+            coalescer: redis_backend::Coalescer::new(settings.coalesce),
             defaults: std::sync::OnceLock::new(),
         }
     }
@@ -284,7 +286,8 @@ impl Limiter {
             Hot::Memory(memory) => Ok(self.evaluate_memory(memory, &scopes, request, now_us)),
             Hot::Redis(redis) => {
                 let started = std::time::Instant::now();
-                let result = redis_backend::evaluate(redis, &scopes, request).await;
+                let result =
+                    redis_backend::evaluate(redis, &self.coalescer, &scopes, request).await;
                 metrics::histogram!(names::REDIS_LATENCY_SECONDS, "op" => "token_bucket")
                     .record(started.elapsed().as_secs_f64());
                 result

@@ -1,6 +1,9 @@
 //! The Redis backend: `lua/token_bucket.lua` over one or, on a cluster, several slots.
 //!
-//! Single node: one EVALSHA checks and consumes every scope atomically. Cluster: a script
+//! Single node: one EVALSHA checks and consumes every scope atomically, and checks that
+//! arrive while earlier ones are on their way to Redis are coalesced into one call
+//! ([`Coalescer`]): the script runs them one after another, each seeing the ones before, so
+//! every answer is the one a call of its own would have got. Cluster: a script
 //! can only touch one slot, so scopes are grouped by subject (their hash tag). With one
 //! group nothing changes. With several, every group is first checked without consuming;
 //! only if all admit is each group consumed, re-checking atomically per group. A race
@@ -8,22 +11,168 @@
 //! may under-admit slightly, and never admits more than any bucket allows.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use redis::Value;
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{LimitRequest, RawOutcome, Scope};
 use crate::store::scripts::TOKEN_BUCKET;
 use crate::store::{Error, RedisHot};
+use crate::telemetry::metrics as names;
 
 const VALUES_PER_SCOPE: usize = 7;
 
+/// Script calls on their way to Redis at once. A check that finds one free goes at once on
+/// its own; while all are out, new checks queue and go together in the next call. 4 gave
+/// 8.8 checks per call and 20 % less Redis CPU per check at 50 concurrent checks (16: 2.6
+/// per call); `LOAD_ONLY=coalesce cargo bench --bench load`.
+const IN_FLIGHT: usize = 4;
+/// Most checks in one call.
+const MAX_BATCH: usize = 64;
+
+/// One check's answer from a coalesced call (the call's error is shared by its checks).
+type Answer = Result<(bool, Vec<RawOutcome>), Arc<Error>>;
+
+/// One check's share of a coalesced call: its keys and arguments in the script's layout.
+#[derive(Debug)]
+struct Job {
+    keys: Vec<String>,
+    args: Vec<String>,
+    scopes: usize,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// Coalesces concurrent checks on a single Redis into shared script calls.
+///
+/// A check that finds a call slot free goes at once (no added wait); when all
+/// [`IN_FLIGHT`] slots are busy, the checks that arrive meanwhile are sent together. The
+/// queue is drained by a task started on first use (and again if its runtime went away).
+#[derive(Debug)]
+pub(super) struct Coalescer {
+    enabled: bool,
+    /// Script calls on their way to Redis; shared by direct calls and coalesced ones.
+    slots: Arc<Semaphore>,
+    queue: Mutex<Option<mpsc::UnboundedSender<Job>>>,
+}
+
+impl Coalescer {
+    /// `enabled: false` (`limits.coalesce = false`): one script call per check.
+    pub(super) fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            slots: Arc::new(Semaphore::new(IN_FLIGHT)),
+            queue: Mutex::new(None),
+        }
+    }
+
+    fn submit(&self, redis: &RedisHot, job: Job) {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        let job = match queue.as_ref() {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return,
+                // The draining task's runtime went away: start another on this one.
+                Err(mpsc::error::SendError(job)) => job,
+            },
+            None => job,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(drain(redis.clone(), self.slots.clone(), rx));
+        // The receiver was just created and is alive: the send cannot fail.
+        let _ = tx.send(job);
+        *queue = Some(tx);
+    }
+}
+
+async fn drain(redis: RedisHot, slots: Arc<Semaphore>, mut rx: mpsc::UnboundedReceiver<Job>) {
+    while let Some(first) = rx.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_BATCH
+            && let Ok(job) = rx.try_recv()
+        {
+            jobs.push(job);
+        }
+        let redis = redis.clone();
+        tokio::spawn(async move {
+            run_jobs(&redis, jobs).await;
+            drop(slot);
+        });
+    }
+}
+
+/// One script call for all `jobs`; each gets its own answer (or the call's error).
+async fn run_jobs(redis: &RedisHot, jobs: Vec<Job>) {
+    metrics::histogram!(names::LIMIT_COALESCED_CHECKS).record(jobs.len() as f64);
+    let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
+    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
+    args.push(jobs.len().to_string());
+    for job in &jobs {
+        keys.extend_from_slice(&job.keys);
+        args.extend_from_slice(&job.args);
+    }
+    match redis.eval::<Vec<Value>>(&TOKEN_BUCKET, &keys, &args).await {
+        Err(error) => {
+            let error = Arc::new(error);
+            for job in jobs {
+                // The caller may have gone (its request was cancelled): nothing to tell.
+                let _ = job.reply.send(Err(error.clone()));
+            }
+        }
+        Ok(values) => {
+            let mut rest = &values[..];
+            for job in jobs {
+                let (mine, tail) =
+                    rest.split_at((1 + job.scopes * VALUES_PER_SCOPE).min(rest.len()));
+                rest = tail;
+                let _ = job.reply.send(parse(mine, job.scopes).map_err(Arc::new));
+            }
+        }
+    }
+}
+
 pub(super) async fn evaluate(
     redis: &RedisHot,
+    coalescer: &Coalescer,
     scopes: &[Scope],
     request: &LimitRequest,
 ) -> Result<Vec<RawOutcome>, Error> {
     if scopes.is_empty() {
         return Ok(Vec::new());
+    }
+    if !redis.is_cluster() && coalescer.enabled {
+        // A free slot: this check goes at once, on its own (no queue, no other task).
+        if let Ok(slot) = coalescer.slots.clone().try_acquire_owned() {
+            let indices: Vec<usize> = (0..scopes.len()).collect();
+            let answer = run(redis, scopes, &indices, request.cost, request.consume).await;
+            drop(slot);
+            return Ok(answer?.1);
+        }
+        let indices: Vec<usize> = (0..scopes.len()).collect();
+        let (keys, args) = invocation(scopes, &indices, request.cost, request.consume);
+        let (reply, answer) = oneshot::channel();
+        coalescer.submit(
+            redis,
+            Job {
+                keys,
+                args,
+                scopes: scopes.len(),
+                reply,
+            },
+        );
+        return match answer.await {
+            Ok(Ok((_, outcomes))) => Ok(outcomes),
+            Ok(Err(error)) => Err(Error::Unavailable {
+                store: "hot",
+                source: Box::new(error),
+            }),
+            Err(_) => Err(Error::Unavailable {
+                store: "hot",
+                source: "the coalesced call was cancelled (runtime shutting down)".into(),
+            }),
+        };
     }
     if !redis.is_cluster() {
         let indices: Vec<usize> = (0..scopes.len()).collect();
@@ -63,17 +212,18 @@ pub(super) async fn evaluate(
     Ok(outcomes.into_iter().flatten().collect())
 }
 
-async fn run(
-    redis: &RedisHot,
+/// The keys and arguments of one request (without the leading request count).
+fn invocation(
     scopes: &[Scope],
     indices: &[usize],
     cost: u32,
     consume: bool,
-) -> Result<(bool, Vec<RawOutcome>), Error> {
+) -> (Vec<String>, Vec<String>) {
     let mut keys = Vec::with_capacity(indices.len() * 2);
-    let mut args = Vec::with_capacity(2 + indices.len() * 4);
+    let mut args = Vec::with_capacity(3 + indices.len() * 4);
     args.push(cost.to_string());
     args.push(if consume { "1" } else { "0" }.to_owned());
+    args.push(indices.len().to_string());
     for &i in indices {
         let scope = &scopes[i];
         keys.push(scope.bucket_key.clone());
@@ -83,6 +233,19 @@ async fn run(
         args.push(if scope.enforced { "1" } else { "0" }.to_owned());
         args.push(scope.default_multiplier.to_string());
     }
+    (keys, args)
+}
+
+/// One request of its own (a cluster group: one slot).
+async fn run(
+    redis: &RedisHot,
+    scopes: &[Scope],
+    indices: &[usize],
+    cost: u32,
+    consume: bool,
+) -> Result<(bool, Vec<RawOutcome>), Error> {
+    let (keys, mut args) = invocation(scopes, indices, cost, consume);
+    args.insert(0, "1".to_owned());
     let reply: Vec<Value> = redis.eval(&TOKEN_BUCKET, &keys, &args).await?;
     parse(&reply, indices.len())
 }

@@ -24,6 +24,8 @@ pub const REDIS_LATENCY_SECONDS: &str = "palisade_redis_latency_seconds";
 pub const FAIL_OPEN_TOTAL: &str = "palisade_fail_open_total";
 /// Limit checks answered from the L1 cache of blocked buckets.
 pub const LIMIT_L1_HITS_TOTAL: &str = "palisade_limit_l1_hits_total";
+/// Limit checks per Redis script call (concurrent checks are coalesced on a single Redis).
+pub const LIMIT_COALESCED_CHECKS: &str = "palisade_limit_coalesced_checks";
 
 /// Factors stored by push signals, by `signal`, `code` and `mode` (`enforced`, `shadow`).
 pub const SCORING_FACTORS_TOTAL: &str = "palisade_scoring_factors_total";
@@ -62,6 +64,7 @@ pub const ALL: &[&str] = &[
     REDIS_LATENCY_SECONDS,
     FAIL_OPEN_TOTAL,
     LIMIT_L1_HITS_TOTAL,
+    LIMIT_COALESCED_CHECKS,
     SCORING_FACTORS_TOTAL,
     MULTIPLIER_PUBLISHES_TOTAL,
     ANOMALIES_TOTAL,
@@ -149,6 +152,10 @@ fn describe() {
     metrics::describe_counter!(
         LIMIT_L1_HITS_TOTAL,
         "Limit checks answered from the L1 cache"
+    );
+    metrics::describe_histogram!(
+        LIMIT_COALESCED_CHECKS,
+        "Limit checks per Redis script call (coalesced)"
     );
     metrics::describe_counter!(
         SCORING_FACTORS_TOTAL,

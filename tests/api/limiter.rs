@@ -24,6 +24,7 @@ on_both_backends!(
     bad_limit_checks_are_400_never_500,
     only_limiter_and_admin_may_check,
     sixty_four_concurrent_checks_admit_exactly_the_capacity,
+    concurrent_checks_in_one_instance_are_answered_one_after_another,
 );
 
 fn login(user: &str, ip: &str) -> Value {
@@ -368,6 +369,111 @@ async fn sixty_four_concurrent_checks_admit_exactly_the_capacity(app: TestApp) {
     }
     // 256 attempts within well under 12 s (the refill interval): exactly the capacity.
     assert_eq!(total, 5);
+}
+
+/// Forty checks of one account at once from one instance (on Redis they are coalesced into
+/// shared script calls): exactly the capacity passes, and the admitted ones saw the bucket
+/// drain one token at a time, as if each had been its own call.
+async fn concurrent_checks_in_one_instance_are_answered_one_after_another(app: TestApp) {
+    forty_checks_of_one_account_drain_it_one_token_at_a_time(&app).await;
+}
+
+/// The same with `limits.coalesce = false` (one script call per check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_without_coalescing_give_the_same_answers() {
+    let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.limits.coalesce = false
+    })
+    .await
+    else {
+        return;
+    };
+    forty_checks_of_one_account_drain_it_one_token_at_a_time(&app).await;
+}
+
+async fn forty_checks_of_one_account_drain_it_one_token_at_a_time(app: &TestApp) {
+    let request = palisade::limiter::LimitRequest {
+        method: "POST".to_owned(),
+        endpoint: "/auth/login".to_owned(),
+        ip: ClientIp::parse("203.0.113.210", 64).unwrap(),
+        user: Some(SubjectKey::user("queued", 64).unwrap()),
+        device: None,
+        cost: 1,
+        consume: true,
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let (limiter, request) = (app.app.limiter.clone(), request.clone());
+        tasks.spawn(async move { limiter.check(&request).await.unwrap() });
+    }
+    let mut remaining = Vec::new();
+    let mut denied = 0;
+    while let Some(decision) = tasks.join_next().await {
+        let decision = decision.unwrap();
+        if decision.allowed {
+            remaining.push(decision.deciding_scope().unwrap().remaining);
+        } else {
+            denied += 1;
+            assert!(decision.retry_after_ms > 0, "{decision:?}");
+        }
+    }
+    remaining.sort_unstable();
+    assert_eq!(remaining, vec![0, 1, 2, 3, 4]);
+    assert_eq!(denied, 35);
+}
+
+/// Several requests in one `token_bucket.lua` call run one after another: a later request
+/// sees what an earlier one took from a shared bucket, a denied or `consume: false` request
+/// takes nothing, and the bucket is written once with its final state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_script_call_with_several_requests_runs_them_in_order() {
+    let Some((_, redis_url)) = production_urls() else {
+        return;
+    };
+    let client = redis::Client::open(redis_url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("test:{{coalesce-{}}}:b", ulid::Ulid::new());
+    let multiplier = format!("{key}:m");
+    let mut invocation = palisade::store::scripts::TOKEN_BUCKET.prepare_invoke();
+    // 4 requests on one bucket of capacity 2, refilling 1 token/s: take, peek, take, take.
+    invocation.arg(4);
+    for consume in [1, 0, 1, 1] {
+        invocation.key(&key).key(&multiplier);
+        invocation.arg(1).arg(consume).arg(1);
+        invocation.arg(2).arg(1).arg(1).arg(1);
+    }
+    let reply: Vec<i64> = invocation.invoke_async(&mut conn).await.unwrap();
+    // Per request: admitted, then allowed, limit, remaining, reset_ms, retry_ms, multiplier,
+    // multiplier TTL.
+    let requests: Vec<&[i64]> = reply.chunks(8).collect();
+    assert_eq!(requests.len(), 4, "{reply:?}");
+    assert_eq!(requests[0][..4], [1, 1, 2, 1], "first take: one left");
+    assert_eq!(
+        requests[1][..4],
+        [1, 1, 2, 0],
+        "a peek answers as if it took one"
+    );
+    assert_eq!(requests[2][..4], [1, 1, 2, 0], "the peek took nothing");
+    assert_eq!(requests[3][..3], [0, 0, 2], "the bucket is empty");
+    assert!(
+        (990..=1000).contains(&requests[3][5]),
+        "retry {:?}",
+        requests[3]
+    );
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        (1980..=2000).contains(&ttl),
+        "written once, full again in 2 s: {ttl}"
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
 }
 
 /// Field-guide defect: a non-integer PEXPIRE (capacity 100, refill 30/s) errored after the
