@@ -28,6 +28,7 @@ pub struct CreateToken {
     /// `ingest`, `limiter`, `analyst` or `admin`.
     pub role: Role,
     /// A name unique among active tokens, 1–100 printable characters.
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,100}$")]
     pub name: String,
 }
 
@@ -179,6 +180,7 @@ pub struct AuditParams {
     /// Only this action, e.g. `token.create`.
     pub action: Option<String>,
     /// The `next_cursor` of the previous page.
+    #[param(pattern = "^[0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{26}$")]
     pub cursor: Option<String>,
     /// Page size, 1–500 (default 100).
     #[param(minimum = 1, maximum = 500)]

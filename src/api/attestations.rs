@@ -30,6 +30,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 pub struct ChallengeRequest {
     /// The device that will attest.
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
     pub device_id: String,
 }
 
@@ -107,6 +108,7 @@ pub struct AppAttestInput {
 #[serde(deny_unknown_fields)]
 pub struct AttestationRequest {
     /// The device.
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
     pub device_id: String,
     /// The challenge issued for it (consumed: single use).
     pub challenge: String,
@@ -229,7 +231,7 @@ async fn submit(
 
 /// A device's latest verdict (role `analyst`); 404 when it never attested.
 #[utoipa::path(get, path = "/v1/attestations/{device_id}", tag = "attestation", security(("bearer" = [])),
-    params(("device_id" = String, Path, description = "the device")),
+    params(("device_id" = String, Path, description = "the device", pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")),
     responses((status = 200, body = VerdictView), (status = 400, body = Envelope), (status = 401, body = Envelope),
         (status = 403, body = Envelope), (status = 404, body = Envelope), (status = 503, body = Envelope)))]
 async fn current(

@@ -28,8 +28,61 @@ pub struct AuthBatch {
     /// 1–1000 events `{event_id, type: login_failure|login_success, account, ip, device_id?,
     /// endpoint?, ts?}` (`ts` RFC 3339; absent = time of receipt; at most 24 h old or 5 min
     /// ahead).
-    #[schema(value_type = Vec<Object>)]
+    #[schema(value_type = Vec<AuthEventDoc>, min_items = 1, max_items = 1000)]
     pub events: Vec<serde_json::Value>,
+}
+
+/// One auth event (the batch is parsed event by event, so one bad event is reported with its
+/// index instead of failing the whole body).
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // a schema only: `ingest::parse_auth_batch` reads the events
+pub struct AuthEventDoc {
+    /// Idempotency key: a retried event counts once.
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,128}$")]
+    event_id: String,
+    /// `login_failure` or `login_success`.
+    #[schema(rename = "type", pattern = "^login_(failure|success)$")]
+    kind: String,
+    /// The account tried.
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
+    account: String,
+    /// The client's IP.
+    #[schema(schema_with = super::schema::ip)]
+    ip: String,
+    /// The device, if known.
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
+    device_id: Option<String>,
+    /// The login endpoint.
+    #[schema(max_length = 2048)]
+    endpoint: Option<String>,
+    /// When it happened (RFC 3339); absent = time of receipt; at most 24 h old or 5 min ahead.
+    #[schema(format = DateTime)]
+    ts: Option<String>,
+}
+
+/// One served request (telemetry).
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // a schema only: `ingest::parse_request_batch` reads the events
+pub struct RequestEventDoc {
+    /// When it was served (RFC 3339); absent = time of receipt; at most 24 h old or 5 min
+    /// ahead.
+    #[schema(format = DateTime)]
+    ts: Option<String>,
+    /// The client's IP.
+    #[schema(schema_with = super::schema::ip)]
+    ip: String,
+    /// The user, if authenticated.
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
+    user_id: Option<String>,
+    /// The device, if known.
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
+    device_id: Option<String>,
+    /// The path served.
+    #[schema(pattern = "^/", max_length = 2048)]
+    endpoint: String,
+    /// The HTTP status answered.
+    #[schema(minimum = 100, maximum = 599)]
+    status: u16,
 }
 
 /// What to do for one account.
@@ -126,10 +179,11 @@ pub struct RequestBatch {
     /// Optional idempotency key (1–128 printable characters): a retried batch with the same
     /// id counts nothing twice.
     #[serde(default)]
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,128}$")]
     pub batch_id: Option<String>,
     /// 1–5000 events `{ts?, ip, user_id?, device_id?, endpoint, status}` (`ts` RFC 3339;
     /// absent = time of receipt; at most 24 h old or 5 min ahead).
-    #[schema(value_type = Vec<Object>)]
+    #[schema(value_type = Vec<RequestEventDoc>, min_items = 1, max_items = 5000)]
     pub events: Vec<serde_json::Value>,
 }
 
@@ -210,6 +264,7 @@ async fn post_request_events(
 #[serde(deny_unknown_fields)]
 pub struct StatusParams {
     /// The client IP of the login attempt.
+    #[param(schema_with = super::schema::ip)]
     pub ip: String,
     /// The device, if known.
     pub device_id: Option<String>,
@@ -237,7 +292,7 @@ pub struct StatusView {
 /// What the auth service must do for this login attempt (role `ingest`). Served from the
 /// hot store only (no SQL per login).
 #[utoipa::path(get, path = "/v1/accounts/{account}/status", tag = "ingest", security(("bearer" = [])),
-    params(("account" = String, Path, description = "account name"), StatusParams),
+    params(("account" = String, Path, description = "account name", pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$"), StatusParams),
     responses((status = 200, body = StatusView), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
 async fn account_status(

@@ -35,6 +35,7 @@ struct ForwardAuthQuery {
     /// Status of a block: 429 (default; Traefik, Caddy) or 403 / 401 (nginx `auth_request`
     /// only understands 2xx, 401 and 403: map it back to 429 with `error_page`).
     #[serde(default)]
+    #[param(schema_with = super::schema::deny_status)]
     deny_status: Option<u16>,
 }
 

@@ -22,21 +22,27 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 pub struct LimitCheck {
     /// Path of the protected request, e.g. `/auth/login` (a query string is ignored).
+    #[schema(pattern = "^/", max_length = 2048)]
     pub endpoint: String,
     /// HTTP method of the protected request; default `GET`.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z]{1,16}$")]
     pub method: Option<String>,
     /// Client IP (IPv4, IPv6 or IPv4-mapped IPv6).
+    #[schema(schema_with = super::schema::ip)]
     pub ip: String,
     /// The authenticated user (or the account, on auth endpoints): makes the request count as
     /// authenticated.
     #[serde(default)]
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
     pub user_id: Option<String>,
     /// The device.
     #[serde(default)]
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
     pub device_id: Option<String>,
     /// Tokens the request costs, 1..=`limits.max_cost`; default 1.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000)]
     pub cost: Option<u32>,
     /// False: answer without taking tokens; default true.
     #[serde(default)]

@@ -91,8 +91,10 @@ pub struct ListParams {
     /// Only this account.
     pub account: Option<String>,
     /// Only lockouts created at or after this RFC 3339 time.
+    #[param(format = DateTime)]
     pub since: Option<String>,
     /// The `next_cursor` of the previous page.
+    #[param(pattern = "^[0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{26}$")]
     pub cursor: Option<String>,
     /// Page size 1–500 (default 100).
     #[param(minimum = 1, maximum = 500)]
@@ -206,6 +208,7 @@ async fn get_lockout(
 #[serde(deny_unknown_fields)]
 pub struct Release {
     /// Why (1–500 characters; kept in the lockout and the audit log).
+    #[schema(pattern = "^[^\\u0000]{1,500}$")]
     pub reason: String,
 }
 

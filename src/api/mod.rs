@@ -18,6 +18,7 @@ pub mod lists;
 pub mod lockouts;
 pub mod reputation;
 pub mod request_id;
+mod schema;
 pub mod scoring;
 
 use std::time::Duration;
@@ -61,7 +62,9 @@ impl utoipa::Modify for BearerAuth {
 
 /// The OpenAPI document of every route (the same one `/openapi.json` serves).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_routes().split_for_parts().1
+    let mut doc = api_routes().split_for_parts().1;
+    schema::require_custom_parameters(&mut doc);
+    doc
 }
 
 /// `/openapi.json`'s body, rendered once per process.

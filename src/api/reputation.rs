@@ -40,9 +40,19 @@ pub struct ReputationView {
     pub reasons: Vec<Reason>,
 }
 
+/// `GET /v1/reputation/{ip}` path.
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // a schema only: the handler parses the segment itself
+struct IpPath {
+    /// IPv4 or IPv6 address.
+    #[param(schema_with = super::schema::ip)]
+    ip: String,
+}
+
 /// IP/ASN reputation of an address (role `limiter`): classes, sources, ASN, multiplier.
 #[utoipa::path(get, path = "/v1/reputation/{ip}", tag = "reputation", security(("bearer" = [])),
-    params(("ip" = String, Path, description = "IPv4 or IPv6 address")),
+    params(IpPath),
     responses((status = 200, body = ReputationView), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope)))]
 async fn reputation(

@@ -207,6 +207,7 @@ async fn explain_multipliers(
 #[serde(deny_unknown_fields)]
 pub struct DecisionParams {
     /// The `next_cursor` of the previous answer; absent: a full snapshot.
+    #[param(pattern = "^[0-9]{1,20}(-[0-9]{1,20})?$")]
     pub since: Option<String>,
     /// Most changes per answer, 1–1000 (default 500).
     #[param(minimum = 1, maximum = 1000)]
@@ -397,8 +398,10 @@ pub struct AlertParams {
     /// Only this key (`device:…`, `ip:…`, `user:…`).
     pub subject: Option<String>,
     /// Only alerts raised at or after this RFC 3339 time.
+    #[param(format = DateTime)]
     pub since: Option<String>,
     /// The `next_cursor` of the previous page.
+    #[param(pattern = "^[0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{26}$")]
     pub cursor: Option<String>,
     /// Page size 1–500 (default 100).
     #[param(minimum = 1, maximum = 500)]
