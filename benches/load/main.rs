@@ -267,11 +267,7 @@ type MakeRequest = Arc<
 /// Sends requests made by `make` from `concurrency` tasks for `seconds`; records latency and
 /// status of each.
 fn drive_with(base: &str, concurrency: u64, seconds: u64, make: MakeRequest) -> Run {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     let base = base.to_owned();
     runtime.block_on(async move {
         let client = reqwest::Client::builder()
@@ -322,6 +318,15 @@ fn drive_with(base: &str, concurrency: u64, seconds: u64, make: MakeRequest) -> 
     })
 }
 
+/// A Tokio runtime with two workers (one per core of the benchmark machine).
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 struct Server {
     base: String,
     _runtime: tokio::runtime::Runtime,
@@ -329,11 +334,7 @@ struct Server {
 }
 
 fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     let dir = tempfile::tempdir().unwrap();
     let mut settings = Settings {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -370,11 +371,7 @@ fn limiter_direct(
     seconds: u64,
     coalesce: bool,
 ) -> (f64, f64, f64) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     let dir = tempfile::tempdir().unwrap();
     let mut settings = Settings {
         database_url: format!("sqlite://{}", dir.path().join("bench.db").display()),
@@ -632,11 +629,7 @@ fn auth_event(i: u64, now: chrono::DateTime<chrono::Utc>) -> serde_json::Value {
 /// Ingest: `POST /v1/events/auth` (batches of 500, Postgres + Redis) vs a raw COPY of the same
 /// rows into the same table, then `GET /v1/accounts/{a}/status` latency.
 fn ingest_section(redis_port: u16, seconds: u64) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     let database = runtime.block_on(BenchDatabase::create());
     let mut settings = Settings {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -1036,11 +1029,7 @@ async fn post_batches(
 /// Scoring: `/v1/multipliers` (L1 hits) vs a static axum handler, and telemetry ingest vs a
 /// parse-only handler, on Postgres + Redis.
 fn scoring_section(redis_port: u16, seconds: u64, concurrency: u64) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     let database = runtime.block_on(BenchDatabase::create());
     let mut settings = Settings {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
