@@ -334,18 +334,9 @@ pub async fn lock(
     account: &SubjectKey,
     now_ms: i64,
 ) -> Result<Option<(String, i64)>, Error> {
-    let key = keys.lock(account);
-    match hot {
-        Hot::Memory(memory) => Ok(memory.value_get(&key, now_ms)),
-        Hot::Redis(redis) => {
-            let mut pipe = redis::pipe();
-            pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
-            let (id, ttl): (Option<String>, i64) = redis.query_pipeline(&pipe).await?;
-            Ok(id
-                .filter(|_| ttl != -2)
-                .map(|id| (marker_id(id).0, if ttl < 0 { i64::MAX } else { ttl })))
-        }
-    }
+    Ok(lock_marker(hot, keys, account, now_ms)
+        .await?
+        .map(|(id, ttl, _)| (id, ttl)))
 }
 
 /// The lock markers of many accounts: one pipeline on a single Redis (one call per account
