@@ -78,9 +78,8 @@ pub fn evaluate(tat: Option<f64>, now_us: f64, params: Params, cost: f64) -> Ver
 }
 
 fn tokens(spare_us: f64, rate_per_us: f64) -> u64 {
-    let tokens = (spare_us.max(0.0) * rate_per_us + 1e-9).floor();
-    // Saturating float → int conversion is the intent here.
-    tokens as u64
+    // Non-negative, so the (saturating) conversion's truncation is the floor; no libm call.
+    (spare_us.max(0.0) * rate_per_us + 1e-9) as u64
 }
 
 /// Whole milliseconds, rounded up (a client that waits this long will be admitted).
