@@ -10,6 +10,8 @@
 //!    two-number string, same key names, `INFO memory` delta ÷ `DBSIZE`;
 //! 2. `POST /v1/limit/check` (4 scopes) over HTTP vs `redis-benchmark` EVALSHA of the same
 //!    script with the same keys and arguments, at the same concurrency;
+//!    `LOAD_ONLY=limit` runs it alone at concurrencies 1, 4, 8, 16, 50 (a latency curve; or
+//!    the comma-separated `LOAD_CONCURRENCY`);
 //! 3. a hot blocked key with and without the L1 cache;
 //! 4. auth-event ingest vs a raw `COPY` of the same rows (`LOAD_ONLY=ingest` alone);
 //! 5. scoring (`LOAD_ONLY=scoring` alone): `GET /v1/multipliers` with L1 hits vs a static
@@ -362,6 +364,67 @@ fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
     }
 }
 
+/// `POST /v1/limit/check` with 4 scopes over HTTP (the Rust client and `wrk`) against
+/// `redis-benchmark` EVALSHA of the same script and keys, at each concurrency in `levels`.
+fn limit_http_section(redis_port: u16, server: &Server, levels: &[u64], seconds: u64) {
+    // Load the script so redis-benchmark's EVALSHA finds it.
+    let warm = drive(
+        &server.base,
+        4,
+        1,
+        Arc::new(|_| r#"{"endpoint":"/v1/feed","ip":"10.0.0.1"}"#.to_owned()),
+    );
+    assert!(warm.requests > 0);
+    let four_scopes: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync> = Arc::new(
+        |rng| {
+            let n: u32 = rng.random_range(0..100_000);
+            format!(
+                r#"{{"endpoint":"/v1/feed","ip":"10.{}.{}.{}","user_id":"u{n}","device_id":"d{n}"}}"#,
+                n >> 16 & 255,
+                n >> 8 & 255,
+                n & 255
+            )
+        },
+    );
+    println!("\n## `/v1/limit/check`, 4 scopes, 100k users/IPs/devices, over HTTP vs raw script\n");
+    println!(
+        "The Rust client (reqwest) runs in the same process; wrk is C, like redis-benchmark. Each\n\
+         ratio is against the redis-benchmark row of the same concurrency.\n"
+    );
+    println!(
+        "| c | what | requests/s | p50 ms | p99 ms | p99.9 ms | ratio |\n|---|---|---|---|---|---|---|"
+    );
+    for &concurrency in levels {
+        let http = drive(&server.base, concurrency, seconds, four_scopes.clone());
+        let wrk = wrk(&server.base, concurrency, seconds);
+        let (raw_rps, raw_p99) = redis_benchmark(
+            redis_port,
+            concurrency,
+            (http.rps() as u64 * seconds).max(50_000),
+        );
+        println!(
+            "| {concurrency} | palisade HTTP, Rust client (200: {}, 429: {}, other: {}) | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            http.statuses[0],
+            http.statuses[1],
+            http.statuses[2],
+            http.rps(),
+            http.percentile_ms(0.5),
+            http.percentile_ms(0.99),
+            http.percentile_ms(0.999),
+            http.rps() / raw_rps
+        );
+        if let Some((rps, p50, p99, p999, non_2xx, cpu_us)) = wrk {
+            println!(
+                "| {concurrency} | palisade HTTP, wrk -t2 (non-2xx: {non_2xx}; service CPU {cpu_us:.1} µs/request) | {rps:.0} | {p50:.2} | {p99:.2} | {p999:.2} | {:.2} |",
+                rps / raw_rps
+            );
+        }
+        println!(
+            "| {concurrency} | redis-benchmark EVALSHA, same script and keys | {raw_rps:.0} | | {raw_p99:.2} | | 1.00 |"
+        );
+    }
+}
+
 /// Checks per second through `Limiter::check` (the library, no HTTP) on Redis, `concurrency`
 /// tasks, the same 4-scope requests as the HTTP run, with `limits.coalesce` on or off; and
 /// how many checks each `EVALSHA` carried (Redis `INFO commandstats`).
@@ -550,13 +613,17 @@ end
 
 /// `wrk` (C, like redis-benchmark) driving the same 4-scope bodies: (requests/s, p50, p99,
 /// p99.9 ms, non-2xx), or None when wrk is not installed (`apt-get install wrk`).
-fn wrk(base: &str, concurrency: u64, seconds: u64) -> Option<(f64, f64, f64, f64, u64)> {
+fn wrk(base: &str, concurrency: u64, seconds: u64) -> Option<(f64, f64, f64, f64, u64, f64)> {
     let dir = tempfile::tempdir().ok()?;
+    // wrk is another process: this process's CPU meanwhile is the service's (its Rust client
+    // is idle), so the service's CPU per request is measured without the load generator's.
+    let cpu_before = process_cpu_seconds();
     let script = dir.path().join("check.lua");
     std::fs::write(&script, WRK_SCRIPT.replace("TOKEN", TOKEN)).ok()?;
     let output = Command::new("wrk")
         .args([
-            "-t2",
+            // wrk needs a connection per thread at least.
+            &format!("-t{}", concurrency.clamp(1, 2)),
             &format!("-c{concurrency}"),
             &format!("-d{seconds}s"),
             "-s",
@@ -565,6 +632,7 @@ fn wrk(base: &str, concurrency: u64, seconds: u64) -> Option<(f64, f64, f64, f64
         .arg(format!("{base}/v1/limit/check"))
         .output()
         .ok()?;
+    let cpu = process_cpu_seconds() - cpu_before;
     let text = String::from_utf8_lossy(&output.stdout);
     let line = text.lines().find(|l| l.starts_with("WRK "))?;
     let v: Vec<f64> = line
@@ -572,7 +640,21 @@ fn wrk(base: &str, concurrency: u64, seconds: u64) -> Option<(f64, f64, f64, f64
         .skip(1)
         .filter_map(|f| f.parse().ok())
         .collect();
-    Some((v[0] / v[1], v[2], v[3], v[4], v[5] as u64))
+    Some((v[0] / v[1], v[2], v[3], v[4], v[5] as u64, cpu / v[0] * 1e6))
+}
+
+/// User + system CPU of this process so far, seconds (`/proc/self/stat`, 100 ticks/s).
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+    let ticks: Vec<f64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    ticks.iter().sum::<f64>() / 100.0
 }
 
 /// A fresh Postgres database for the ingest section, dropped at the end.
@@ -837,6 +919,18 @@ fn main() {
         Ok("flood") => return flood_section(env_or("LOAD_FLOOD_KEYS", 1_000_000)),
         Ok("mixed") => return mixed_section(redis.port, seconds),
         Ok("coalesce") => return coalesce_section(redis.port, concurrency, seconds),
+        Ok("limit") => {
+            // A latency curve: each concurrency against the raw script at the same one.
+            let levels: Vec<u64> = match std::env::var("LOAD_CONCURRENCY") {
+                Ok(list) => list
+                    .split(',')
+                    .filter_map(|c| c.trim().parse().ok())
+                    .collect(),
+                Err(_) => vec![1, 4, 8, 16, 50],
+            };
+            let server = start_palisade(redis.port, 250);
+            return limit_http_section(redis.port, &server, &levels, seconds);
+        }
         _ => {}
     }
     println!(
@@ -850,59 +944,8 @@ fn main() {
         .unwrap()
         .block_on(memory_section(redis.port, keys));
 
-    // Load the script so redis-benchmark's EVALSHA finds it.
     let server = start_palisade(redis.port, 250);
-    let warm = drive(
-        &server.base,
-        4,
-        1,
-        Arc::new(|_| r#"{"endpoint":"/v1/feed","ip":"10.0.0.1"}"#.to_owned()),
-    );
-    assert!(warm.requests > 0);
-    let four_scopes: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync> = Arc::new(
-        |rng| {
-            let n: u32 = rng.random_range(0..100_000);
-            format!(
-                r#"{{"endpoint":"/v1/feed","ip":"10.{}.{}.{}","user_id":"u{n}","device_id":"d{n}"}}"#,
-                n >> 16 & 255,
-                n >> 8 & 255,
-                n & 255
-            )
-        },
-    );
-    let http = drive(&server.base, concurrency, seconds, four_scopes);
-    let (raw_rps, raw_p99) = redis_benchmark(
-        redis.port,
-        concurrency,
-        (http.rps() as u64 * seconds).max(100_000),
-    );
-    println!("\n## `/v1/limit/check`, 4 scopes, 100k users/IPs/devices, over HTTP vs raw script\n");
-    println!(
-        "The first row's client is Rust (reqwest) in the same process; the wrk row's is C, like redis-benchmark.\n"
-    );
-    println!(
-        "| what | requests/s | p50 ms | p99 ms | p99.9 ms | ratio |\n|---|---|---|---|---|---|"
-    );
-    println!(
-        "| palisade HTTP (200: {}, 429: {}, other: {}) | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
-        http.statuses[0],
-        http.statuses[1],
-        http.statuses[2],
-        http.rps(),
-        http.percentile_ms(0.5),
-        http.percentile_ms(0.99),
-        http.percentile_ms(0.999),
-        http.rps() / raw_rps
-    );
-    if let Some((rps, p50, p99, p999, non_2xx)) = wrk(&server.base, concurrency, seconds) {
-        println!(
-            "| palisade HTTP driven by wrk -t2 (non-2xx: {non_2xx}) | {rps:.0} | {p50:.2} | {p99:.2} | {p999:.2} | {:.2} |",
-            rps / raw_rps
-        );
-    }
-    println!(
-        "| redis-benchmark EVALSHA, same script and keys | {raw_rps:.0} | | {raw_p99:.2} | | 1.00 |"
-    );
+    limit_http_section(redis.port, &server, &[concurrency], seconds);
 
     coalesce_section(redis.port, concurrency, seconds);
     ingest_section(redis.port, seconds);

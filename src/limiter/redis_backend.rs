@@ -34,12 +34,12 @@ const MAX_BATCH: usize = 64;
 /// One check's answer from a coalesced call (the call's error is shared by its checks).
 type Answer = Result<(bool, Vec<RawOutcome>), Arc<Error>>;
 
-/// One check's share of a coalesced call: its keys and arguments in the script's layout.
+/// One check waiting for a coalesced call.
 #[derive(Debug)]
 struct Job {
-    keys: Vec<String>,
-    args: Vec<String>,
-    scopes: usize,
+    scopes: Vec<Scope>,
+    cost: u32,
+    consume: bool,
     reply: oneshot::Sender<Answer>,
 }
 
@@ -106,14 +106,15 @@ async fn drain(redis: RedisHot, slots: Arc<Semaphore>, mut rx: mpsc::UnboundedRe
 /// One script call for all `jobs`; each gets its own answer (or the call's error).
 async fn run_jobs(redis: &RedisHot, jobs: Vec<Job>) {
     metrics::histogram!(names::LIMIT_COALESCED_CHECKS).record(jobs.len() as f64);
-    let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
-    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
-    args.push(jobs.len().to_string());
+    let mut cmd = RedisHot::evalsha(&TOKEN_BUCKET, jobs.iter().map(|j| 2 * j.scopes.len()).sum());
     for job in &jobs {
-        keys.extend_from_slice(&job.keys);
-        args.extend_from_slice(&job.args);
+        write_keys(&mut cmd, &job.scopes);
     }
-    match redis.eval::<Vec<Value>>(&TOKEN_BUCKET, &keys, &args).await {
+    cmd.arg(jobs.len());
+    for job in &jobs {
+        write_args(&mut cmd, &job.scopes, job.cost, job.consume);
+    }
+    match redis.run_script::<Vec<Value>>(&TOKEN_BUCKET, &cmd).await {
         Err(error) => {
             let error = Arc::new(error);
             for job in jobs {
@@ -125,9 +126,11 @@ async fn run_jobs(redis: &RedisHot, jobs: Vec<Job>) {
             let mut rest = &values[..];
             for job in jobs {
                 let (mine, tail) =
-                    rest.split_at((1 + job.scopes * VALUES_PER_SCOPE).min(rest.len()));
+                    rest.split_at((1 + job.scopes.len() * VALUES_PER_SCOPE).min(rest.len()));
                 rest = tail;
-                let _ = job.reply.send(parse(mine, job.scopes).map_err(Arc::new));
+                let _ = job
+                    .reply
+                    .send(parse(mine, job.scopes.len()).map_err(Arc::new));
             }
         }
     }
@@ -145,20 +148,17 @@ pub(super) async fn evaluate(
     if !redis.is_cluster() && coalescer.enabled {
         // A free slot: this check goes at once, on its own (no queue, no other task).
         if let Ok(slot) = coalescer.slots.clone().try_acquire_owned() {
-            let indices: Vec<usize> = (0..scopes.len()).collect();
-            let answer = run(redis, scopes, &indices, request.cost, request.consume).await;
+            let answer = run(redis, scopes, request.cost, request.consume).await;
             drop(slot);
             return Ok(answer?.1);
         }
-        let indices: Vec<usize> = (0..scopes.len()).collect();
-        let (keys, args) = invocation(scopes, &indices, request.cost, request.consume);
         let (reply, answer) = oneshot::channel();
         coalescer.submit(
             redis,
             Job {
-                keys,
-                args,
-                scopes: scopes.len(),
+                scopes: scopes.to_vec(),
+                cost: request.cost,
+                consume: request.consume,
                 reply,
             },
         );
@@ -175,35 +175,33 @@ pub(super) async fn evaluate(
         };
     }
     if !redis.is_cluster() {
-        let indices: Vec<usize> = (0..scopes.len()).collect();
-        return Ok(run(redis, scopes, &indices, request.cost, request.consume)
-            .await?
-            .1);
+        return Ok(run(redis, scopes, request.cost, request.consume).await?.1);
     }
     let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, scope) in scopes.iter().enumerate() {
         groups.entry(scope.subject.to_string()).or_default().push(i);
     }
+    let groups: BTreeMap<String, (Vec<usize>, Vec<Scope>)> = groups
+        .into_iter()
+        .map(|(subject, indices)| {
+            let group = indices.iter().map(|&i| scopes[i].clone()).collect();
+            (subject, (indices, group))
+        })
+        .collect();
     let mut outcomes: Vec<Option<RawOutcome>> = vec![None; scopes.len()];
     let single = groups.len() == 1;
     let mut admitted = true;
-    for indices in groups.values() {
-        let (group_admitted, raw) = run(
-            redis,
-            scopes,
-            indices,
-            request.cost,
-            request.consume && single,
-        )
-        .await?;
+    for (indices, group) in groups.values() {
+        let (group_admitted, raw) =
+            run(redis, group, request.cost, request.consume && single).await?;
         admitted &= group_admitted;
         for (&i, outcome) in indices.iter().zip(raw) {
             outcomes[i] = Some(outcome);
         }
     }
     if admitted && request.consume && !single {
-        for indices in groups.values() {
-            let (_, raw) = run(redis, scopes, indices, request.cost, true).await?;
+        for (indices, group) in groups.values() {
+            let (_, raw) = run(redis, group, request.cost, true).await?;
             for (&i, outcome) in indices.iter().zip(raw) {
                 outcomes[i] = Some(outcome);
             }
@@ -212,42 +210,38 @@ pub(super) async fn evaluate(
     Ok(outcomes.into_iter().flatten().collect())
 }
 
-/// The keys and arguments of one request (without the leading request count).
-fn invocation(
-    scopes: &[Scope],
-    indices: &[usize],
-    cost: u32,
-    consume: bool,
-) -> (Vec<String>, Vec<String>) {
-    let mut keys = Vec::with_capacity(indices.len() * 2);
-    let mut args = Vec::with_capacity(3 + indices.len() * 4);
-    args.push(cost.to_string());
-    args.push(if consume { "1" } else { "0" }.to_owned());
-    args.push(indices.len().to_string());
-    for &i in indices {
-        let scope = &scopes[i];
-        keys.push(scope.bucket_key.clone());
-        keys.push(scope.multiplier_key.clone());
-        args.push(scope.params.capacity.to_string());
-        args.push(scope.params.refill_per_s.to_string());
-        args.push(if scope.enforced { "1" } else { "0" }.to_owned());
-        args.push(scope.default_multiplier.to_string());
+/// One request's keys: per scope its bucket and multiplier key.
+fn write_keys(cmd: &mut redis::Cmd, scopes: &[Scope]) {
+    for scope in scopes {
+        cmd.arg(&scope.bucket_key).arg(&scope.multiplier_key);
     }
-    (keys, args)
 }
 
-/// One request of its own (a cluster group: one slot).
+/// One request's arguments (after the call's leading request count): cost, consume, number
+/// of scopes, then per scope capacity, refill per second, enforce, default multiplier.
+fn write_args(cmd: &mut redis::Cmd, scopes: &[Scope], cost: u32, consume: bool) {
+    cmd.arg(cost).arg(u8::from(consume)).arg(scopes.len());
+    for scope in scopes {
+        cmd.arg(scope.params.capacity)
+            .arg(scope.params.refill_per_s)
+            .arg(u8::from(scope.enforced))
+            .arg(scope.default_multiplier);
+    }
+}
+
+/// One request of its own (on a cluster: one group, one slot).
 async fn run(
     redis: &RedisHot,
     scopes: &[Scope],
-    indices: &[usize],
     cost: u32,
     consume: bool,
 ) -> Result<(bool, Vec<RawOutcome>), Error> {
-    let (keys, mut args) = invocation(scopes, indices, cost, consume);
-    args.insert(0, "1".to_owned());
-    let reply: Vec<Value> = redis.eval(&TOKEN_BUCKET, &keys, &args).await?;
-    parse(&reply, indices.len())
+    let mut cmd = RedisHot::evalsha(&TOKEN_BUCKET, 2 * scopes.len());
+    write_keys(&mut cmd, scopes);
+    cmd.arg(1);
+    write_args(&mut cmd, scopes, cost, consume);
+    let reply: Vec<Value> = redis.run_script(&TOKEN_BUCKET, &cmd).await?;
+    parse(&reply, scopes.len())
 }
 
 fn int(value: &Value) -> Result<i64, Error> {

@@ -131,22 +131,40 @@ impl RedisHot {
         keys: &[String],
         args: &[String],
     ) -> Result<T, Error> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(key);
-        }
-        for arg in args {
-            invocation.arg(arg);
-        }
-        let run = async {
-            match self.conn.clone() {
-                Conn::Single(mut conn) => invocation.invoke_async(&mut conn).await,
-                Conn::Cluster(mut conn) => invocation.invoke_async(&mut conn).await,
+        let mut cmd = Self::evalsha(script, keys.len());
+        cmd.arg(keys).arg(args);
+        self.run_script(script, &cmd).await
+    }
+
+    /// An `EVALSHA` of `script` whose next `numkeys` arguments are its keys: the caller adds
+    /// keys, then arguments, straight into the command's one buffer (no allocation per
+    /// argument, as `redis::ScriptInvocation` makes), and runs it with
+    /// [`RedisHot::run_script`].
+    pub fn evalsha(script: &redis::Script, numkeys: usize) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(numkeys);
+        cmd
+    }
+
+    /// Runs an [`RedisHot::evalsha`] command; on NOSCRIPT (a restarted or flushed Redis)
+    /// loads `script` and runs it once more. Bounded by the timeout.
+    pub async fn run_script<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        cmd: &redis::Cmd,
+    ) -> Result<T, Error> {
+        bounded!(self, |conn| async {
+            match cmd.query_async(&mut conn).await {
+                Err(error)
+                    if error.kind()
+                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    script.prepare_invoke().load_async(&mut conn).await?;
+                    cmd.query_async(&mut conn).await
+                }
+                other => other,
             }
-        };
-        Ok(tokio::time::timeout(self.timeout, run)
-            .await
-            .map_err(unavailable)??)
+        })
     }
 
     /// `PING`, bounded by the command timeout.
