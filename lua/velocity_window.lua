@@ -23,7 +23,7 @@ for i = 1, #KEYS do
   local score = tonumber(ARGV[2 * i + 3])
   if member ~= '' and score >= cutoff then
     call('ZADD', key, ARGV[2 * i + 3], member)
-    call('PEXPIRE', key, window)
+    call('PEXPIRE', key, ARGV[2])
   end
   local size = call('ZCARD', key)
   if size > cap then

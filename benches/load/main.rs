@@ -731,6 +731,14 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         tokio::spawn(palisade::serve(app, listener, std::future::pending()));
         base
     });
+    let mut redis_conn = runtime.block_on(async {
+        redis::Client::open(format!("redis://127.0.0.1:{redis_port}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    });
+    let scripts_before = runtime.block_on(evalsha_calls(&mut redis_conn));
     let (events, elapsed) = runtime.block_on(async {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(seconds);
@@ -771,6 +779,8 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         (total, started.elapsed().as_secs_f64())
     });
     let ours = events as f64 / elapsed;
+    let scripts_after = runtime.block_on(evalsha_calls(&mut redis_conn));
+    let redis_us_per_event = (scripts_after.1 - scripts_before.1) as f64 / events.max(1) as f64;
 
     // The same rows by COPY into a copy of the table: the database's own ceiling here.
     let copy_rate = runtime.block_on(async {
@@ -834,6 +844,9 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         ours / copy_rate
     );
     println!("| raw `COPY` of the same rows into the same table | {copy_rate:.0} | 1.00 |");
+    println!(
+        "\nRedis CPU in window scripts: {redis_us_per_event:.1} µs per event (`INFO commandstats`, EVALSHA usec)."
+    );
     println!(
         "\n`GET /v1/accounts/{{a}}/status` right after, 50 connections: {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms (client side); server time p99 <= {} (request histogram)\n",
         status_run.rps(),
