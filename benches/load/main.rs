@@ -11,7 +11,8 @@
 //! 2. `POST /v1/limit/check` (4 scopes) over HTTP vs `redis-benchmark` EVALSHA of the same
 //!    script with the same keys and arguments, at the same concurrency;
 //!    `LOAD_ONLY=limit` runs it alone at concurrencies 1, 4, 8, 16, 50 (a latency curve; or
-//!    the comma-separated `LOAD_CONCURRENCY`);
+//!    the comma-separated `LOAD_CONCURRENCY`); `LOAD_COALESCE=0` turns coalescing off and
+//!    `LOAD_SERVER_WORKERS=n` sets the service's tokio workers;
 //! 3. a hot blocked key with and without the L1 cache;
 //! 4. auth-event ingest vs a raw `COPY` of the same rows (`LOAD_ONLY=ingest` alone);
 //! 5. scoring (`LOAD_ONLY=scoring` alone): `GET /v1/multipliers` with L1 hits vs a static
@@ -336,7 +337,13 @@ struct Server {
 }
 
 fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
-    let runtime = two_workers();
+    // `LOAD_SERVER_WORKERS`: the service's tokio workers (default 2, this machine's cores;
+    // the binary takes `TOKIO_WORKER_THREADS`).
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(env_or("LOAD_SERVER_WORKERS", 2).max(1) as usize)
+        .enable_all()
+        .build()
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut settings = Settings {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -346,6 +353,7 @@ fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
         ..Settings::default()
     };
     settings.limits.l1_ttl_ms = l1_ttl_ms;
+    settings.limits.coalesce = std::env::var("LOAD_COALESCE").as_deref() != Ok("0");
     settings.store.redis_key_prefix = format!("l1x{l1_ttl_ms}");
     let settings = settings.validate().unwrap();
     let base = runtime.block_on(async {
