@@ -12,10 +12,13 @@
 -- Speed  a batch repeats the same few windows and caps: their numbers and each window's
 --        '(cutoff' argument are converted once per call, and PEXPIRE gets the window's own
 --        string (a Lua number passed to redis.call is formatted with printf: number
---        conversions were about a tenth of Redis's CPU in the ingest benchmark).
+--        conversions were about a tenth of Redis's CPU in the ingest benchmark). A key is
+--        counted once per call (later operations add ZADD's result) and pruned only if it
+--        held entries before: a new key costs ZADD + ZCARD + PEXPIRE.
 local call = redis.call
 local now = tonumber(ARGV[1])
-local pruned = {}
+-- Per key (KEYS index): entries in its window once this call has counted it.
+local sizes = {}
 local expire = {}
 local out = {}
 local numbers = {}
@@ -40,33 +43,44 @@ for j = 0, ops - 1 do
   local cutoff = now - window
   if flags == 'x' then
     call('DEL', key)
-    pruned[index] = nil
+    sizes[index] = 0
     expire[index] = nil
     out[#out + 1] = 0
     out[#out + 1] = -1
   else
-    if not pruned[index] then
-      local bound = exclusive[window_text]
-      if bound == nil then
-        bound = '(' .. cutoff
-        exclusive[window_text] = bound
-      end
-      call('ZREMRANGEBYSCORE', key, '-inf', bound)
-      pruned[index] = true
-    end
-    -- An entry older than the window is not added (it would not count), so after the
-    -- prune every entry is inside the window and ZCARD is the count.
+    -- An entry older than the window is not added (it would not count). Adding before the
+    -- prune gives the same set: the new entry is inside the window, and a member already
+    -- there only gets its (newer) score.
     local score = tonumber(ARGV[base + 2])
+    local added = 0
     if member ~= '' and score >= cutoff then
-      call('ZADD', key, ARGV[base + 2], member)
+      added = call('ZADD', key, ARGV[base + 2], member)
       expire[index] = window_text
     end
-    local size = call('ZCARD', key)
+    local size = sizes[index]
+    if size == nil then
+      -- The key's first operation in this call: count it, and prune only if it held
+      -- entries before this one (most keys of a batch are new: no prune, no lookup). After
+      -- the prune every entry is inside the window.
+      size = call('ZCARD', key)
+      if size > added then
+        local bound = exclusive[window_text]
+        if bound == nil then
+          bound = '(' .. cutoff
+          exclusive[window_text] = bound
+        end
+        size = size - call('ZREMRANGEBYSCORE', key, '-inf', bound)
+      end
+    else
+      -- Pruned earlier in this call at the same now: only additions change the count.
+      size = size + added
+    end
     local cap = number(ARGV[base + 4])
     if size > cap then
       call('ZREMRANGEBYRANK', key, 0, size - cap - 1)
       size = cap
     end
+    sizes[index] = size
     out[#out + 1] = size
     local gap = -1
     if flags == 'g' then

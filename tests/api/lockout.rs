@@ -22,6 +22,7 @@ on_both_backends!(
     old_events_are_pruned_and_lockouts_kept,
     one_batch_decides_like_the_same_events_one_by_one,
     failures_older_than_the_window_do_not_count,
+    failures_age_out_of_the_window_and_retries_add_nothing,
 );
 
 fn failure(id: &str, account: &str, ip: &str) -> Value {
@@ -583,6 +584,46 @@ async fn failures_older_than_the_window_do_not_count(app: TestApp) {
     let status = app.status("latecomer", "203.0.113.77", None).await;
     assert_eq!(status["action"], "none", "{status}");
     assert_eq!(status["failures_in_window"], 1, "{status}");
+}
+
+/// A window forgets failures as they age out of it, and a batch that mixes a retried event
+/// with new ones counts only the new ones. (A 4 s window: production runs on real time.)
+async fn failures_age_out_of_the_window_and_retries_add_nothing(app: TestApp) {
+    let backend = app.backend;
+    drop(app);
+    let app = TestApp::spawn_with(backend, |s| s.lockout.window_s = 4)
+        .await
+        .expect("the backend of the test that asked");
+    let failure_at = |id: &str, ms: i64| {
+        let mut event = failure(id, "ager", "203.0.113.90");
+        event["ts"] = json!(
+            chrono::DateTime::from_timestamp_millis(ms)
+                .unwrap()
+                .to_rfc3339()
+        );
+        event
+    };
+    let t0 = app.app.clock.now_ms();
+    let first: Vec<Value> = (0..3)
+        .map(|i| failure_at(&format!("age-a-{i}"), t0))
+        .collect();
+    app.post_auth(first).await;
+    app.advance(Duration::from_millis(2_500)).await;
+    let t1 = app.app.clock.now_ms();
+    let mut second = vec![failure_at("age-a-0", t0)];
+    second.extend((0..2).map(|i| failure_at(&format!("age-b-{i}"), t1)));
+    let answer = app.post_auth(second).await;
+    assert_eq!(answer["accepted"], 2, "{answer}");
+    let status = app.status("ager", "203.0.113.90", None).await;
+    assert_eq!(status["failures_in_window"], 5, "{status}");
+    // Past the first three's window, well within the later two's.
+    app.advance(Duration::from_millis(2_000)).await;
+    let status = app.status("ager", "203.0.113.90", None).await;
+    assert_eq!(status["failures_in_window"], 2, "{status}");
+    let t2 = app.app.clock.now_ms();
+    app.post_auth(vec![failure_at("age-c-0", t2)]).await;
+    let status = app.status("ager", "203.0.113.90", None).await;
+    assert_eq!(status["failures_in_window"], 3, "{status}");
 }
 
 /// An instance that dies between setting an account's lock marker and storing the lockout
