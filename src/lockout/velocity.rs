@@ -4,7 +4,7 @@
 use redis::Value;
 
 use crate::model::SubjectKey;
-use crate::store::scripts::{VELOCITY_BATCH, VELOCITY_WINDOW};
+use crate::store::scripts::{LOCK_MARKER, VELOCITY_BATCH, VELOCITY_WINDOW};
 use crate::store::{Error, Hot, Keys};
 
 /// Most entries kept per window (thresholds are validated to be at most this).
@@ -263,15 +263,19 @@ pub async fn lock_if_absent(
     }
 }
 
-/// Appended to a lock marker's lockout id once the lockout is durably stored.
+/// Appended to a lock marker's lockout id once the lockout is durably stored (the same
+/// character in `lua/lock_marker.lua`).
 const STORED: char = '!';
 
-/// A marker's value without the stored flag.
-fn marker_id(value: String) -> (String, bool) {
-    match value.strip_suffix(STORED) {
-        Some(id) => (id.to_owned(), true),
-        None => (value, false),
-    }
+/// A marker read with its PTTL: lockout id, ms until it expires (`i64::MAX` without a TTL)
+/// and whether the lockout is stored; None when the key is gone (PTTL -2).
+fn marker(value: Option<String>, ttl: i64) -> Option<(String, i64, bool)> {
+    let value = value.filter(|_| ttl != -2)?;
+    let ttl = if ttl < 0 { i64::MAX } else { ttl };
+    Some(match value.strip_suffix(STORED) {
+        Some(id) => (id.to_owned(), ttl, true),
+        None => (value, ttl, false),
+    })
 }
 
 /// The account's lock marker: lockout id, ms until it expires, and whether it is stored.
@@ -285,28 +289,22 @@ pub async fn lock_marker(
     now_ms: i64,
 ) -> Result<Option<(String, i64, bool)>, Error> {
     let key = keys.lock(account);
-    let found = match hot {
+    match hot {
         // In-process markers die with the process, and with them any orphan.
-        Hot::Memory(memory) => {
-            return Ok(memory
-                .value_get(&key, now_ms)
-                .map(|(id, ttl)| (id, ttl, true)));
-        }
+        Hot::Memory(memory) => Ok(memory
+            .value_get(&key, now_ms)
+            .map(|(id, ttl)| (id, ttl, true))),
         Hot::Redis(redis) => {
             let mut pipe = redis::pipe();
             pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
             let (value, ttl): (Option<String>, i64) = redis.query_pipeline(&pipe).await?;
-            value.filter(|_| ttl != -2).map(|value| (value, ttl))
+            Ok(marker(value, ttl))
         }
-    };
-    Ok(found.map(|(value, ttl)| {
-        let (id, stored) = marker_id(value);
-        (id, if ttl < 0 { i64::MAX } else { ttl }, stored)
-    }))
+    }
 }
 
-/// Marks the account's lock marker as durably stored (keeping its TTL; nothing if it is
-/// gone, e.g. released meanwhile).
+/// Marks the account's lock marker as durably stored, keeping its TTL, if it still names
+/// `lockout_id` (not one set for another lockout after a release).
 pub async fn mark_stored(
     hot: &Hot,
     keys: &Keys,
@@ -314,15 +312,9 @@ pub async fn mark_stored(
     lockout_id: &str,
 ) -> Result<(), Error> {
     if let Hot::Redis(redis) = hot {
-        redis
-            .query::<()>(
-                redis::cmd("SET")
-                    .arg(keys.lock(account))
-                    .arg(format!("{lockout_id}{STORED}"))
-                    .arg("XX")
-                    .arg("KEEPTTL"),
-            )
-            .await?;
+        let key = keys.lock(account);
+        let args = [lockout_id.to_owned(), "stored".to_owned()];
+        redis.eval::<i64>(&LOCK_MARKER, &[key], &args).await?;
     }
     Ok(())
 }
@@ -357,10 +349,7 @@ pub async fn locks(
             let reply: Vec<(Option<String>, i64)> = redis.query_pipeline(&pipe).await?;
             Ok(reply
                 .into_iter()
-                .map(|(id, ttl)| {
-                    id.filter(|_| ttl != -2)
-                        .map(|id| (marker_id(id).0, if ttl < 0 { i64::MAX } else { ttl }))
-                })
+                .map(|(value, ttl)| marker(value, ttl).map(|(id, ttl, _)| (id, ttl)))
                 .collect())
         }
         _ => {
@@ -373,7 +362,8 @@ pub async fn locks(
     }
 }
 
-/// Removes the lock marker if it still names `lockout_id`.
+/// Removes the lock marker if it still names `lockout_id` (atomically on Redis: a marker
+/// set meanwhile for another lockout stays).
 pub async fn unlock(
     hot: &Hot,
     keys: &Keys,
@@ -381,14 +371,19 @@ pub async fn unlock(
     lockout_id: &str,
     now_ms: i64,
 ) -> Result<(), Error> {
-    if lock(hot, keys, account, now_ms)
-        .await?
-        .is_some_and(|(id, _)| id == lockout_id)
-    {
-        let key = keys.lock(account);
-        match hot {
-            Hot::Memory(memory) => memory.value_delete(&key),
-            Hot::Redis(redis) => redis.query::<()>(redis::cmd("DEL").arg(&key)).await?,
+    let key = keys.lock(account);
+    match hot {
+        Hot::Memory(memory) => {
+            if memory
+                .value_get(&key, now_ms)
+                .is_some_and(|(id, _)| id == lockout_id)
+            {
+                memory.value_delete(&key);
+            }
+        }
+        Hot::Redis(redis) => {
+            let args = [lockout_id.to_owned(), "delete".to_owned()];
+            redis.eval::<i64>(&LOCK_MARKER, &[key], &args).await?;
         }
     }
     Ok(())

@@ -25,3 +25,8 @@ pub static MULTIPLIER_PUBLISH: LazyLock<redis::Script> =
 /// `lua/challenge_consume.lua`: use an attestation challenge once.
 pub static CHALLENGE_CONSUME: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/challenge_consume.lua")));
+
+/// `lua/lock_marker.lua`: mark an account's lock marker stored, or delete it, only while
+/// it names the given lockout.
+pub static LOCK_MARKER: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/lock_marker.lua")));

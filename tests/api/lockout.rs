@@ -663,3 +663,43 @@ async fn an_orphaned_lock_marker_gets_its_lockout_stored() {
         .unwrap();
     assert_eq!(marker, format!("{id}!"));
 }
+
+/// A lockout's late "stored" mark or its undo never touches a marker that another lockout set
+/// after a release: the marker names its own lockout until that one is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_marker_change_leaves_another_lockouts_marker_alone() {
+    use palisade::lockout::velocity;
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    let stores = &app.app.stores;
+    let account = palisade::model::SubjectKey::user("remarked", 64).unwrap();
+    let now = app.app.clock.now_ms();
+    let marker = || velocity::lock_marker(&stores.hot, &stores.keys, &account, now);
+    assert!(
+        velocity::lock_if_absent(&stores.hot, &stores.keys, &account, "second", now, 60_000)
+            .await
+            .unwrap()
+    );
+    // The first lockout (released meanwhile) is marked stored, then undone: neither applies.
+    velocity::mark_stored(&stores.hot, &stores.keys, &account, "first")
+        .await
+        .unwrap();
+    velocity::unlock(&stores.hot, &stores.keys, &account, "first", now)
+        .await
+        .unwrap();
+    let (id, ttl, stored) = marker().await.unwrap().unwrap();
+    assert_eq!((id.as_str(), stored), ("second", false));
+    assert!(ttl > 0 && ttl <= 60_000, "{ttl}");
+    // Its own lockout's changes apply, and the TTL is kept.
+    velocity::mark_stored(&stores.hot, &stores.keys, &account, "second")
+        .await
+        .unwrap();
+    let (id, ttl, stored) = marker().await.unwrap().unwrap();
+    assert_eq!((id.as_str(), stored), ("second", true));
+    assert!(ttl > 0 && ttl <= 60_000, "{ttl}");
+    velocity::unlock(&stores.hot, &stores.keys, &account, "second", now)
+        .await
+        .unwrap();
+    assert_eq!(marker().await.unwrap(), None);
+}
