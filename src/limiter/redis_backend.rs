@@ -177,17 +177,13 @@ pub(super) async fn evaluate(
     if !redis.is_cluster() {
         return Ok(run(redis, scopes, request.cost, request.consume).await?.1);
     }
-    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    // Per subject (one slot): the scopes' places in the request, and the scopes.
+    let mut groups: BTreeMap<String, (Vec<usize>, Vec<Scope>)> = BTreeMap::new();
     for (i, scope) in scopes.iter().enumerate() {
-        groups.entry(scope.subject.to_string()).or_default().push(i);
+        let (indices, group) = groups.entry(scope.subject.to_string()).or_default();
+        indices.push(i);
+        group.push(scope.clone());
     }
-    let groups: BTreeMap<String, (Vec<usize>, Vec<Scope>)> = groups
-        .into_iter()
-        .map(|(subject, indices)| {
-            let group = indices.iter().map(|&i| scopes[i].clone()).collect();
-            (subject, (indices, group))
-        })
-        .collect();
     let mut outcomes: Vec<Option<RawOutcome>> = vec![None; scopes.len()];
     let single = groups.len() == 1;
     let mut admitted = true;

@@ -567,7 +567,11 @@ impl RedisCluster {
         }
         let dir = tempfile::tempdir().expect("temp dir");
         let mut ports = Vec::new();
-        let mut candidate = 21_000 + (std::process::id() % 500) as u16 * 10;
+        // Clusters started at once by tests of one process search disjoint port ranges
+        // (checking a port free, then binding it later, is not a reservation).
+        static STARTED: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+        let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 4;
+        let mut candidate = 21_000 + (std::process::id() % 100) as u16 * 200 + nth * 50;
         while ports.len() < 3 {
             if port_pair_free(candidate) {
                 ports.push(candidate);
