@@ -29,7 +29,7 @@ pub struct AuthBatch {
     /// endpoint?, ts?}` (`ts` RFC 3339; absent = time of receipt; at most 24 h old or 5 min
     /// ahead).
     #[schema(value_type = Vec<AuthEventDoc>, min_items = 1, max_items = 1000)]
-    pub events: Vec<serde_json::Value>,
+    pub events: Vec<Box<serde_json::value::RawValue>>,
 }
 
 /// One auth event (the batch is parsed event by event, so one bad event is reported with its

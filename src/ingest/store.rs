@@ -8,12 +8,18 @@ use crate::with_pool;
 
 const PRUNE: &str = "DELETE FROM auth_events WHERE ts < $1";
 
-/// Rows per INSERT statement: 8 parameters each stays under SQLite's 32766 and Postgres'
-/// 65535 parameter limits.
+/// Rows per SQLite INSERT statement: 8 parameters each stays under its 32766 limit.
 const ROWS_PER_STATEMENT: usize = 1000;
 
-/// Inserts the events in one transaction, skipping ids already stored; returns how many
-/// rows were new. One multi-row statement per 1000 events: the database decides duplicates.
+/// Postgres takes a batch as one array per column: one statement with eight parameters
+/// whatever the batch size (a multi-row VALUES list has 8 per row to send, parse and bind).
+const INSERT_AUTH_PG: &str = "INSERT INTO auth_events \
+    (event_id, kind, account, ip, device_id, endpoint, ts, received_at) \
+    SELECT e.*, $8 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+    $6::text[], $7::int8[]) AS e ON CONFLICT (event_id) DO NOTHING";
+
+/// Inserts the events in one statement (Postgres) or one transaction (SQLite), skipping ids
+/// already stored; returns how many rows were new. The database decides duplicates.
 pub(super) async fn insert_auth(
     durable: &Durable,
     events: &[AuthEvent],
@@ -22,29 +28,54 @@ pub(super) async fn insert_auth(
     if events.is_empty() {
         return Ok(0);
     }
-    let inserted = with_pool!(durable, |pool| {
-        let mut tx = pool.begin().await?;
-        let mut inserted = 0u64;
-        for chunk in events.chunks(ROWS_PER_STATEMENT) {
-            let mut builder = QueryBuilder::new(
-                "INSERT INTO auth_events (event_id, kind, account, ip, device_id, endpoint, ts, received_at) ",
-            );
-            builder.push_values(chunk, |mut row, event| {
-                row.push_bind(event.event_id.as_str())
-                    .push_bind(event.kind.as_str())
-                    .push_bind(event.context.account_name.as_str())
-                    .push_bind(event.context.ip.addr().to_string())
-                    .push_bind(event.device_id.as_deref())
-                    .push_bind(event.endpoint.as_deref())
-                    .push_bind(event.ts_ms)
-                    .push_bind(received_at);
-            });
-            builder.push(" ON CONFLICT (event_id) DO NOTHING");
-            inserted += builder.build().execute(&mut *tx).await?.rows_affected();
+    let inserted = match durable {
+        Durable::Postgres(pool) => {
+            let column = |f: fn(&AuthEvent) -> &str| events.iter().map(f).collect::<Vec<_>>();
+            let optional = |f: fn(&AuthEvent) -> Option<&str>| {
+                events.iter().map(f).collect::<Vec<Option<&str>>>()
+            };
+            let ips: Vec<String> = events
+                .iter()
+                .map(|e| e.context.ip.addr().to_string())
+                .collect();
+            let ts: Vec<i64> = events.iter().map(|e| e.ts_ms).collect();
+            sqlx::query(INSERT_AUTH_PG)
+                .bind(column(|e| &e.event_id))
+                .bind(column(|e| e.kind.as_str()))
+                .bind(column(|e| &e.context.account_name))
+                .bind(ips)
+                .bind(optional(|e| e.device_id.as_deref()))
+                .bind(optional(|e| e.endpoint.as_deref()))
+                .bind(ts)
+                .bind(received_at)
+                .execute(pool)
+                .await
+                .map(|done| done.rows_affected())?
         }
-        tx.commit().await?;
-        Ok::<u64, sqlx::Error>(inserted)
-    })?;
+        Durable::Sqlite(pool) => {
+            let mut tx = pool.begin().await?;
+            let mut inserted = 0u64;
+            for chunk in events.chunks(ROWS_PER_STATEMENT) {
+                let mut builder = QueryBuilder::new(
+                    "INSERT INTO auth_events (event_id, kind, account, ip, device_id, endpoint, ts, received_at) ",
+                );
+                builder.push_values(chunk, |mut row, event| {
+                    row.push_bind(event.event_id.as_str())
+                        .push_bind(event.kind.as_str())
+                        .push_bind(event.context.account_name.as_str())
+                        .push_bind(event.context.ip.addr().to_string())
+                        .push_bind(event.device_id.as_deref())
+                        .push_bind(event.endpoint.as_deref())
+                        .push_bind(event.ts_ms)
+                        .push_bind(received_at);
+                });
+                builder.push(" ON CONFLICT (event_id) DO NOTHING");
+                inserted += builder.build().execute(&mut *tx).await?.rows_affected();
+            }
+            tx.commit().await?;
+            inserted
+        }
+    };
     Ok(inserted)
 }
 
