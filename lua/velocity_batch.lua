@@ -1,96 +1,168 @@
--- velocity_batch.lua: a whole ingest batch's window operations in one call, in order.
--- KEYS   every window key the batch touches (distinct; a single Redis, not a cluster:
---        on a cluster the caller sends one op per call instead)
--- ARGV   [1] now_ms, then 6 fields per op, in the order the events happened:
---        key index (into KEYS), member ('' = only count; '-' with kind 'x'), score (ms),
---        window_ms, cap (most entries kept), flags: 'w' record/count, 'g' the same and also
---        return the gap, 'x' delete the key (a success clears the pair windows)
--- Idem.  members are event ids (or account names for distinct-account windows): a retried
---        event adds nothing, so a retried batch counts nothing twice.
+-- velocity_batch.lua: window operations, in order, on packed per-subject window values.
+-- KEYS   every value the call touches (distinct). On a single Redis one call carries a whole
+--        ingest batch; on a cluster the caller sends one call per key (one slot each).
+-- ARGV   [1] now_ms, [2] P, then P profiles of two (window_ms, cap: most entries kept), then
+--        one argument per op, in the order the events happened, packed as struct
+--        '>I2 B c1 B' (key index into KEYS, profile index from 0, flags, #name), the window
+--        name, then if the op has a member 16 bytes: the member (8 bytes, the caller's hash
+--        of an event id, account, IP or device) and its score (event time, ms, as '>d').
+--        Flags: 'w' record/count, 'g' the same and also return the gap, 'c' 1 if the member
+--        is in the window (nothing added), 'x' delete the window. (One argument per op, and
+--        the entry ready to store: each Lua string made costs, and the op's seven values as
+--        separate arguments were a fifth of the call.)
+-- Value  one Redis string per subject holds its windows (an account: its failures, and per
+--        IP / device its pair failures, one entry per failure each): per window
+--        byte #name, name, struct '>dI4' (expires_ms, n), then n entries of 16 bytes
+--        (member, score as '>d'), sorted by score. A window is gone once expires_ms (its last
+--        addition + window_ms) has passed, as a key with a TTL would be; the string's TTL is
+--        its latest window's. Windows of one value share one window length (the caller's
+--        layout), so a window no longer written to still expires.
+-- Why    one key and two commands (GET, SET PX) per subject per call, where a sorted set per
+--        window took four keys and about twelve commands per failure: Redis CPU per ingested
+--        event was the ingest bottleneck. Counting is a binary search (prune) and a plain
+--        substring search (idempotency) on the packed string, both O(log n) Lua steps.
+-- Idem.  a member already in the window gets the newer score and is not counted again: a
+--        retried batch counts nothing twice.
 -- Returns per op: {count in window, ms between the two newest entries or -1} (0, -1 for 'x')
--- Time   windows end at the caller's now_ms, the auth service's clock (as velocity_window.lua).
--- Speed  a batch repeats the same few windows and caps: their numbers and each window's
---        '(cutoff' argument are converted once per call, and PEXPIRE gets the window's own
---        string (a Lua number passed to redis.call is formatted with printf: number
---        conversions were about a tenth of Redis's CPU in the ingest benchmark). A key is
---        counted once per call (later operations add ZADD's result) and pruned only if it
---        held entries before: a new key costs ZADD + ZCARD + PEXPIRE.
+-- Time   windows end at the caller's now_ms, the auth service's clock (not a token bucket).
 local call = redis.call
+local pack, unpack = struct.pack, struct.unpack
+local sub, find, byte, char = string.sub, string.find, string.byte, string.char
+local floor = math.floor
 local now = tonumber(ARGV[1])
--- Per key (KEYS index): entries in its window once this call has counted it.
-local sizes = {}
-local expire = {}
+local E = 16 -- bytes per entry
+
+-- KEYS index -> { name -> {expires, data} } once read; dirty[index] when it must be written.
+local values = {}
+local dirty = {}
+
+local function decode(value)
+  local windows = {}
+  if not value then return windows end
+  local pos, len = 1, #value
+  while pos <= len do
+    local n = byte(value, pos)
+    local name = sub(value, pos + 1, pos + n)
+    local expires, count = unpack('>dI4', value, pos + 1 + n)
+    local start = pos + n + 13
+    pos = start + count * E
+    if expires > now then
+      windows[name] = { expires = expires, data = sub(value, start, pos - 1) }
+    end
+  end
+  return windows
+end
+
+local function score(data, i) -- i: 0-based entry
+  return (unpack('>d', data, i * E + 9))
+end
+
+-- Drops entries scored before cutoff (the first entry kept found by binary search).
+local function prune(data, cutoff)
+  local n = #data / E
+  if n == 0 or score(data, 0) >= cutoff then return data end
+  local lo, hi = 1, n
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    if score(data, mid) >= cutoff then hi = mid else lo = mid + 1 end
+  end
+  return sub(data, lo * E + 1)
+end
+
+-- Byte position of member's entry, or nil (a match must start an entry).
+local function locate(data, member)
+  local from = 1
+  while true do
+    local p = find(data, member, from, true)
+    if p == nil or (p - 1) % E == 0 then return p end
+    from = p + 1
+  end
+end
+
+local profiles = {}
+local P = tonumber(ARGV[2])
+for k = 0, P - 1 do
+  profiles[k] = { tonumber(ARGV[3 + 2 * k]), tonumber(ARGV[4 + 2 * k]) }
+end
+
 local out = {}
-local numbers = {}
-local function number(text)
-  local value = numbers[text]
-  if value == nil then
-    value = tonumber(text)
-    numbers[text] = value
+for j = 3 + 2 * P, #ARGV do
+  local op = ARGV[j]
+  local index, profile, flags, n = unpack('>I2Bc1B', op)
+  local windows = values[index]
+  if windows == nil then
+    windows = decode(call('GET', KEYS[index]))
+    values[index] = windows
   end
-  return value
-end
-local exclusive = {}
-local ops = (#ARGV - 1) / 6
-for j = 0, ops - 1 do
-  local base = 2 + 6 * j
-  local index = tonumber(ARGV[base])
-  local key = KEYS[index]
-  local member = ARGV[base + 1]
-  local window_text = ARGV[base + 3]
-  local window = number(window_text)
-  local flags = ARGV[base + 5]
-  local cutoff = now - window
+  local name = sub(op, 6, 5 + n)
+  local window_ms = profiles[profile][1]
+  local cutoff = now - window_ms
+  local count, gap = 0, -1
   if flags == 'x' then
-    call('DEL', key)
-    sizes[index] = 0
-    expire[index] = nil
-    out[#out + 1] = 0
-    out[#out + 1] = -1
+    if windows[name] then
+      windows[name] = nil
+      dirty[index] = true
+    end
   else
-    -- An entry older than the window is not added (it would not count). Adding before the
-    -- prune gives the same set: the new entry is inside the window, and a member already
-    -- there only gets its (newer) score.
-    local score = tonumber(ARGV[base + 2])
-    local added = 0
-    if member ~= '' and score >= cutoff then
-      added = call('ZADD', key, ARGV[base + 2], member)
-      expire[index] = window_text
-    end
-    local size = sizes[index]
-    if size == nil then
-      -- The key's first operation in this call: count it, and prune only if it held
-      -- entries before this one (most keys of a batch are new: no prune, no lookup). After
-      -- the prune every entry is inside the window.
-      size = call('ZCARD', key)
-      if size > added then
-        local bound = exclusive[window_text]
-        if bound == nil then
-          bound = '(' .. cutoff
-          exclusive[window_text] = bound
+    local w = windows[name]
+    -- Pruned for this count; written back only with an addition (a count-only call, as the
+    -- status query makes, writes nothing).
+    local data = w and prune(w.data, cutoff) or ''
+    local member = #op > 5 + n and sub(op, 6 + n, 13 + n)
+    if flags == 'c' then
+      count = (member and locate(data, member)) and 1 or 0
+    elseif member then
+      local s = unpack('>d', op, 14 + n)
+      -- An entry older than the window is not added (it would not count).
+      if s >= cutoff then
+        local at = locate(data, member)
+        if at then data = sub(data, 1, at - 1) .. sub(data, at + E) end
+        -- Sorted by score: the new entry goes after every entry not newer than it
+        -- (nearly always the end: events arrive in time order).
+        local i = #data / E
+        while i > 0 and score(data, i - 1) > s do i = i - 1 end
+        local entry = sub(op, 6 + n, 21 + n)
+        if i == #data / E then
+          data = data .. entry
+        else
+          data = sub(data, 1, i * E) .. entry .. sub(data, i * E + 1)
         end
-        size = size - call('ZREMRANGEBYSCORE', key, '-inf', bound)
+        local cap = profiles[profile][2]
+        if #data > cap * E then data = sub(data, #data - cap * E + 1) end
+        if w == nil then
+          w = {}
+          windows[name] = w
+        end
+        w.data = data
+        w.expires = now + window_ms
+        dirty[index] = true
       end
-    else
-      -- Pruned earlier in this call at the same now: only additions change the count.
-      size = size + added
     end
-    local cap = number(ARGV[base + 4])
-    if size > cap then
-      call('ZREMRANGEBYRANK', key, 0, size - cap - 1)
-      size = cap
+    if flags ~= 'c' then
+      count = #data / E
+      if flags == 'g' and count >= 2 then
+        gap = score(data, count - 1) - score(data, count - 2)
+      end
     end
-    sizes[index] = size
-    out[#out + 1] = size
-    local gap = -1
-    if flags == 'g' then
-      local newest = call('ZRANGE', key, -2, -1, 'WITHSCORES')
-      if newest[4] then gap = tonumber(newest[4]) - tonumber(newest[2]) end
-    end
-    out[#out + 1] = gap
   end
+  out[#out + 1] = count
+  out[#out + 1] = gap
 end
-for index, window in pairs(expire) do
-  call('PEXPIRE', KEYS[index], window)
+
+for index in pairs(dirty) do
+  local parts = {}
+  local latest = now
+  for name, w in pairs(values[index]) do
+    local n = #w.data / E
+    if n > 0 then
+      parts[#parts + 1] = char(#name) .. name .. pack('>dI4', w.expires, n) .. w.data
+      if w.expires > latest then latest = w.expires end
+    end
+  end
+  if #parts == 0 then
+    call('DEL', KEYS[index])
+  else
+    call('SET', KEYS[index], table.concat(parts), 'PX', latest - now)
+  end
 end
 return out

@@ -113,7 +113,6 @@ impl App {
             settings.lockout.clone(),
             scoring.clone(),
             audit.clone(),
-            settings.limits.ipv6_prefix_len,
         ));
         let ingest = Ingest::new(
             stores.durable.clone(),

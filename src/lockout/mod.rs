@@ -26,7 +26,7 @@ use crate::config::LockoutSettings;
 use crate::model::{ClientIp, SubjectKey};
 use crate::scoring::{DecisionChange, Engine, Factor};
 use crate::store::{Durable, Hot, Keys, Stores};
-use velocity::{Step, WindowCounts, WindowOp};
+use velocity::{Step, WindowAction, WindowCounts};
 
 /// A lockout record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -176,7 +176,6 @@ pub struct Lockouts {
     settings: LockoutSettings,
     scoring: Arc<Engine>,
     audit: Audit,
-    ipv6_prefix_len: u8,
 }
 
 const PERMANENT_MS: i64 = 100 * 365 * 86_400_000;
@@ -185,7 +184,7 @@ const PERMANENT_MS: i64 = 100 * 365 * 86_400_000;
 pub const SIGNAL: &str = "velocity";
 
 impl Lockouts {
-    /// The service (`ipv6_prefix_len` keys IPv6 clients as the limiter does). It is the
+    /// The service. It is the
     /// velocity signal: `scoring` receives its factors (an account's failures and lockout,
     /// spraying IPs and devices, IPs failing often), all on the `auth` class.
     pub fn new(
@@ -194,7 +193,6 @@ impl Lockouts {
         settings: LockoutSettings,
         scoring: Arc<Engine>,
         audit: Audit,
-        ipv6_prefix_len: u8,
     ) -> Self {
         Self {
             durable: stores.durable.clone(),
@@ -204,7 +202,6 @@ impl Lockouts {
             settings,
             scoring,
             audit,
-            ipv6_prefix_len,
         }
     }
 
@@ -212,27 +209,21 @@ impl Lockouts {
         i64::try_from(self.settings.window_s.saturating_mul(1000)).unwrap_or(i64::MAX)
     }
 
-    fn context_windows(&self, context: &LoginContext, add: Option<(String, i64)>) -> Vec<WindowOp> {
-        let mut ops = vec![
-            WindowOp {
-                key: self.keys.window(&context.account, "f"),
-                add: add.clone(),
-            },
-            WindowOp {
-                key: self.keys.window(
-                    &context.account,
-                    &format!("fi:{}", SubjectKey::ip(&context.ip)),
-                ),
-                add: add.clone(),
-            },
+    /// The account's windows of an attempt in this context (in its window value): all its
+    /// failures, those from this IP, from this device.
+    fn context_windows(&self, context: &LoginContext) -> Vec<(String, String)> {
+        let key = self.keys.windows(&context.account);
+        let mut windows = vec![
+            (key.clone(), "f".to_owned()),
+            (
+                key.clone(),
+                velocity::pair_window('i', &SubjectKey::ip(&context.ip)),
+            ),
         ];
         if let Some(device) = &context.device {
-            ops.push(WindowOp {
-                key: self.keys.window(&context.account, &format!("fd:{device}")),
-                add,
-            });
+            windows.push((key, velocity::pair_window('d', device)));
         }
-        ops
+        windows
     }
 
     /// Records a failed login (idempotent by `event_id`); locks the account when its
@@ -336,56 +327,80 @@ impl Lockouts {
         Ok((counts, spans, now))
     }
 
-    fn step(&self, key: String, add: Option<(String, i64)>) -> Step {
+    /// A failure-window step (count only without `member`).
+    fn step(&self, (key, window): (String, String), member: Option<u64>, score: i64) -> Step {
         Step {
             key,
-            add,
+            window,
+            member,
+            score,
             window_ms: self.window_ms(),
             cap: velocity::WINDOW_CAP,
             gap: false,
-            delete: false,
+            action: WindowAction::Record,
+        }
+    }
+
+    fn known_ms(&self) -> i64 {
+        i64::try_from(self.settings.known_for_days.saturating_mul(86_400_000)).unwrap_or(i64::MAX)
+    }
+
+    /// A step on the account's known IPs/devices.
+    fn known_step(
+        &self,
+        account: &SubjectKey,
+        member: &str,
+        ts_ms: i64,
+        action: WindowAction,
+    ) -> Step {
+        Step {
+            key: self.keys.known(account),
+            window: "k".to_owned(),
+            member: Some(velocity::member_id(member)),
+            score: ts_ms,
+            window_ms: self.known_ms(),
+            cap: velocity::KNOWN_CAP,
+            gap: false,
+            action,
         }
     }
 
     /// A failure's window operations: the account's windows (account, +IP, +device), then
     /// per source the distinct accounts failing from it (and, for an IP, its failures).
     fn failure_steps(&self, event: &LoginEvent<'_>, steps: &mut Vec<Step>) {
-        let add = Some((event.event_id.to_owned(), event.ts_ms));
-        for op in self.context_windows(event.context, add.clone()) {
-            steps.push(self.step(op.key, op.add));
+        let id = velocity::member_id(event.event_id);
+        let ts = event.ts_ms;
+        for window in self.context_windows(event.context) {
+            steps.push(self.step(window, Some(id), ts));
         }
-        let account = Some((event.context.account.as_str().to_owned(), event.ts_ms));
-        let ip = SubjectKey::ip(&event.context.ip);
-        steps.push(self.step(self.keys.window(&ip, "a"), account.clone()));
-        steps.push(self.step(self.keys.window(&ip, "f"), add));
+        let account = Some(velocity::member_id(event.context.account.as_str()));
+        let ip = self.keys.windows(&SubjectKey::ip(&event.context.ip));
+        steps.push(self.step((ip.clone(), "a".to_owned()), account, ts));
+        steps.push(self.step((ip, "f".to_owned()), Some(id), ts));
         if let Some(device) = &event.context.device {
-            steps.push(self.step(self.keys.window(device, "a"), account));
+            steps.push(self.step((self.keys.windows(device), "a".to_owned()), account, ts));
         }
     }
 
     /// A success's operations: its IP and device become known to the account (the
     /// lockout-DoS rule), and the account+IP / account+device failure windows are cleared.
     fn success_steps(&self, event: &LoginEvent<'_>, steps: &mut Vec<Step>) {
-        let known_ms = i64::try_from(self.settings.known_for_days.saturating_mul(86_400_000))
-            .unwrap_or(i64::MAX);
         let context = event.context;
-        let mut members = vec![SubjectKey::ip(&context.ip).to_string()];
-        members.extend(context.device.as_ref().map(ToString::to_string));
-        let known = self.keys.known(&context.account);
-        for member in members {
-            steps.push(Step {
-                key: known.clone(),
-                add: Some((member, event.ts_ms)),
-                window_ms: known_ms,
-                cap: velocity::KNOWN_CAP,
-                gap: false,
-                delete: false,
-            });
+        let ip = SubjectKey::ip(&context.ip).to_string();
+        steps.push(self.known_step(&context.account, &ip, event.ts_ms, WindowAction::Record));
+        if let Some(device) = &context.device {
+            let device = device.to_string();
+            steps.push(self.known_step(
+                &context.account,
+                &device,
+                event.ts_ms,
+                WindowAction::Record,
+            ));
         }
-        for op in self.context_windows(context, None).into_iter().skip(1) {
+        for window in self.context_windows(context).into_iter().skip(1) {
             steps.push(Step {
-                delete: true,
-                ..self.step(op.key, None)
+                action: WindowAction::Delete,
+                ..self.step(window, None, 0)
             });
         }
     }
@@ -546,11 +561,13 @@ impl Lockouts {
                 (id, duration_ms)
             }
         };
-        let events = velocity::members(
-            &self.hot,
-            &self.keys.window(&context.account, "f"),
-            now,
-            self.window_ms(),
+        // The failures in the window, from the durable store (stored before their window
+        // operations ran); the hot windows hold only 8-byte member ids.
+        let events = store::window_failures(
+            &self.durable,
+            &context.account_name,
+            now - self.window_ms(),
+            velocity::WINDOW_CAP,
         )
         .await?;
         let lockout = Lockout {
@@ -627,15 +644,22 @@ impl Lockouts {
     }
 
     async fn is_known(&self, context: &LoginContext, now: i64) -> Result<bool, Error> {
-        let known_ms = i64::try_from(self.settings.known_for_days.saturating_mul(86_400_000))
-            .unwrap_or(i64::MAX);
-        let members =
-            velocity::members(&self.hot, &self.keys.known(&context.account), now, known_ms).await?;
-        let ip = SubjectKey::ip(&context.ip).to_string();
-        let device = context.device.as_ref().map(ToString::to_string);
-        Ok(members
-            .iter()
-            .any(|m| *m == ip || Some(m) == device.as_ref()))
+        let mut steps = vec![self.known_step(
+            &context.account,
+            &SubjectKey::ip(&context.ip).to_string(),
+            now,
+            WindowAction::Contains,
+        )];
+        if let Some(device) = &context.device {
+            steps.push(self.known_step(
+                &context.account,
+                &device.to_string(),
+                now,
+                WindowAction::Contains,
+            ));
+        }
+        let found = velocity::run_sequence(&self.hot, &steps, now).await?;
+        Ok(found.iter().any(|(hit, _)| *hit > 0))
     }
 
     /// What the auth service must do for a login attempt in this context, from the hot store
@@ -665,10 +689,10 @@ impl Lockouts {
         let mut spans = Vec::with_capacity(contexts.len());
         for context in contexts {
             let start = steps.len();
-            for (i, op) in self.context_windows(context, None).into_iter().enumerate() {
+            for (i, window) in self.context_windows(context).into_iter().enumerate() {
                 steps.push(Step {
                     gap: i == 0,
-                    ..self.step(op.key, None)
+                    ..self.step(window, None, 0)
                 });
             }
             spans.push(start..steps.len());
@@ -810,26 +834,8 @@ impl Lockouts {
         // Account names were bounded when the lockout was made; a stored one always parses.
         if let Ok(account) = SubjectKey::user(&lockout.account, usize::MAX) {
             velocity::unlock(&self.hot, &self.keys, &account, id, now).await?;
-            // The account window and the pair windows of the IPs/devices that caused it.
-            let mut windows = vec![self.keys.window(&account, "f")];
-            for event in store::events(&self.durable, id).await? {
-                if let Some(ip) = ClientIp::parse(&event.ip, self.ipv6_prefix_len) {
-                    windows.push(
-                        self.keys
-                            .window(&account, &format!("fi:{}", SubjectKey::ip(&ip))),
-                    );
-                }
-                if let Some(device) = event
-                    .device_id
-                    .as_deref()
-                    .and_then(|d| SubjectKey::device(d, usize::MAX).ok())
-                {
-                    windows.push(self.keys.window(&account, &format!("fd:{device}")));
-                }
-            }
-            windows.sort();
-            windows.dedup();
-            velocity::clear(&self.hot, &windows).await?;
+            // Every failure window of the account (pairs included): one value.
+            velocity::clear(&self.hot, &[self.keys.windows(&account)]).await?;
             self.scoring
                 .retract(
                     &account,

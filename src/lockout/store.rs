@@ -101,6 +101,30 @@ pub(super) async fn insert(
     Ok(())
 }
 
+const WINDOW_FAILURES: &str = "SELECT event_id, ts FROM auth_events \
+    WHERE account = $1 AND kind = 'login_failure' AND ts >= $2 \
+    AND ts >= COALESCE((SELECT MAX(released_at) FROM lockouts WHERE account = $1), 0) \
+    ORDER BY ts DESC LIMIT $3";
+
+/// Ids of the account's failures since `since_ms` and since its last release (a release
+/// clears the window), at most `limit`, oldest first: the events a new lockout refers to.
+pub(super) async fn window_failures(
+    durable: &Durable,
+    account: &str,
+    since_ms: i64,
+    limit: usize,
+) -> Result<Vec<String>, Error> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut rows: Vec<(String, i64)> = with_pool!(durable, |pool| sqlx::query_as(WINDOW_FAILURES)
+        .bind(account)
+        .bind(since_ms)
+        .bind(limit)
+        .fetch_all(pool)
+        .await)?;
+    rows.reverse();
+    Ok(rows.into_iter().map(|(id, _)| id).collect())
+}
+
 pub(super) async fn recent_count(
     durable: &Durable,
     account: &str,

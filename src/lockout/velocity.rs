@@ -1,146 +1,246 @@
-//! The hot side of lockouts: failure windows, lock markers, known IPs/devices, on Redis
-//! (`lua/velocity_window.lua`, one call per subject so a cluster sees one slot) or in-process.
+//! The hot side of lockouts: failure windows, lock markers, known IPs/devices, on Redis or
+//! in-process.
+//!
+//! Windows live in one packed value per subject (`lua/velocity_batch.lua` describes the
+//! layout): an account's failures and its pair windows (per IP, per device), an IP's
+//! failures and distinct accounts, a device's distinct accounts, an account's known IPs and
+//! devices. Members are 8-byte ids ([`member_id`]) computed here, the same in every instance.
 
 use redis::Value;
+use sha2::{Digest, Sha256};
 
 use crate::model::SubjectKey;
-use crate::store::scripts::{LOCK_MARKER, VELOCITY_BATCH, VELOCITY_WINDOW};
-use crate::store::{Error, Hot, Keys};
+use crate::store::scripts::{LOCK_MARKER, VELOCITY_BATCH};
+use std::collections::HashMap;
+
+use crate::store::{Error, Hot, Keys, RedisHot, WindowValue};
+
+pub use crate::store::{WindowAction, WindowStep as Step};
 
 /// Most entries kept per window (thresholds are validated to be at most this).
 pub const WINDOW_CAP: usize = 1000;
 /// Most known IPs/devices remembered per account.
 pub const KNOWN_CAP: usize = 50;
 
-/// One window to record into (`add`: member and score) or only count.
-#[derive(Debug, Clone)]
-pub struct WindowOp {
-    /// Redis key of the window.
-    pub key: String,
-    /// `(member, score_ms)` to add.
-    pub add: Option<(String, i64)>,
-}
-
 /// Per window: count within the window, ms between its two newest entries (if two).
 pub type WindowCounts = Vec<(u32, Option<i64>)>;
 
-/// One step of a sequence of window operations ([`run_sequence`]).
-#[derive(Debug, Clone)]
-pub struct Step {
-    /// Redis key of the window.
-    pub key: String,
-    /// `(member, score_ms)` to add; None only counts.
-    pub add: Option<(String, i64)>,
-    /// The window's length, ms.
-    pub window_ms: i64,
-    /// Most entries kept.
-    pub cap: usize,
-    /// Also report the gap between the two newest entries.
-    pub gap: bool,
-    /// Delete the window instead (a success clears the pair windows).
-    pub delete: bool,
+/// A window member's id: the first 8 bytes of SHA-256 of its text.
+///
+/// Stable across instances and versions (two instances must agree that a retried event is the same); two members
+/// of one window share an id with probability about n²/2⁶⁵ (n ≤ 1000: below 10⁻¹³).
+pub fn member_id(text: &str) -> u64 {
+    let digest = Sha256::digest(text.as_bytes());
+    u64::from_be_bytes(digest[..8].try_into().expect("SHA-256 has 32 bytes"))
+}
+
+/// The name of a pair window inside an account's value: `kind` (`i` IP, `d` device) and the
+/// other subject's id in hex (short and bounded, whatever the device id's length).
+pub fn pair_window(kind: char, subject: &SubjectKey) -> String {
+    format!("{kind}{:016x}", member_id(subject.as_str()))
 }
 
 /// Runs window operations in order, each seeing the ones before.
 ///
 /// Keys of any subjects may repeat: a whole ingest batch is **one** script call on a single
-/// Redis. On a cluster a
-/// script may touch one slot only, so each step is its own call there. Returns, per step,
-/// the count in its window and (when asked) the gap; `(0, None)` for a delete.
+/// Redis. On a cluster a script may touch one slot only, so each run of consecutive steps on
+/// one value is its own call there. Returns, per step, the count in its window and (when
+/// asked) the gap; `(0, None)` for a delete, 1 or 0 for a membership check.
 pub async fn run_sequence(hot: &Hot, steps: &[Step], now_ms: i64) -> Result<WindowCounts, Error> {
     match hot {
         Hot::Memory(memory) => Ok(steps
             .iter()
-            .map(|step| {
-                if step.delete {
-                    memory.window_clear(std::slice::from_ref(&step.key));
-                    return (0, None);
-                }
-                let (count, gap) = memory.window_record(
-                    &[(step.key.clone(), step.add.clone())],
-                    now_ms,
-                    step.window_ms,
-                    step.cap,
-                )[0];
-                (count, gap.filter(|_| step.gap))
-            })
+            .map(|step| memory.window_step(step, now_ms))
             .collect()),
         Hot::Redis(redis) if redis.is_cluster() => {
-            // A script sees one slot: consecutive steps of one subject (same hash tag, window
-            // and cap) go as one `velocity_window.lua` call, as before batching; a delete is
-            // its own command.
             let mut out = Vec::with_capacity(steps.len());
             let mut rest = steps;
             while let Some(first) = rest.first() {
-                if first.delete {
-                    clear(hot, std::slice::from_ref(&first.key)).await?;
-                    out.push((0, None));
-                    rest = &rest[1..];
-                    continue;
-                }
-                let run = rest
-                    .iter()
-                    .take_while(|s| {
-                        !s.delete
-                            && s.window_ms == first.window_ms
-                            && s.cap == first.cap
-                            && Keys::hash_tag(&s.key) == Keys::hash_tag(&first.key)
-                    })
-                    .count();
+                let run = rest.iter().take_while(|s| s.key == first.key).count();
                 let (group, tail) = rest.split_at(run);
-                let ops: Vec<WindowOp> = group
-                    .iter()
-                    .map(|s| WindowOp {
-                        key: s.key.clone(),
-                        add: s.add.clone(),
-                    })
-                    .collect();
-                let counts = record(hot, &ops, now_ms, first.window_ms, first.cap).await?;
-                out.extend(
-                    group
-                        .iter()
-                        .zip(counts)
-                        .map(|(s, (count, gap))| (count, gap.filter(|_| s.gap))),
-                );
+                let group: Vec<&Step> = group.iter().collect();
+                out.extend(script(redis, &group, now_ms).await?);
                 rest = tail;
             }
             Ok(out)
         }
-        Hot::Redis(redis) => {
-            if steps.is_empty() {
-                return Ok(Vec::new());
+        Hot::Redis(redis) => single_redis(redis, steps, now_ms).await,
+    }
+}
+
+/// A sequence on a single Redis. A value that does not exist yet needs no script: its steps
+/// are computed here from empty ([`WindowValue`], the in-process twin) and the result is
+/// written with `SET … NX PX` in one pipeline; the values that do exist (`NX` refused), and
+/// those only counted or deleted, go through one script call. Their steps are independent
+/// across values, so the answers are those of one script call over everything.
+///
+/// Why: most windows an ingest batch writes are new (a login failure's account and IP rarely
+/// failed in the last minutes), and a `SET` from the pipeline costs Redis a fraction of the
+/// script's work on the same value (`lua/velocity_batch.lua`, Why).
+async fn single_redis(
+    redis: &RedisHot,
+    steps: &[Step],
+    now_ms: i64,
+) -> Result<WindowCounts, Error> {
+    let mut out = vec![(0, None); steps.len()];
+    let mut order: Vec<&str> = Vec::new();
+    let mut by_key: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        by_key
+            .entry(step.key.as_str())
+            .or_insert_with(|| {
+                order.push(step.key.as_str());
+                Vec::new()
+            })
+            .push(i);
+    }
+    let mut fresh = Vec::new();
+    let mut scripted: Vec<usize> = Vec::new();
+    for key in order {
+        let at = &by_key[key];
+        let writes = at.iter().any(|&i| {
+            let step = &steps[i];
+            step.action == WindowAction::Record
+                && step.member.is_some()
+                && step.score >= now_ms - step.window_ms
+        });
+        if writes {
+            let mut value = WindowValue::default();
+            let counts: Vec<(u32, Option<i64>)> =
+                at.iter().map(|&i| value.step(&steps[i], now_ms)).collect();
+            if let Some((packed, ttl_ms)) = value.packed(now_ms) {
+                fresh.push((key, packed, ttl_ms, counts));
+                continue;
             }
-            let mut keys: Vec<String> = Vec::new();
-            let mut index: std::collections::HashMap<&str, usize> =
-                std::collections::HashMap::new();
-            let mut args = Vec::with_capacity(1 + steps.len() * 6);
-            args.push(now_ms.to_string());
-            for step in steps {
-                let at = *index.entry(step.key.as_str()).or_insert_with(|| {
-                    keys.push(step.key.clone());
-                    keys.len()
-                });
-                let (member, score) = step.add.clone().unwrap_or_default();
-                args.push(at.to_string());
-                args.push(member);
-                args.push(score.to_string());
-                args.push(step.window_ms.to_string());
-                args.push(step.cap.to_string());
-                args.push(
-                    if step.delete {
-                        "x"
-                    } else if step.gap {
-                        "g"
-                    } else {
-                        "w"
-                    }
-                    .to_owned(),
-                );
+        }
+        scripted.extend(at);
+    }
+    if !fresh.is_empty() {
+        let mut pipe = redis::pipe();
+        for (key, packed, ttl_ms, _) in &fresh {
+            pipe.cmd("SET")
+                .arg(*key)
+                .arg(&packed[..])
+                .arg("NX")
+                .arg("PX")
+                .arg(*ttl_ms);
+        }
+        let created: Vec<Value> = redis.query_pipeline(&pipe).await?;
+        for ((key, _, _, counts), created) in fresh.into_iter().zip(created) {
+            if created == Value::Nil {
+                scripted.extend(&by_key[key]);
+            } else {
+                for (&i, count) in by_key[key].iter().zip(counts) {
+                    out[i] = count;
+                }
             }
-            let reply: Vec<Value> = redis.eval(&VELOCITY_BATCH, &keys, &args).await?;
-            Ok(pairs(&reply))
         }
     }
+    scripted.sort_unstable();
+    let rest: Vec<&Step> = scripted.iter().map(|&i| &steps[i]).collect();
+    let mut done = 0;
+    for part in script_parts(&rest) {
+        let counts = script(redis, part, now_ms).await?;
+        for (k, count) in counts.into_iter().enumerate() {
+            out[scripted[done + k]] = count;
+        }
+        done += part.len();
+    }
+    Ok(out)
+}
+
+/// `steps` cut where one script call would name more than 65535 keys or 256 (window, cap)
+/// profiles (the sizes of their indexes in an op): one part for any batch the API takes.
+fn script_parts<'a>(steps: &'a [&'a Step]) -> Vec<&'a [&'a Step]> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut keys = std::collections::HashSet::new();
+    let mut profiles = std::collections::HashSet::new();
+    for (i, step) in steps.iter().enumerate() {
+        keys.insert(step.key.as_str());
+        profiles.insert((step.window_ms, step.cap));
+        if keys.len() > usize::from(u16::MAX) || profiles.len() > 256 {
+            parts.push(&steps[start..i]);
+            start = i;
+            keys = std::collections::HashSet::from([step.key.as_str()]);
+            profiles = std::collections::HashSet::from([(step.window_ms, step.cap)]);
+        }
+    }
+    parts.push(&steps[start..]);
+    parts
+}
+
+/// One `velocity_batch.lua` call for `steps` (every value they touch in one call).
+async fn script(redis: &RedisHot, steps: &[&Step], now_ms: i64) -> Result<WindowCounts, Error> {
+    if steps.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut keys: Vec<&str> = Vec::new();
+    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let at: Vec<usize> = steps
+        .iter()
+        .map(|step| {
+            *index.entry(step.key.as_str()).or_insert_with(|| {
+                keys.push(step.key.as_str());
+                keys.len()
+            })
+        })
+        .collect();
+    // Profiles: the distinct (window, cap) pairs, a handful per call.
+    let mut profiles: Vec<(i64, usize)> = Vec::new();
+    let profile: Vec<u8> = steps
+        .iter()
+        .map(|step| {
+            let wanted = (step.window_ms, step.cap);
+            let at = profiles
+                .iter()
+                .position(|p| *p == wanted)
+                .unwrap_or_else(|| {
+                    profiles.push(wanted);
+                    profiles.len() - 1
+                });
+            u8::try_from(at).expect("run_sequence splits calls at 256 profiles")
+        })
+        .collect();
+    let mut cmd = RedisHot::evalsha(&VELOCITY_BATCH, keys.len());
+    for key in &keys {
+        cmd.arg(*key);
+    }
+    cmd.arg(now_ms).arg(profiles.len());
+    for (window_ms, cap) in &profiles {
+        cmd.arg(*window_ms).arg(*cap);
+    }
+    let mut op = Vec::with_capacity(64);
+    for ((step, at), profile) in steps.iter().zip(at).zip(profile) {
+        let name = step.window.as_bytes();
+        // Names are made in `lockout` (at most 17 bytes: `i`/`d` and 16 hex digits).
+        let name_len = u8::try_from(name.len()).expect("window names are short");
+        let at = u16::try_from(at).expect("run_sequence splits calls at 65535 keys");
+        op.clear();
+        op.extend_from_slice(&at.to_be_bytes());
+        op.push(profile);
+        op.push(match step.action {
+            WindowAction::Delete => b'x',
+            WindowAction::Contains => b'c',
+            WindowAction::Record if step.gap => b'g',
+            WindowAction::Record => b'w',
+        });
+        op.push(name_len);
+        op.extend_from_slice(name);
+        if let (Some(member), false) = (step.member, step.action == WindowAction::Delete) {
+            op.extend_from_slice(&member.to_be_bytes());
+            // Scores are ms since 1970: exact in a double (the script's number type).
+            op.extend_from_slice(&(step.score as f64).to_be_bytes());
+        }
+        cmd.arg(&op[..]);
+    }
+    let reply: Vec<Value> = redis.run_script(&VELOCITY_BATCH, &cmd).await?;
+    let counts = pairs(&reply);
+    Ok(steps
+        .iter()
+        .zip(counts)
+        .map(|(step, (count, gap))| (count, gap.filter(|_| step.gap)))
+        .collect())
 }
 
 fn pairs(reply: &[Value]) -> WindowCounts {
@@ -161,64 +261,7 @@ fn pairs(reply: &[Value]) -> WindowCounts {
         .collect()
 }
 
-/// Records into (and counts) windows of one subject, atomically.
-pub async fn record(
-    hot: &Hot,
-    ops: &[WindowOp],
-    now_ms: i64,
-    window_ms: i64,
-    cap: usize,
-) -> Result<WindowCounts, Error> {
-    if ops.is_empty() {
-        return Ok(Vec::new());
-    }
-    match hot {
-        Hot::Memory(memory) => {
-            let keys: Vec<(String, Option<(String, i64)>)> = ops
-                .iter()
-                .map(|op| (op.key.clone(), op.add.clone()))
-                .collect();
-            Ok(memory.window_record(&keys, now_ms, window_ms, cap))
-        }
-        Hot::Redis(redis) => {
-            let keys: Vec<String> = ops.iter().map(|op| op.key.clone()).collect();
-            let mut args = vec![now_ms.to_string(), window_ms.to_string(), cap.to_string()];
-            for op in ops {
-                let (member, score) = op.add.clone().unwrap_or_default();
-                args.push(member);
-                args.push(score.to_string());
-            }
-            let reply: Vec<Value> = redis.eval(&VELOCITY_WINDOW, &keys, &args).await?;
-            Ok(pairs(&reply))
-        }
-    }
-}
-
-/// Members of a window within `window_ms` of `now_ms`, oldest first.
-pub async fn members(
-    hot: &Hot,
-    key: &str,
-    now_ms: i64,
-    window_ms: i64,
-) -> Result<Vec<String>, Error> {
-    match hot {
-        Hot::Memory(memory) => Ok(memory
-            .window_entries(key, now_ms, window_ms)
-            .into_iter()
-            .map(|(_, m)| m)
-            .collect()),
-        Hot::Redis(redis) => {
-            let mut cmd = redis::cmd("ZRANGE");
-            cmd.arg(key)
-                .arg(now_ms - window_ms)
-                .arg("+inf")
-                .arg("BYSCORE");
-            redis.query(&cmd).await
-        }
-    }
-}
-
-/// Deletes windows (release clears the account's counters).
+/// Deletes window values (release clears an account's windows, pairs included).
 pub async fn clear(hot: &Hot, keys: &[String]) -> Result<(), Error> {
     match hot {
         Hot::Memory(memory) => {

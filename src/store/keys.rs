@@ -46,10 +46,11 @@ impl Keys {
         self.subject_key(subject, ":m:", class)
     }
 
-    /// A sliding window of login failures of `subject` (`name`: `f` failures, `a` distinct
-    /// accounts, `fi:<ip>` / `fd:<device>` account pairs): `pal:v1:{user:alice}:w:f`.
-    pub fn window(&self, subject: &SubjectKey, name: &str) -> String {
-        self.subject_key(subject, ":w:", name)
+    /// The sliding windows of login failures of `subject`, packed in one value
+    /// (`lua/velocity_batch.lua`; windows `f` failures, `a` distinct accounts, `i…` / `d…`
+    /// an account's failures per IP / device): `pal:v1:{user:alice}:win`.
+    pub fn windows(&self, subject: &SubjectKey) -> String {
+        self.subject_key(subject, ":", "win")
     }
 
     /// An account's lockout marker (value `lockout_id`, TTL = until): `pal:v1:{user:a}:lock`.
@@ -57,9 +58,11 @@ impl Keys {
         self.subject_key(account, ":", "lock")
     }
 
-    /// IPs and devices an account logged in from successfully: `pal:v1:{user:a}:known`.
+    /// IPs and devices an account logged in from successfully, a window value (window `k`):
+    /// `pal:v1:{user:a}:seen`. (Before windows were packed it was a sorted set named
+    /// `known`; the new name keeps a new reader from meeting an old sorted set.)
     pub fn known(&self, account: &SubjectKey) -> String {
-        self.subject_key(account, ":", "known")
+        self.subject_key(account, ":", "seen")
     }
 
     /// The stored scoring factors of `subject` (a hash, field per factor, `_v` version):

@@ -67,18 +67,125 @@ struct Shard {
     sweep_at: usize,
 }
 
-/// A sliding window: (score, member) ordered by score.
+/// A sliding window: (score, member id) ordered by score.
 #[derive(Debug, Default)]
 struct Window {
-    entries: std::collections::BTreeSet<(i64, Box<str>)>,
+    entries: std::collections::BTreeSet<(i64, u64)>,
     expires_ms: i64,
+}
+
+/// The windows of one subject's value, by name.
+///
+/// The in-process twin of one value of `lua/velocity_batch.lua`, and how the Redis backend computes a value that does not exist
+/// yet ([`WindowValue::packed`] writes it in the script's layout).
+#[derive(Debug, Default)]
+pub struct WindowValue(HashMap<String, Window>);
+
+impl WindowValue {
+    /// One operation, as the script does it: a window past its expiry (last addition +
+    /// window) is gone; entries before `now − window` are dropped; a member in range is added
+    /// (an existing one takes the new score), at most `cap` kept; answers the count and the
+    /// gap between the two newest scores (1 or 0 for [`WindowAction::Contains`]).
+    pub fn step(&mut self, step: &WindowStep, now_ms: i64) -> (u32, Option<i64>) {
+        if step.action == WindowAction::Delete {
+            self.0.remove(&step.window);
+            return (0, None);
+        }
+        let cutoff = now_ms - step.window_ms;
+        let window = self.0.entry(step.window.clone()).or_default();
+        if window.expires_ms <= now_ms {
+            window.entries.clear();
+        }
+        window.entries.retain(|(score, _)| *score >= cutoff);
+        if step.action == WindowAction::Contains {
+            let found = step
+                .member
+                .is_some_and(|m| window.entries.iter().any(|(_, id)| *id == m));
+            return (u32::from(found), None);
+        }
+        // An entry older than the window would not count: not added (as in Redis).
+        if let Some(member) = step.member.filter(|_| step.score >= cutoff) {
+            window.entries.retain(|(_, id)| *id != member);
+            window.entries.insert((step.score, member));
+            while window.entries.len() > step.cap {
+                window.entries.pop_first();
+            }
+            window.expires_ms = now_ms + step.window_ms;
+        }
+        let count = window.entries.len();
+        let mut newest = window.entries.iter().rev().map(|(score, _)| *score);
+        let gap = match (newest.next(), newest.next()) {
+            (Some(last), Some(before)) if step.gap => Some(last - before),
+            _ => None,
+        };
+        (u32::try_from(count).unwrap_or(u32::MAX), gap)
+    }
+
+    /// The value in the script's layout (per window: name length, name, expiry and entry
+    /// count as big-endian double and u32, then 16-byte entries: member, score as a double)
+    /// and its TTL in ms; None when no window holds an entry.
+    pub fn packed(&self, now_ms: i64) -> Option<(Vec<u8>, i64)> {
+        let mut out = Vec::new();
+        let mut latest = now_ms;
+        for (name, window) in &self.0 {
+            if window.entries.is_empty() || window.expires_ms <= now_ms {
+                continue;
+            }
+            let name_len = u8::try_from(name.len()).expect("window names are short");
+            out.push(name_len);
+            out.extend_from_slice(name.as_bytes());
+            // Milliseconds since 1970 are exact in a double (the script's number type).
+            out.extend_from_slice(&(window.expires_ms as f64).to_be_bytes());
+            let n = u32::try_from(window.entries.len()).expect("windows are capped");
+            out.extend_from_slice(&n.to_be_bytes());
+            for (score, member) in &window.entries {
+                out.extend_from_slice(&member.to_be_bytes());
+                out.extend_from_slice(&(*score as f64).to_be_bytes());
+            }
+            latest = latest.max(window.expires_ms);
+        }
+        (!out.is_empty()).then_some((out, latest - now_ms))
+    }
+}
+
+/// What a [`WindowStep`] does to its window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowAction {
+    /// Add the member (if any) and count.
+    Record,
+    /// Answer 1 if the member is in the window, else 0; nothing added.
+    Contains,
+    /// Delete the window.
+    Delete,
+}
+
+/// One operation on a window of a subject's window value (`lua/velocity_batch.lua`, and its
+/// twin [`MemoryHot::window_step`]).
+#[derive(Debug, Clone)]
+pub struct WindowStep {
+    /// The subject's window value (Redis key).
+    pub key: String,
+    /// The window inside it.
+    pub window: String,
+    /// Member id to add or look for; None only counts.
+    pub member: Option<u64>,
+    /// The member's score (event time, ms).
+    pub score: i64,
+    /// The window's length, ms (one length for every window of a value).
+    pub window_ms: i64,
+    /// Most entries kept.
+    pub cap: usize,
+    /// Also report the gap between the two newest entries.
+    pub gap: bool,
+    /// What to do.
+    pub action: WindowAction,
 }
 
 #[derive(Debug)]
 struct Inner {
     /// Sliding windows and small key/value entries (locks, known sets), with expiry in the
     /// caller's wall-clock milliseconds. std Mutex: never held across `.await`.
-    windows: Mutex<HashMap<String, Window>>,
+    windows: Mutex<HashMap<String, WindowValue>>,
     values: Mutex<HashMap<String, (String, i64)>>,
     /// Seed of the bucket keys' hash.
     seed: foldhash::fast::RandomState,
@@ -228,81 +335,38 @@ impl MemoryHot {
         }
     }
 
-    /// The twin of `lua/velocity_window.lua`: per key, drop entries before `now − window`,
-    /// add `(score, member)` if given, keep at most `cap`; answer the count and the gap between
-    /// the two newest scores.
-    pub fn window_record(
-        &self,
-        keys: &[(String, Option<(String, i64)>)],
-        now_ms: i64,
-        window_ms: i64,
-        cap: usize,
-    ) -> Vec<(u32, Option<i64>)> {
-        let cutoff = now_ms - window_ms;
-        let mut windows = self
+    /// The twin of one operation of `lua/velocity_batch.lua` ([`WindowValue::step`]).
+    pub fn window_step(&self, step: &WindowStep, now_ms: i64) -> (u32, Option<i64>) {
+        let mut values = self
             .inner
             .windows
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if windows.len() >= MIN_SWEEP && windows.len().is_power_of_two() {
-            windows.retain(|_, w| w.expires_ms > now_ms);
+        if values.len() >= MIN_SWEEP && values.len().is_power_of_two() {
+            values.retain(|_, value| {
+                value.0.retain(|_, w| w.expires_ms > now_ms);
+                !value.0.is_empty()
+            });
         }
-        keys.iter()
-            .map(|(key, add)| {
-                let window = windows.entry(key.clone()).or_default();
-                if window.expires_ms <= now_ms && add.is_none() {
-                    window.entries.clear();
-                }
-                window.entries.retain(|(score, _)| *score >= cutoff);
-                // An entry older than the window would not count: not added (as in Redis).
-                if let Some((member, score)) = add.as_ref().filter(|(_, s)| *s >= cutoff) {
-                    window.entries.retain(|(_, m)| **m != **member);
-                    window.entries.insert((*score, member.as_str().into()));
-                    while window.entries.len() > cap {
-                        window.entries.pop_first();
-                    }
-                    window.expires_ms = now_ms + window_ms;
-                }
-                let count = window
-                    .entries
-                    .iter()
-                    .filter(|(score, _)| *score >= cutoff)
-                    .count();
-                let mut newest = window.entries.iter().rev().map(|(score, _)| *score);
-                let gap = match (newest.next(), newest.next()) {
-                    (Some(last), Some(before)) => Some(last - before),
-                    _ => None,
-                };
-                (u32::try_from(count).unwrap_or(u32::MAX), gap)
-            })
-            .collect()
+        match values.get_mut(&step.key) {
+            Some(value) => value.step(step, now_ms),
+            None if step.action == WindowAction::Delete => (0, None),
+            None => values
+                .entry(step.key.clone())
+                .or_default()
+                .step(step, now_ms),
+        }
     }
 
-    /// Entries `(score, member)` of a window within `window_ms` of `now_ms`, oldest first.
-    pub fn window_entries(&self, key: &str, now_ms: i64, window_ms: i64) -> Vec<(i64, String)> {
-        let windows = self
-            .inner
-            .windows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        windows.get(key).map_or_else(Vec::new, |w| {
-            w.entries
-                .iter()
-                .filter(|(score, _)| *score >= now_ms - window_ms)
-                .map(|(score, member)| (*score, member.to_string()))
-                .collect()
-        })
-    }
-
-    /// Deletes windows.
+    /// Deletes window values (every window of each).
     pub fn window_clear(&self, keys: &[String]) {
-        let mut windows = self
+        let mut values = self
             .inner
             .windows
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         for key in keys {
-            windows.remove(key);
+            values.remove(key);
         }
     }
 

@@ -6,13 +6,9 @@ use std::sync::LazyLock;
 pub static TOKEN_BUCKET: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/token_bucket.lua")));
 
-/// `lua/velocity_batch.lua`: a batch's window operations in one call, in order.
+/// `lua/velocity_batch.lua`: window operations on packed window values, in order.
 pub static VELOCITY_BATCH: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/velocity_batch.lua")));
-
-/// `lua/velocity_window.lua`: record failures in sliding windows and count them.
-pub static VELOCITY_WINDOW: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/velocity_window.lua")));
 
 /// `lua/factors_update.lua`: change a subject's stored factors and read them back.
 pub static FACTORS_UPDATE: LazyLock<redis::Script> =
