@@ -302,13 +302,14 @@ async fn account_status(
     ApiQuery(params): ApiQuery<StatusParams>,
 ) -> Result<Json<StatusView>, ApiError> {
     let limits = limits(&app);
+    let ip = ClientIp::parse(&params.ip, limits.ipv6_prefix_len)
+        .ok_or_else(|| ApiError::invalid(format!("ip {:.64?} is not an IP address", params.ip)))?;
     let context = LoginContext {
         account: SubjectKey::user(&account, limits.max_key_length)
             .map_err(|e| ApiError::invalid(format!("account: {e}")))?,
         account_name: account.clone(),
-        ip: ClientIp::parse(&params.ip, limits.ipv6_prefix_len).ok_or_else(|| {
-            ApiError::invalid(format!("ip {:.64?} is not an IP address", params.ip))
-        })?,
+        ip_key: SubjectKey::ip(&ip),
+        ip,
         device: params
             .device_id
             .as_deref()

@@ -161,6 +161,7 @@ fn parse_one(value: &RawValue, now_ms: i64, limits: Limits) -> Result<AuthEvent,
         context: LoginContext {
             account,
             account_name: raw.account,
+            ip_key: SubjectKey::ip(&ip),
             ip,
             device,
         },

@@ -127,6 +127,8 @@ pub struct LoginContext {
     pub account_name: String,
     /// Client IP.
     pub ip: ClientIp,
+    /// The IP's subject (`ip:…`, an IPv6 client's prefix), made once per attempt.
+    pub ip_key: SubjectKey,
     /// Device, if known.
     pub device: Option<SubjectKey>,
 }
@@ -215,10 +217,7 @@ impl Lockouts {
         let key = self.keys.windows(&context.account);
         let mut windows = vec![
             (key.clone(), "f".to_owned()),
-            (
-                key.clone(),
-                velocity::pair_window('i', &SubjectKey::ip(&context.ip)),
-            ),
+            (key.clone(), velocity::pair_window('i', &context.ip_key)),
         ];
         if let Some(device) = &context.device {
             windows.push((key, velocity::pair_window('d', device)));
@@ -374,7 +373,7 @@ impl Lockouts {
             steps.push(self.step(window, Some(id), ts));
         }
         let account = Some(velocity::member_id(event.context.account.as_str()));
-        let ip = self.keys.windows(&SubjectKey::ip(&event.context.ip));
+        let ip = self.keys.windows(&event.context.ip_key);
         steps.push(self.step((ip.clone(), "a".to_owned()), account, ts));
         steps.push(self.step((ip, "f".to_owned()), Some(id), ts));
         if let Some(device) = &event.context.device {
@@ -386,7 +385,7 @@ impl Lockouts {
     /// lockout-DoS rule), and the account+IP / account+device failure windows are cleared.
     fn success_steps(&self, event: &LoginEvent<'_>, steps: &mut Vec<Step>) {
         let context = event.context;
-        let ip = SubjectKey::ip(&context.ip).to_string();
+        let ip = context.ip_key.to_string();
         steps.push(self.known_step(&context.account, &ip, event.ts_ms, WindowAction::Record));
         if let Some(device) = &context.device {
             let device = device.to_string();
@@ -438,17 +437,17 @@ impl Lockouts {
         }
         // After the account's windows (2, or 3 with a device): the IP's, then the device's.
         let first_source = if context.device.is_some() { 3 } else { 2 };
-        let ip = SubjectKey::ip(&context.ip);
+        let ip = &context.ip_key;
         let distinct = count(first_source);
         if distinct >= self.settings.spray_accounts {
-            self.spraying(&ip, distinct, now).await?;
+            self.spraying(ip, distinct, now).await?;
         }
         let failures = count(first_source + 1);
         let threshold = self.settings.ip_failures;
         if failures >= threshold && (failures - threshold).is_multiple_of(threshold) {
             self.scoring
                 .assert(
-                    &ip,
+                    ip,
                     Factor::scale(
                         SIGNAL,
                         "ip_failures",
@@ -646,7 +645,7 @@ impl Lockouts {
     async fn is_known(&self, context: &LoginContext, now: i64) -> Result<bool, Error> {
         let mut steps = vec![self.known_step(
             &context.account,
-            &SubjectKey::ip(&context.ip).to_string(),
+            &context.ip_key.to_string(),
             now,
             WindowAction::Contains,
         )];

@@ -10,10 +10,12 @@ use redis::Value;
 use sha2::{Digest, Sha256};
 
 use crate::model::SubjectKey;
-use crate::store::scripts::{LOCK_MARKER, VELOCITY_BATCH};
-use std::collections::HashMap;
+use crate::store::scripts::{LOCK_MARKER, VELOCITY_BATCH, WINDOW_CAS};
 
 use crate::store::{Error, Hot, Keys, RedisHot, WindowValue};
+
+/// Per-call maps of keys (no DoS-resistant hashing needed: keys come from the service).
+type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 pub use crate::store::{WindowAction, WindowStep as Step};
 
@@ -68,23 +70,30 @@ pub async fn run_sequence(hot: &Hot, steps: &[Step], now_ms: i64) -> Result<Wind
     }
 }
 
-/// A sequence on a single Redis. A value that does not exist yet needs no script: its steps
-/// are computed here from empty ([`WindowValue`], the in-process twin) and the result is
-/// written with `SET … NX PX` in one pipeline; the values that do exist (`NX` refused), and
-/// those only counted or deleted, go through one script call. Their steps are independent
-/// across values, so the answers are those of one script call over everything.
+/// A sequence on a single Redis, computed in the service with optimistic writes.
 ///
-/// Why: most windows an ingest batch writes are new (a login failure's account and IP rarely
-/// failed in the last minutes), and a `SET` from the pipeline costs Redis a fraction of the
-/// script's work on the same value (`lua/velocity_batch.lua`, Why).
+/// One `MGET` reads every value the steps touch; the steps run here on the values read
+/// ([`WindowValue`], the in-process twin); then one round trip writes what changed: a value
+/// that did not exist with `SET … NX PX`, one that did with `lua/window_cas.lua` (written only
+/// if still as read). Steps that only count are answered from the read. The values written
+/// meanwhile by another instance (`NX` refused, or changed since read) have their steps run by
+/// `lua/velocity_batch.lua` instead, atomically. Steps are independent across values, so the
+/// answers are those of one script call over everything.
+///
+/// Why: Lua's per-value work (decode, update, re-encode, one `redis.call` per command) was
+/// most of Redis's CPU per ingested event, and Redis the ingest bottleneck; here Redis only
+/// reads, compares and stores.
 async fn single_redis(
     redis: &RedisHot,
     steps: &[Step],
     now_ms: i64,
 ) -> Result<WindowCounts, Error> {
     let mut out = vec![(0, None); steps.len()];
+    if steps.is_empty() {
+        return Ok(out);
+    }
     let mut order: Vec<&str> = Vec::new();
-    let mut by_key: HashMap<&str, Vec<usize>> = HashMap::new();
+    let mut by_key: Map<&str, Vec<usize>> = Map::default();
     for (i, step) in steps.iter().enumerate() {
         by_key
             .entry(step.key.as_str())
@@ -94,57 +103,100 @@ async fn single_redis(
             })
             .push(i);
     }
-    let mut fresh = Vec::new();
-    let mut scripted: Vec<usize> = Vec::new();
-    for key in order {
+    let read: Vec<Option<Vec<u8>>> = redis.query(redis::cmd("MGET").arg(&order)).await?;
+    let answer = |out: &mut WindowCounts, key: &str, counts: Vec<(u32, Option<i64>)>| {
+        for (&i, count) in by_key[key].iter().zip(counts) {
+            out[i] = count;
+        }
+    };
+    // (key, value to create, TTL, answers) and (key, value read, value to write, answers).
+    type Counts = Vec<(u32, Option<i64>)>;
+    type Packed = Option<(Vec<u8>, i64)>;
+    let mut created: Vec<(&str, Vec<u8>, i64, Counts)> = Vec::new();
+    let mut swapped: Vec<(&str, Vec<u8>, Packed, Counts)> = Vec::new();
+    for (key, old) in order.iter().copied().zip(read) {
         let at = &by_key[key];
+        // A value not in the layout (not written by this version) is replaced, if written.
+        let mut value = old
+            .as_deref()
+            .and_then(|bytes| WindowValue::unpack(bytes, now_ms))
+            .unwrap_or_default();
+        let counts: Counts = at.iter().map(|&i| value.step(&steps[i], now_ms)).collect();
         let writes = at.iter().any(|&i| {
             let step = &steps[i];
-            step.action == WindowAction::Record
-                && step.member.is_some()
-                && step.score >= now_ms - step.window_ms
+            step.action == WindowAction::Delete
+                || (step.action == WindowAction::Record
+                    && step.member.is_some()
+                    && step.score >= now_ms - step.window_ms)
         });
-        if writes {
-            let mut value = WindowValue::default();
-            let counts: Vec<(u32, Option<i64>)> =
-                at.iter().map(|&i| value.step(&steps[i], now_ms)).collect();
-            if let Some((packed, ttl_ms)) = value.packed(now_ms) {
-                fresh.push((key, packed, ttl_ms, counts));
-                continue;
-            }
+        match (old, writes.then(|| value.packed(now_ms))) {
+            // Only counted, or only deletes where there was nothing: the read answers.
+            (_, None) | (None, Some(None)) => answer(&mut out, key, counts),
+            (None, Some(Some((new, ttl_ms)))) => created.push((key, new, ttl_ms, counts)),
+            (Some(old), Some(new)) => swapped.push((key, old, new, counts)),
         }
-        scripted.extend(at);
     }
-    if !fresh.is_empty() {
+    let create = async {
+        if created.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut pipe = redis::pipe();
-        for (key, packed, ttl_ms, _) in &fresh {
+        for (key, new, ttl_ms, _) in &created {
             pipe.cmd("SET")
                 .arg(*key)
-                .arg(&packed[..])
+                .arg(&new[..])
                 .arg("NX")
                 .arg("PX")
                 .arg(*ttl_ms);
         }
-        let created: Vec<Value> = redis.query_pipeline(&pipe).await?;
-        for ((key, _, _, counts), created) in fresh.into_iter().zip(created) {
-            if created == Value::Nil {
-                scripted.extend(&by_key[key]);
-            } else {
-                for (&i, count) in by_key[key].iter().zip(counts) {
-                    out[i] = count;
-                }
-            }
+        redis.query_pipeline::<Vec<Value>>(&pipe).await
+    };
+    let swap = async {
+        if swapped.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut cmd = RedisHot::evalsha(&WINDOW_CAS, swapped.len());
+        for (key, ..) in &swapped {
+            cmd.arg(*key);
+        }
+        for (_, old, new, _) in &swapped {
+            let (new, ttl_ms) = new.as_ref().map_or((&[][..], 0), |(v, t)| (&v[..], *t));
+            cmd.arg(&old[..]).arg(new).arg(ttl_ms);
+        }
+        redis.run_script::<Vec<usize>>(&WINDOW_CAS, &cmd).await
+    };
+    let (created_replies, failed) = tokio::join!(create, swap);
+    let mut conflicted: Vec<&str> = Vec::new();
+    for ((key, _, _, counts), reply) in created.into_iter().zip(created_replies?) {
+        if reply == Value::Nil {
+            conflicted.push(key);
+        } else {
+            answer(&mut out, key, counts);
         }
     }
-    scripted.sort_unstable();
-    let rest: Vec<&Step> = scripted.iter().map(|&i| &steps[i]).collect();
-    let mut done = 0;
-    for part in script_parts(&rest) {
-        let counts = script(redis, part, now_ms).await?;
-        for (k, count) in counts.into_iter().enumerate() {
-            out[scripted[done + k]] = count;
+    let failed: std::collections::HashSet<usize> = failed?.into_iter().collect();
+    for (n, (key, _, _, counts)) in swapped.into_iter().enumerate() {
+        if failed.contains(&(n + 1)) {
+            conflicted.push(key);
+        } else {
+            answer(&mut out, key, counts);
         }
-        done += part.len();
+    }
+    if !conflicted.is_empty() {
+        let mut at: Vec<usize> = conflicted
+            .iter()
+            .flat_map(|key| by_key[key].iter().copied())
+            .collect();
+        at.sort_unstable();
+        let rest: Vec<&Step> = at.iter().map(|&i| &steps[i]).collect();
+        let mut done = 0;
+        for part in script_parts(&rest) {
+            let counts = script(redis, part, now_ms).await?;
+            for (k, count) in counts.into_iter().enumerate() {
+                out[at[done + k]] = count;
+            }
+            done += part.len();
+        }
     }
     Ok(out)
 }
@@ -176,7 +228,7 @@ async fn script(redis: &RedisHot, steps: &[&Step], now_ms: i64) -> Result<Window
         return Ok(Vec::new());
     }
     let mut keys: Vec<&str> = Vec::new();
-    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut index: Map<&str, usize> = Map::default();
     let at: Vec<usize> = steps
         .iter()
         .map(|step| {

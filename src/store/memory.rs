@@ -79,7 +79,7 @@ struct Window {
 /// The in-process twin of one value of `lua/velocity_batch.lua`, and how the Redis backend computes a value that does not exist
 /// yet ([`WindowValue::packed`] writes it in the script's layout).
 #[derive(Debug, Default)]
-pub struct WindowValue(HashMap<String, Window>);
+pub struct WindowValue(HashMap<String, Window, foldhash::fast::RandomState>);
 
 impl WindowValue {
     /// One operation, as the script does it: a window past its expiry (last addition +
@@ -119,6 +119,41 @@ impl WindowValue {
             _ => None,
         };
         (u32::try_from(count).unwrap_or(u32::MAX), gap)
+    }
+
+    /// A value read from Redis (the layout of [`WindowValue::packed`]); windows expired at
+    /// `now_ms` are left out. None when the bytes are not in that layout.
+    pub fn unpack(bytes: &[u8], now_ms: i64) -> Option<WindowValue> {
+        fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+            let (head, rest) = bytes.split_at_checked(n)?;
+            *bytes = rest;
+            Some(head)
+        }
+        fn double(bytes: &mut &[u8]) -> Option<i64> {
+            Some(f64::from_be_bytes(take(bytes, 8)?.try_into().ok()?) as i64)
+        }
+        let mut rest = bytes;
+        let mut value = WindowValue::default();
+        while !rest.is_empty() {
+            let name_len = usize::from(take(&mut rest, 1)?[0]);
+            let name = std::str::from_utf8(take(&mut rest, name_len)?)
+                .ok()?
+                .to_owned();
+            let expires_ms = double(&mut rest)?;
+            let n = u32::from_be_bytes(take(&mut rest, 4)?.try_into().ok()?) as usize;
+            let mut window = Window {
+                expires_ms,
+                ..Window::default()
+            };
+            for _ in 0..n {
+                let member = u64::from_be_bytes(take(&mut rest, 8)?.try_into().ok()?);
+                window.entries.insert((double(&mut rest)?, member));
+            }
+            if expires_ms > now_ms {
+                value.0.insert(name, window);
+            }
+        }
+        Some(value)
     }
 
     /// The value in the script's layout (per window: name length, name, expiry and entry
@@ -185,7 +220,7 @@ pub struct WindowStep {
 struct Inner {
     /// Sliding windows and small key/value entries (locks, known sets), with expiry in the
     /// caller's wall-clock milliseconds. std Mutex: never held across `.await`.
-    windows: Mutex<HashMap<String, WindowValue>>,
+    windows: Mutex<Map<WindowValue>>,
     values: Mutex<HashMap<String, (String, i64)>>,
     /// Seed of the bucket keys' hash.
     seed: foldhash::fast::RandomState,
@@ -219,7 +254,7 @@ impl MemoryHot {
     pub fn new() -> Self {
         Self {
             inner: Arc::new(Inner {
-                windows: Mutex::new(HashMap::new()),
+                windows: Mutex::new(Map::default()),
                 values: Mutex::new(HashMap::new()),
                 seed: Default::default(),
                 shards: (0..SHARDS)
@@ -348,11 +383,11 @@ impl MemoryHot {
                 !value.0.is_empty()
             });
         }
-        match values.get_mut(&step.key) {
+        match values.get_mut(step.key.as_str()) {
             Some(value) => value.step(step, now_ms),
             None if step.action == WindowAction::Delete => (0, None),
             None => values
-                .entry(step.key.clone())
+                .entry(step.key.as_str().into())
                 .or_default()
                 .step(step, now_ms),
         }
@@ -366,7 +401,7 @@ impl MemoryHot {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         for key in keys {
-            values.remove(key);
+            values.remove(key.as_str());
         }
     }
 

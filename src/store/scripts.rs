@@ -10,6 +10,10 @@ pub static TOKEN_BUCKET: LazyLock<redis::Script> =
 pub static VELOCITY_BATCH: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/velocity_batch.lua")));
 
+/// `lua/window_cas.lua`: write window values computed by the service if unchanged.
+pub static WINDOW_CAS: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/window_cas.lua")));
+
 /// `lua/factors_update.lua`: change a subject's stored factors and read them back.
 pub static FACTORS_UPDATE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/factors_update.lua")));

@@ -704,11 +704,12 @@ async fn a_late_marker_change_leaves_another_lockouts_marker_alone() {
     assert_eq!(marker().await.unwrap(), None);
 }
 
-/// The packed window values on Redis (`lua/velocity_batch.lua`) and the in-process twin give
-/// the same answer to every step of a long random sequence: additions in and out of order and
-/// outside the window, retried members, count-only steps, gaps, membership checks, window
-/// deletes, caps, windows expiring while their value lives on, steps batched in one call, and
-/// values that do not exist yet (written by the Redis backend without the script).
+/// The packed window values give the same answer to every step of a long random sequence on
+/// a single Redis (computed by the service, written by `SET NX` / `lua/window_cas.lua`), on a
+/// Redis Cluster (`lua/velocity_batch.lua`, one call per value) and in-process: additions in
+/// and out of order and outside the window, retried members, count-only steps, gaps,
+/// membership checks, window deletes, caps, windows expiring while their value lives on,
+/// steps batched in one call, and values that do not exist yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn window_steps_answer_the_same_on_redis_and_in_process() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
@@ -717,7 +718,15 @@ async fn window_steps_answer_the_same_on_redis_and_in_process() {
     let Some(app) = TestApp::spawn(Backend::Production).await else {
         return;
     };
+    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
+        return;
+    };
     let redis = &app.app.stores.hot;
+    let on_cluster = palisade::store::Hot::Redis(
+        palisade::store::RedisHot::connect(&cluster.url, Duration::from_secs(5))
+            .await
+            .unwrap(),
+    );
     let memory = palisade::store::Hot::Memory(palisade::store::MemoryHot::new());
     let keys = &app.app.stores.keys;
     // Three values of 10 min windows and one of 90 days (as the known IPs/devices).
@@ -782,8 +791,12 @@ async fn window_steps_answer_the_same_on_redis_and_in_process() {
             })
             .collect();
         let on_redis = velocity::run_sequence(redis, &steps, now).await.unwrap();
+        let scripted = velocity::run_sequence(&on_cluster, &steps, now)
+            .await
+            .unwrap();
         let in_process = velocity::run_sequence(&memory, &steps, now).await.unwrap();
         assert_eq!(on_redis, in_process, "steps {steps:#?} at {now}");
+        assert_eq!(scripted, in_process, "steps {steps:#?} at {now}");
         checked += steps.len();
     }
     assert!(checked > 1000, "{checked} steps");
@@ -793,4 +806,59 @@ async fn window_steps_answer_the_same_on_redis_and_in_process() {
     )
     .await
     .unwrap();
+}
+
+/// Instances writing one window value at once lose nothing: a value changed between the read
+/// and the write is not overwritten (`lua/window_cas.lua`); its steps run again atomically.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_window_writers_lose_no_entry() {
+    use palisade::lockout::velocity::{self, Step, WindowAction};
+    use palisade::model::SubjectKey;
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    let key = app
+        .app
+        .stores
+        .keys
+        .windows(&SubjectKey::user("contended", 64).unwrap());
+    let now = app.app.clock.now_ms();
+    let mut tasks = tokio::task::JoinSet::new();
+    for writer in 0..8u64 {
+        let hot = app.app.stores.hot.clone();
+        let key = key.clone();
+        tasks.spawn(async move {
+            for n in 0..40u64 {
+                let step = Step {
+                    key: key.clone(),
+                    window: "f".to_owned(),
+                    member: Some(writer * 1000 + n + 1),
+                    score: now - 1000 + i64::try_from(n).unwrap(),
+                    window_ms: 600_000,
+                    cap: 1000,
+                    gap: false,
+                    action: WindowAction::Record,
+                };
+                velocity::run_sequence(&hot, &[step], now).await.unwrap();
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let count = Step {
+        key: key.clone(),
+        window: "f".to_owned(),
+        member: None,
+        score: 0,
+        window_ms: 600_000,
+        cap: 1000,
+        gap: false,
+        action: WindowAction::Record,
+    };
+    let counted = velocity::run_sequence(&app.app.stores.hot, &[count], now)
+        .await
+        .unwrap();
+    assert_eq!(counted[0].0, 320, "8 writers x 40 distinct members");
+    velocity::clear(&app.app.stores.hot, &[key]).await.unwrap();
 }
