@@ -426,8 +426,9 @@ pub async fn lock(
         .map(|(id, ttl, _)| (id, ttl)))
 }
 
-/// The lock markers of many accounts: one pipeline on a single Redis (one call per account
-/// on a cluster, where the markers live in different slots).
+/// The lock markers of many accounts: one `MGET` and the TTLs of the markers found on a
+/// single Redis (one call per account on a cluster, where the markers live in different
+/// slots).
 pub async fn locks(
     hot: &Hot,
     keys: &Keys,
@@ -436,14 +437,25 @@ pub async fn locks(
 ) -> Result<Vec<Option<(String, i64)>>, Error> {
     match hot {
         Hot::Redis(redis) if !redis.is_cluster() && accounts.len() > 1 => {
-            let mut pipe = redis::pipe();
-            for account in accounts {
-                let key = keys.lock(account);
-                pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
+            // One MGET for every marker, then the TTL of those that exist (few: locked
+            // accounts), instead of a GET and a PTTL per account.
+            let keys: Vec<String> = accounts.iter().map(|a| keys.lock(a)).collect();
+            let values: Vec<Option<String>> = redis.query(redis::cmd("MGET").arg(&keys)).await?;
+            let present: Vec<usize> = (0..keys.len()).filter(|&i| values[i].is_some()).collect();
+            let mut ttls = vec![-2; keys.len()];
+            if !present.is_empty() {
+                let mut pipe = redis::pipe();
+                for &i in &present {
+                    pipe.cmd("PTTL").arg(&keys[i]);
+                }
+                let found: Vec<i64> = redis.query_pipeline(&pipe).await?;
+                for (&i, ttl) in present.iter().zip(found) {
+                    ttls[i] = ttl;
+                }
             }
-            let reply: Vec<(Option<String>, i64)> = redis.query_pipeline(&pipe).await?;
-            Ok(reply
+            Ok(values
                 .into_iter()
+                .zip(ttls)
                 .map(|(value, ttl)| marker(value, ttl).map(|(id, ttl, _)| (id, ttl)))
                 .collect())
         }

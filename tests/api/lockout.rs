@@ -278,6 +278,17 @@ async fn retried_batches_count_nothing_twice(app: TestApp) {
         app.status("frank", "192.0.2.50", None).await["failures_in_window"],
         3
     );
+    // An id repeated inside one batch is one event.
+    let twice = failure("retry-twice", "frank", "192.0.2.50");
+    let third = app.post_auth(vec![twice.clone(), twice]).await;
+    assert_eq!(
+        (third["accepted"].as_u64(), third["duplicates"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        app.status("frank", "192.0.2.50", None).await["failures_in_window"],
+        4
+    );
 }
 
 /// Two instances ingesting the same account's failures at the same time create one lockout.
