@@ -23,6 +23,7 @@ on_both_backends!(
     one_batch_decides_like_the_same_events_one_by_one,
     failures_older_than_the_window_do_not_count,
     failures_age_out_of_the_window_and_retries_add_nothing,
+    stored_events_keep_quotes_commas_newlines_and_backslashes,
 );
 
 fn failure(id: &str, account: &str, ip: &str) -> Value {
@@ -872,4 +873,49 @@ async fn concurrent_window_writers_lose_no_entry() {
         .unwrap();
     assert_eq!(counted[0].0, 320, "8 writers x 40 distinct members");
     velocity::clear(&app.app.stores.hot, &[key]).await.unwrap();
+}
+
+/// Events are stored exactly as sent, whatever their text holds (Postgres takes new batches by
+/// `COPY` in CSV): a lockout's events read back the account, device and endpoint unchanged.
+async fn stored_events_keep_quotes_commas_newlines_and_backslashes(app: TestApp) {
+    let account = r#"o'brien, "jr" \ é"#;
+    let device = "dev,\"1\"\\.";
+    let endpoint = "/login?a=1,\"b\"\n\\.\nnext line";
+    let events: Vec<Value> = (0..10)
+        .map(|i| {
+            let mut event = failure(&format!("odd-{i}"), account, "203.0.113.77");
+            event["device_id"] = json!(device);
+            event["endpoint"] = json!(if i % 2 == 0 { Some(endpoint) } else { None });
+            event
+        })
+        .collect();
+    let answer = app.post_auth(events).await;
+    assert_eq!(answer["accepted"], 10, "{answer}");
+    assert_eq!(answer["decisions"][0]["action"], "lockout", "{answer}");
+    let lockouts = app.lockouts("").await;
+    let lockout = lockouts
+        .iter()
+        .find(|l| l["account"] == account)
+        .expect("the lockout of the odd account");
+    let detail: Value = app
+        .get(
+            &format!("/v1/lockouts/{}", lockout["id"].as_str().unwrap()),
+            Some(ADMIN_TOKEN),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let events = detail["events"].as_array().unwrap();
+    assert_eq!(events.len(), 10, "{detail}");
+    for event in events {
+        assert_eq!(event["account"], account);
+        assert_eq!(event["device_id"], device);
+        let n: usize = event["event_id"].as_str().unwrap()[4..].parse().unwrap();
+        if n.is_multiple_of(2) {
+            assert_eq!(event["endpoint"], endpoint, "{event}");
+        } else {
+            assert!(event["endpoint"].is_null(), "{event}");
+        }
+    }
 }
