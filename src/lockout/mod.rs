@@ -642,23 +642,25 @@ impl Lockouts {
         .await
     }
 
-    async fn is_known(&self, context: &LoginContext, now: i64) -> Result<bool, Error> {
-        let mut steps = vec![self.known_step(
-            &context.account,
-            &context.ip_key.to_string(),
-            now,
-            WindowAction::Contains,
-        )];
-        if let Some(device) = &context.device {
-            steps.push(self.known_step(
-                &context.account,
-                &device.to_string(),
-                now,
-                WindowAction::Contains,
-            ));
+    /// Per context: whether its IP or device logged in successfully before (the lockout-DoS
+    /// rule). One hot-store call for all of them.
+    async fn known(&self, contexts: &[&LoginContext], now: i64) -> Result<Vec<bool>, Error> {
+        let mut steps = Vec::new();
+        let mut spans = Vec::with_capacity(contexts.len());
+        for context in contexts {
+            let start = steps.len();
+            let members = std::iter::once(context.ip_key.to_string())
+                .chain(context.device.as_ref().map(ToString::to_string));
+            for member in members {
+                steps.push(self.known_step(&context.account, &member, now, WindowAction::Contains));
+            }
+            spans.push(start..steps.len());
         }
         let found = velocity::run_sequence(&self.hot, &steps, now).await?;
-        Ok(found.iter().any(|(hit, _)| *hit > 0))
+        Ok(spans
+            .into_iter()
+            .map(|span| found[span].iter().any(|(hit, _)| *hit > 0))
+            .collect())
     }
 
     /// What the auth service must do for a login attempt in this context, from the hot store
@@ -712,15 +714,22 @@ impl Lockouts {
     ) -> Result<Vec<AccountStatus>, Error> {
         let accounts: Vec<&SubjectKey> = contexts.iter().map(|c| &c.account).collect();
         let locks = velocity::locks(&self.hot, &self.keys, &accounts, now).await?;
-        let mut out = Vec::with_capacity(contexts.len());
-        for ((context, counts), lock) in contexts.iter().zip(windows).zip(locks) {
-            let known = match &lock {
-                Some(_) => self.is_known(context, now).await?,
-                None => false,
-            };
-            out.push(self.decide_status(&counts, lock, known, now));
-        }
-        Ok(out)
+        // Known contexts matter only where a lock stands: one call for all locked ones.
+        let locked: Vec<&LoginContext> = contexts
+            .iter()
+            .zip(&locks)
+            .filter(|(_, lock)| lock.is_some())
+            .map(|(context, _)| *context)
+            .collect();
+        let mut known = self.known(&locked, now).await?.into_iter();
+        Ok(windows
+            .into_iter()
+            .zip(locks)
+            .map(|(counts, lock)| {
+                let known = lock.is_some() && known.next().unwrap_or(false);
+                self.decide_status(&counts, lock, known, now)
+            })
+            .collect())
     }
 
     /// The status from an account's window counts (account with its gap, +IP, +device), its
