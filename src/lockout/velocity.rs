@@ -29,8 +29,9 @@ pub type WindowCounts = Vec<(u32, Option<i64>)>;
 
 /// A window member's id: the first 8 bytes of SHA-256 of its text.
 ///
-/// Stable across instances and versions (two instances must agree that a retried event is the same); two members
-/// of one window share an id with probability about n²/2⁶⁵ (n ≤ 1000: below 10⁻¹³).
+/// Stable across instances and versions (two instances must agree that a retried event is
+/// the same); two members of one window share an id with probability about n²/2⁶⁵
+/// (n ≤ 1000: below 10⁻¹³).
 pub fn member_id(text: &str) -> u64 {
     let digest = Sha256::digest(text.as_bytes());
     u64::from_be_bytes(digest[..8].try_into().expect("SHA-256 has 32 bytes"))
@@ -122,14 +123,7 @@ async fn single_redis(
             .and_then(|bytes| WindowValue::unpack(bytes, now_ms))
             .unwrap_or_default();
         let counts: Counts = at.iter().map(|&i| value.step(&steps[i], now_ms)).collect();
-        let writes = at.iter().any(|&i| {
-            let step = &steps[i];
-            step.action == WindowAction::Delete
-                || (step.action == WindowAction::Record
-                    && step.member.is_some()
-                    && step.score >= now_ms - step.window_ms)
-        });
-        match (old, writes.then(|| value.packed(now_ms))) {
+        match (old, value.changed().then(|| value.packed(now_ms))) {
             // Only counted, or only deletes where there was nothing: the read answers.
             (_, None) | (None, Some(None)) => answer(&mut out, key, counts),
             (None, Some(Some((new, ttl_ms)))) => created.push((key, new, ttl_ms, counts)),

@@ -76,10 +76,15 @@ struct Window {
 
 /// The windows of one subject's value, by name.
 ///
-/// The in-process twin of one value of `lua/velocity_batch.lua`, and how the Redis backend computes a value that does not exist
-/// yet ([`WindowValue::packed`] writes it in the script's layout).
+/// The in-process twin of one value of `lua/velocity_batch.lua`, and how the Redis backend
+/// computes a value it read ([`WindowValue::unpack`]) and writes it back in the script's layout
+/// ([`WindowValue::packed`]).
 #[derive(Debug, Default)]
-pub struct WindowValue(HashMap<String, Window, foldhash::fast::RandomState>);
+pub struct WindowValue {
+    windows: HashMap<String, Window, foldhash::fast::RandomState>,
+    /// A step added an entry or deleted a window: the value must be written back.
+    changed: bool,
+}
 
 impl WindowValue {
     /// One operation, as the script does it: a window past its expiry (last addition +
@@ -88,11 +93,15 @@ impl WindowValue {
     /// gap between the two newest scores (1 or 0 for [`WindowAction::Contains`]).
     pub fn step(&mut self, step: &WindowStep, now_ms: i64) -> (u32, Option<i64>) {
         if step.action == WindowAction::Delete {
-            self.0.remove(&step.window);
+            self.changed |= self.windows.remove(&step.window).is_some();
             return (0, None);
         }
         let cutoff = now_ms - step.window_ms;
-        let window = self.0.entry(step.window.clone()).or_default();
+        // Looked up before inserting: a name is allocated only for a window not seen yet.
+        if !self.windows.contains_key(&step.window) {
+            self.windows.insert(step.window.clone(), Window::default());
+        }
+        let window = self.windows.get_mut(&step.window).expect("inserted above");
         if window.expires_ms <= now_ms {
             window.entries.clear();
         }
@@ -111,6 +120,7 @@ impl WindowValue {
                 window.entries.pop_first();
             }
             window.expires_ms = now_ms + step.window_ms;
+            self.changed = true;
         }
         let count = window.entries.len();
         let mut newest = window.entries.iter().rev().map(|(score, _)| *score);
@@ -119,6 +129,12 @@ impl WindowValue {
             _ => None,
         };
         (u32::try_from(count).unwrap_or(u32::MAX), gap)
+    }
+
+    /// True once a step added an entry or deleted a window (counting and membership checks
+    /// change nothing worth writing).
+    pub fn changed(&self) -> bool {
+        self.changed
     }
 
     /// A value read from Redis (the layout of [`WindowValue::packed`]); windows expired at
@@ -150,7 +166,7 @@ impl WindowValue {
                 window.entries.insert((double(&mut rest)?, member));
             }
             if expires_ms > now_ms {
-                value.0.insert(name, window);
+                value.windows.insert(name, window);
             }
         }
         Some(value)
@@ -162,7 +178,7 @@ impl WindowValue {
     pub fn packed(&self, now_ms: i64) -> Option<(Vec<u8>, i64)> {
         let mut out = Vec::new();
         let mut latest = now_ms;
-        for (name, window) in &self.0 {
+        for (name, window) in &self.windows {
             if window.entries.is_empty() || window.expires_ms <= now_ms {
                 continue;
             }
@@ -379,8 +395,8 @@ impl MemoryHot {
             .unwrap_or_else(PoisonError::into_inner);
         if values.len() >= MIN_SWEEP && values.len().is_power_of_two() {
             values.retain(|_, value| {
-                value.0.retain(|_, w| w.expires_ms > now_ms);
-                !value.0.is_empty()
+                value.windows.retain(|_, w| w.expires_ms > now_ms);
+                !value.windows.is_empty()
             });
         }
         match values.get_mut(step.key.as_str()) {
