@@ -1,15 +1,16 @@
 -- velocity_batch.lua: window operations, in order, on packed per-subject window values.
--- KEYS   every value the call touches (distinct). On a single Redis one call carries a whole
---        ingest batch; on a cluster the caller sends one call per key (one slot each).
+-- KEYS   every value the call touches (distinct). On a cluster every window operation runs
+--        here, one call per value (one slot each); on a single Redis the service computes the
+--        values itself (velocity.rs, single_redis) and sends here only those another instance
+--        changed between its read and its write, all in one call.
 -- ARGV   [1] now_ms, [2] P, then P profiles of two (window_ms, cap: most entries kept), then
 --        one argument per op, in the order the events happened, packed as struct
 --        '>I2 B c1 B' (key index into KEYS, profile index from 0, flags, #name), the window
 --        name, then if the op has a member 16 bytes: the member (8 bytes, the caller's hash
 --        of an event id, account, IP or device) and its score (event time, ms, as '>d').
 --        Flags: 'w' record/count, 'g' the same and also return the gap, 'c' 1 if the member
---        is in the window (nothing added), 'x' delete the window. (One argument per op, and
---        the entry ready to store: each Lua string made costs, and the op's seven values as
---        separate arguments were a fifth of the call.)
+--        is in the window (nothing added), 'x' delete the window. (One argument per op, with
+--        the entry ready to store: fewer Lua strings made per op.)
 -- Value  one Redis string per subject holds its windows (an account: its failures, and per
 --        IP / device its pair failures, one entry per failure each): per window
 --        byte #name, name, struct '>dI4' (expires_ms, n), then n entries of 16 bytes
@@ -19,8 +20,8 @@
 --        layout), so a window no longer written to still expires.
 -- Why    one key and two commands (GET, SET PX) per subject per call, where a sorted set per
 --        window took four keys and about twelve commands per failure: Redis CPU per ingested
---        event was the ingest bottleneck. Counting is a binary search (prune) and a plain
---        substring search (idempotency) on the packed string, both O(log n) Lua steps.
+--        event was the ingest bottleneck. Counting is a binary search (prune, O(log n) Lua steps)
+--        and a plain substring search (idempotency, one C call) on the packed string.
 -- Idem.  a member already in the window gets the newer score and is not counted again: a
 --        retried batch counts nothing twice.
 -- Returns per op: {count in window, ms between the two newest entries or -1} (0, -1 for 'x')
