@@ -12,7 +12,8 @@
 //!    script with the same keys and arguments, at the same concurrency;
 //!    `LOAD_ONLY=limit` runs it alone at concurrencies 1, 4, 8, 16, 50 (a latency curve; or
 //!    the comma-separated `LOAD_CONCURRENCY`); `LOAD_COALESCE=0` turns coalescing off and
-//!    `LOAD_SERVER_WORKERS=n` sets the service's tokio workers;
+//!    `LOAD_SERVER_WORKERS=n` sets the service's tokio workers (also for ingest) and
+//!    `LOAD_COALESCE_IN_FLIGHT=n` the script calls on their way before checks queue;
 //! 3. a hot blocked key with and without the L1 cache;
 //! 4. auth-event ingest vs a raw `COPY` of the same rows (`LOAD_ONLY=ingest` alone);
 //! 5. scoring (`LOAD_ONLY=scoring` alone): `GET /v1/multipliers` with L1 hits vs a static
@@ -354,6 +355,7 @@ fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
     };
     settings.limits.l1_ttl_ms = l1_ttl_ms;
     settings.limits.coalesce = std::env::var("LOAD_COALESCE").as_deref() != Ok("0");
+    settings.limits.coalesce_in_flight = env_or("LOAD_COALESCE_IN_FLIGHT", 4) as u8;
     settings.store.redis_key_prefix = format!("l1x{l1_ttl_ms}");
     let settings = settings.validate().unwrap();
     let base = runtime.block_on(async {
@@ -450,6 +452,7 @@ fn limiter_direct(
         ..Settings::default()
     };
     settings.limits.coalesce = coalesce;
+    settings.limits.coalesce_in_flight = env_or("LOAD_COALESCE_IN_FLIGHT", 4) as u8;
     settings.store.redis_key_prefix = format!("direct-{coalesce}");
     let settings = settings.validate().unwrap();
     runtime.block_on(async move {
@@ -735,7 +738,11 @@ fn auth_batch(first: u64, now: chrono::DateTime<chrono::Utc>) -> String {
 /// Ingest: `POST /v1/events/auth` (batches of 500, Postgres + Redis) vs a raw COPY of the same
 /// rows into the same table, then `GET /v1/accounts/{a}/status` latency.
 fn ingest_section(redis_port: u16, seconds: u64) {
-    let runtime = two_workers();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(env_or("LOAD_SERVER_WORKERS", 2).max(1) as usize)
+        .enable_all()
+        .build()
+        .unwrap();
     let database = runtime.block_on(BenchDatabase::create());
     let mut settings = Settings {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),

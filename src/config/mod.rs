@@ -545,6 +545,13 @@ mod tests {
             jail.set_env("PALISADE_HTTP__BODY_LIMIT_BYTES", "0");
             let err = load_in_jail(jail, None).expect_err("zero body limit");
             assert!(err.to_string().contains("BODY_LIMIT_BYTES"), "{err}");
+            jail.set_env("PALISADE_HTTP__BODY_LIMIT_BYTES", "65536");
+            jail.set_env("PALISADE_LIMITS__COALESCE_IN_FLIGHT", "0");
+            let err = load_in_jail(jail, None).expect_err("no call may go to Redis");
+            assert!(err.to_string().contains("COALESCE_IN_FLIGHT"), "{err}");
+            jail.set_env("PALISADE_LIMITS__COALESCE_IN_FLIGHT", "2");
+            let settings = load_in_jail(jail, None).expect("loads");
+            assert_eq!(settings.limits.coalesce_in_flight, 2);
             Ok(())
         });
     }

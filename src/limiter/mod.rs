@@ -195,7 +195,10 @@ impl Limiter {
             hot,
             clock,
             l1: l1::L1::new(Duration::from_millis(settings.l1_ttl_ms)),
-            coalescer: redis_backend::Coalescer::new(settings.coalesce),
+            coalescer: redis_backend::Coalescer::new(
+                settings.coalesce,
+                settings.coalesce_in_flight.into(),
+            ),
             defaults: std::sync::OnceLock::new(),
         }
     }
