@@ -2,13 +2,15 @@
 //! the lockout signals; request-telemetry batches ([`requests`]) stored, then fed to scoring.
 //!
 //! A 2xx means every event of the batch is durably stored (the SQL insert commits before the
-//! signals run). Velocity windows count event ids, so a retried batch counts nothing twice
-//! even if a previous attempt failed half-way through the signals.
+//! answer, and before any failure's consequences run: a lockout lists its events from the
+//! store). The velocity windows are updated while the insert runs; they count event ids, so a
+//! retried batch counts nothing twice even if a previous attempt failed half-way (its store
+//! or its signals).
 
 pub mod requests;
 mod store;
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -271,41 +273,50 @@ impl Ingest {
             metrics::histogram!(names::INGEST_LAG_SECONDS, "source" => "auth")
                 .record((now - event.ts_ms).max(0) as f64 / 1000.0);
         }
-        let accepted = store::insert_auth(&self.durable, &events, now).await?;
-        let duplicates = events.len() as u64 - accepted;
         // Accounts in first-seen order, each with its events in time order.
-        let mut groups: Vec<Vec<AuthEvent>> = Vec::new();
-        let mut index: BTreeMap<String, usize> = BTreeMap::new();
-        for event in events {
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut index: HashMap<&str, usize> = HashMap::with_capacity(events.len());
+        for (i, event) in events.iter().enumerate() {
             let slot = *index
-                .entry(event.context.account_name.clone())
+                .entry(event.context.account_name.as_str())
                 .or_insert_with(|| {
                     groups.push(Vec::new());
                     groups.len() - 1
                 });
-            groups[slot].push(event);
+            groups[slot].push(i);
         }
         for group in &mut groups {
-            group.sort_by_key(|e| e.ts_ms);
+            group.sort_by_key(|&i| events[i].ts_ms);
         }
         // Every event in one sequence, account by account (each in time order): one
-        // hot-store call records the whole batch, then each failure's consequences follow;
-        // each account's status is taken at its latest event.
+        // hot-store call records the whole batch while the batch is stored, then each
+        // failure's consequences follow (a lockout lists its events from the store); each
+        // account's status is taken at its latest event. The windows count by event id,
+        // so when the store fails and the client retries, nothing is counted twice.
         let mut latest = Vec::with_capacity(groups.len());
-        let mut ordered: Vec<LoginEvent<'_>> = Vec::new();
+        let mut ordered: Vec<LoginEvent<'_>> = Vec::with_capacity(events.len());
         for group in &groups {
-            ordered.extend(group.iter().map(|event| LoginEvent {
-                context: &event.context,
-                event_id: &event.event_id,
-                ts_ms: event.ts_ms,
-                failure: event.kind == AuthKind::LoginFailure,
+            ordered.extend(group.iter().map(|&i| {
+                let event = &events[i];
+                LoginEvent {
+                    context: &event.context,
+                    event_id: &event.event_id,
+                    ts_ms: event.ts_ms,
+                    failure: event.kind == AuthKind::LoginFailure,
+                }
             }));
             latest.push(ordered.len() - 1);
         }
-        let statuses = self.lockouts.record_and_decide(&ordered, &latest).await?;
+        let (accepted, recorded) = tokio::join!(
+            store::insert_auth(&self.durable, &events, now),
+            self.lockouts.record_windows(&ordered, &latest),
+        );
+        let accepted = accepted?;
+        let duplicates = events.len() as u64 - accepted;
+        let statuses = self.lockouts.decide(&ordered, &latest, recorded?).await?;
         let decisions = groups
             .iter()
-            .map(|group| group[0].context.account_name.clone())
+            .map(|group| events[group[0]].context.account_name.clone())
             .zip(statuses)
             .collect();
         Ok(Outcome {

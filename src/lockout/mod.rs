@@ -13,6 +13,7 @@ pub mod policy;
 mod store;
 pub mod velocity;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,6 +134,16 @@ pub struct LoginContext {
     pub device: Option<SubjectKey>,
 }
 
+/// A batch's window counts and lock markers from [`Lockouts::record_windows`], for
+/// [`Lockouts::decide`].
+#[derive(Debug)]
+pub struct Recorded {
+    counts: WindowCounts,
+    spans: Vec<std::ops::Range<usize>>,
+    locks: Vec<Option<(String, i64)>>,
+    now: i64,
+}
+
 /// One login event to record ([`Lockouts::record_events`]).
 #[derive(Debug, Clone, Copy)]
 pub struct LoginEvent<'a> {
@@ -246,22 +257,80 @@ impl Lockouts {
     /// hot-store call (one script on a single Redis), then each failure's consequences
     /// (challenge factor, spraying, lockout) in order, exactly as if recorded one by one.
     pub async fn record_events(&self, events: &[LoginEvent<'_>]) -> Result<(), Error> {
-        self.record(events, &[]).await.map(|_| ())
+        self.record(events).await
     }
 
-    /// [`Lockouts::record_events`], then the status of each event named in `latest`
-    /// (indexes into `events`: an ingest batch's latest event per account), as
-    /// [`Lockouts::statuses`] would answer it right after.
-    ///
-    /// A failure's own window counts are its account's status windows (the recording
-    /// returns them), so only the accounts whose latest event is a success are counted
-    /// again; the lock markers are one pipeline.
-    pub async fn record_and_decide(
+    /// The first half of [`Lockouts::record_events`] with statuses: every window operation
+    /// of `events` (one hot-store call) and, at the same time, the lock markers of the
+    /// accounts of the events named in `latest` (indexes into `events`: an ingest batch's
+    /// latest event per account). Nothing is decided yet: the caller may store the events
+    /// meanwhile (the windows count by event id, so a batch retried after a failed store
+    /// counts nothing twice) and then calls [`Lockouts::decide`].
+    pub async fn record_windows(
         &self,
         events: &[LoginEvent<'_>],
         latest: &[usize],
+    ) -> Result<Recorded, Error> {
+        let now = self.clock.now_ms();
+        let (steps, spans) = self.event_steps(events, latest);
+        let accounts: Vec<&SubjectKey> =
+            latest.iter().map(|&i| &events[i].context.account).collect();
+        let (counts, locks) = tokio::try_join!(
+            velocity::run_sequence(&self.hot, &steps, now),
+            velocity::locks(&self.hot, &self.keys, &accounts, now),
+        )?;
+        Ok(Recorded {
+            counts,
+            spans,
+            locks,
+            now,
+        })
+    }
+
+    /// The second half: each failure's consequences (challenge factor, spraying, lockout)
+    /// in order, exactly as if recorded one by one, then the status of each event named in
+    /// `latest`, as [`Lockouts::statuses`] would answer it right after. Lockouts need the
+    /// events stored (a lockout lists them from the durable store).
+    ///
+    /// A failure's own window counts are its account's status windows (the recording
+    /// returns them), so only the accounts whose latest event is a success are counted
+    /// again; lock markers read with the windows are read again only for the accounts this
+    /// batch's failures locked.
+    pub async fn decide(
+        &self,
+        events: &[LoginEvent<'_>],
+        latest: &[usize],
+        recorded: Recorded,
     ) -> Result<Vec<AccountStatus>, Error> {
-        let (counts, spans, now) = self.record(events, latest).await?;
+        let Recorded {
+            counts,
+            spans,
+            mut locks,
+            now,
+        } = recorded;
+        let mut locking: HashSet<&SubjectKey> = HashSet::new();
+        for (event, span) in events.iter().zip(&spans) {
+            if event.failure
+                && self
+                    .after_failure(event.context, &counts[span.clone()], now)
+                    .await?
+            {
+                locking.insert(&event.context.account);
+            }
+        }
+        let relock: Vec<usize> = (0..latest.len())
+            .filter(|&k| locking.contains(&events[latest[k]].context.account))
+            .collect();
+        if !relock.is_empty() {
+            let accounts: Vec<&SubjectKey> = relock
+                .iter()
+                .map(|&k| &events[latest[k]].context.account)
+                .collect();
+            let fresh = velocity::locks(&self.hot, &self.keys, &accounts, now).await?;
+            for (k, lock) in relock.into_iter().zip(fresh) {
+                locks[k] = lock;
+            }
+        }
         let mut windows: Vec<Option<WindowCounts>> = latest
             .iter()
             .map(|&i| {
@@ -288,18 +357,16 @@ impl Lockouts {
         }
         let contexts: Vec<&LoginContext> = latest.iter().map(|&i| events[i].context).collect();
         let windows = windows.into_iter().map(Option::unwrap_or_default).collect();
-        self.finish_statuses(&contexts, windows, now).await
+        self.finish_statuses(&contexts, windows, locks, now).await
     }
 
-    /// Runs the events' window operations (one hot-store call) and their consequences;
-    /// the account window of each event in `gaps` also reports its gap. Returns every
-    /// step's count, each event's span of steps and the time used.
-    async fn record(
+    /// The window operations of `events` in order, and each event's span of them; the
+    /// account window of each failure named in `gaps` also reports its gap.
+    fn event_steps(
         &self,
         events: &[LoginEvent<'_>],
         gaps: &[usize],
-    ) -> Result<(WindowCounts, Vec<std::ops::Range<usize>>, i64), Error> {
-        let now = self.clock.now_ms();
+    ) -> (Vec<Step>, Vec<std::ops::Range<usize>>) {
         let mut steps = Vec::new();
         let mut spans = Vec::with_capacity(events.len());
         for event in events {
@@ -316,6 +383,13 @@ impl Lockouts {
                 steps[spans[i].start].gap = true;
             }
         }
+        (steps, spans)
+    }
+
+    /// Runs the events' window operations (one hot-store call) and their consequences.
+    async fn record(&self, events: &[LoginEvent<'_>]) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        let (steps, spans) = self.event_steps(events, &[]);
         let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
         for (event, span) in events.iter().zip(&spans) {
             if event.failure {
@@ -323,7 +397,7 @@ impl Lockouts {
                     .await?;
             }
         }
-        Ok((counts, spans, now))
+        Ok(())
     }
 
     /// A failure-window step (count only without `member`).
@@ -405,12 +479,14 @@ impl Lockouts {
     }
 
     /// What a recorded failure leads to, from its windows' counts (in `failure_steps` order).
+    /// True when its account's failures asked for a lockout (whether this call or another
+    /// instance stored it).
     async fn after_failure(
         &self,
         context: &LoginContext,
         counts: &[(u32, Option<i64>)],
         now: i64,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let window = self.window_ms();
         let count = |i: usize| counts.get(i).map_or(0, |c| c.0);
         let account_failures = count(0);
@@ -474,8 +550,9 @@ impl Lockouts {
         };
         if policy::decide(counts, &self.settings).0 == Action::Lockout {
             self.lock(context, account_failures, now).await?;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// A source failing on many accounts: multiplier 0 on `auth` for `spray_block_s`, and one
@@ -675,8 +752,11 @@ impl Lockouts {
     pub async fn statuses(&self, contexts: &[LoginContext]) -> Result<Vec<AccountStatus>, Error> {
         let now = self.clock.now_ms();
         let contexts: Vec<&LoginContext> = contexts.iter().collect();
-        let windows = self.count_windows(&contexts, now).await?;
-        self.finish_statuses(&contexts, windows, now).await
+        let accounts: Vec<&SubjectKey> = contexts.iter().map(|c| &c.account).collect();
+        let (windows, locks) = tokio::try_join!(self.count_windows(&contexts, now), async {
+            Ok::<_, Error>(velocity::locks(&self.hot, &self.keys, &accounts, now).await?)
+        },)?;
+        self.finish_statuses(&contexts, windows, locks, now).await
     }
 
     /// Each context's status windows (account with its gap, +IP, +device), counted in one
@@ -705,15 +785,14 @@ impl Lockouts {
             .collect())
     }
 
-    /// Statuses from each context's window counts and its lock marker (one pipeline).
+    /// Statuses from each context's window counts and its lock marker.
     async fn finish_statuses(
         &self,
         contexts: &[&LoginContext],
         windows: Vec<WindowCounts>,
+        locks: Vec<Option<(String, i64)>>,
         now: i64,
     ) -> Result<Vec<AccountStatus>, Error> {
-        let accounts: Vec<&SubjectKey> = contexts.iter().map(|c| &c.account).collect();
-        let locks = velocity::locks(&self.hot, &self.keys, &accounts, now).await?;
         // Known contexts matter only where a lock stands: one call for all locked ones.
         let locked: Vec<&LoginContext> = contexts
             .iter()
