@@ -43,10 +43,14 @@ local function decode(value)
   local pos, len = 1, #value
   while pos <= len do
     local n = byte(value, pos)
+    local start = pos + n + 13
+    -- A value not in the layout (not written by this version) reads as empty, as the
+    -- service reads it, and is replaced if the call writes.
+    if start - 1 > len then return {} end
     local name = sub(value, pos + 1, pos + n)
     local expires, count = unpack('>dI4', value, pos + 1 + n)
-    local start = pos + n + 13
     pos = start + count * E
+    if pos - 1 > len then return {} end
     if expires > now then
       windows[name] = { expires = expires, data = sub(value, start, pos - 1) }
     end

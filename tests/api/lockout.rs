@@ -875,8 +875,82 @@ async fn concurrent_window_writers_lose_no_entry() {
     velocity::clear(&app.app.stores.hot, &[key]).await.unwrap();
 }
 
-/// Events are stored exactly as sent, whatever their text holds (Postgres takes new batches by
-/// `COPY` in CSV): a lockout's events read back the account, device and endpoint unchanged.
+/// A window value not in the packed layout (a foreign writer, a corrupted value) reads as
+/// empty on every path, the script included (on a cluster every window runs through it), and
+/// is replaced by the next write: an answer, not a 5xx.
+#[tokio::test]
+async fn a_value_not_in_the_window_layout_reads_as_empty() {
+    use palisade::lockout::velocity::{self, Step, WindowAction};
+    use palisade::model::SubjectKey;
+    use palisade::store::{Hot, RedisHot};
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
+        return;
+    };
+    let on_cluster = RedisHot::connect(&cluster.url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let now = app.app.clock.now_ms();
+    for (n, hot) in [&app.app.stores.hot, &Hot::Redis(on_cluster.clone())]
+        .into_iter()
+        .enumerate()
+    {
+        let Hot::Redis(redis) = hot else {
+            panic!("Redis");
+        };
+        // A window header cut short, and a header announcing 9 entries that are not there.
+        let garbled = [
+            [&[1u8, b'f'][..], &[0x42; 5]].concat(),
+            [&[1u8, b'f'][..], &[0x42; 8], &[0, 0, 0, 9], b"short"].concat(),
+        ];
+        for (g, garbage) in garbled.into_iter().enumerate() {
+            let key = app
+                .app
+                .stores
+                .keys
+                .windows(&SubjectKey::user(&format!("garbled-{n}-{g}"), 64).unwrap());
+            let _: redis::Value = redis
+                .query(redis::cmd("SET").arg(&key).arg(garbage))
+                .await
+                .unwrap();
+            let step = Step {
+                key: key.clone(),
+                window: "f".to_owned(),
+                member: Some(7),
+                score: now - 1000,
+                window_ms: 600_000,
+                cap: 1000,
+                gap: false,
+                action: WindowAction::Record,
+            };
+            let counted = velocity::run_sequence(hot, std::slice::from_ref(&step), now)
+                .await
+                .unwrap_or_else(|e| panic!("backend {n}, value {g}: {e}"));
+            assert_eq!(
+                counted[0].0, 1,
+                "backend {n}, value {g}: the garbage counts nothing"
+            );
+            let more = [8, 9, 10].map(|m| Step {
+                member: Some(m),
+                ..step.clone()
+            });
+            let again = velocity::run_sequence(hot, &more, now).await.unwrap();
+            let counts: Vec<u32> = again.iter().map(|c| c.0).collect();
+            assert_eq!(
+                counts,
+                [2, 3, 4],
+                "backend {n}, value {g}: the value was replaced"
+            );
+            velocity::clear(hot, &[key]).await.unwrap();
+        }
+    }
+}
+
+/// Events are stored exactly as sent, whatever their text holds (written for a `COPY … CSV`
+/// insert, kept for the one used): a lockout's events read back the account, device and
+/// endpoint unchanged.
 async fn stored_events_keep_quotes_commas_newlines_and_backslashes(app: TestApp) {
     let account = r#"o'brien, "jr" \ é"#;
     let device = "dev,\"1\"\\.";
