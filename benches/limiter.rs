@@ -124,3 +124,42 @@ pub fn full_check(c: &mut Criterion) {
     });
     group.finish();
 }
+
+/// The client side of one 4-scope `token_bucket.lua` reply: redis-rs parsing 29 integer
+/// replies (the script's earlier format) against one bulk string of 29 little-endian i64s
+/// (its format now) and their decoding. Same values in both.
+pub fn reply_decoding(c: &mut Criterion) {
+    let mut group = c.benchmark_group("token_bucket_reply_4_scopes");
+    group.throughput(Throughput::Elements(1));
+    let mut values = vec![1i64];
+    for _ in 0..4 {
+        values.extend([1, 600, 599, 1000, 0, 1_000_000, -2]);
+    }
+    let mut integers = format!("*{}\r\n", values.len()).into_bytes();
+    for v in &values {
+        integers.extend(format!(":{v}\r\n").bytes());
+    }
+    let packed: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut bulk = format!("${}\r\n", packed.len()).into_bytes();
+    bulk.extend(&packed);
+    bulk.extend(b"\r\n");
+    group.bench_function("integer_replies", |b| {
+        b.iter(|| {
+            let value = redis::parse_redis_value(black_box(&integers)).unwrap();
+            let ints: Vec<i64> = redis::from_redis_value(value).unwrap();
+            black_box(ints)
+        });
+    });
+    group.bench_function("packed_bulk_string", |b| {
+        b.iter(|| {
+            let value = redis::parse_redis_value(black_box(&bulk)).unwrap();
+            let bytes: Vec<u8> = redis::from_redis_value(value).unwrap();
+            let ints: Vec<i64> = bytes
+                .chunks_exact(8)
+                .map(|v| i64::from_le_bytes(v.try_into().unwrap()))
+                .collect();
+            black_box(ints)
+        });
+    });
+    group.finish();
+}

@@ -15,6 +15,7 @@ criterion_group!(
     benches,
     limiter::in_process_vs_governor,
     limiter::full_check,
+    limiter::reply_decoding,
     reputation::lookups,
     reputation::asn_lookups,
     attestation::play_integrity,

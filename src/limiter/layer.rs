@@ -49,39 +49,41 @@ pub fn reset_unix_s(decision: &Decision) -> i64 {
 /// `X-RateLimit-Limit/Remaining/Reset` of the deciding scope, the IETF `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers, every
 /// scope in one header; a policy's quota `q` is what this client gets, its multiplier applied), `Retry-After` when denied, and the degraded/shadow markers.
 pub fn headers(decision: &Decision) -> HeaderMap {
-    let mut headers = HeaderMap::new();
+    use std::fmt::Write;
+    // Names parsed once; numbers and the two lists written straight into their values (this
+    // runs for every check).
+    const LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+    const REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+    const RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+    const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+    const STATE: HeaderName = HeaderName::from_static("ratelimit");
+    let mut headers = HeaderMap::with_capacity(8);
     if let Some(scope) = decision.deciding_scope() {
-        headers.insert("x-ratelimit-limit", value(&scope.limit.to_string()));
-        headers.insert("x-ratelimit-remaining", value(&scope.remaining.to_string()));
-        headers.insert(
-            "x-ratelimit-reset",
-            value(&reset_unix_s(decision).to_string()),
-        );
+        headers.insert(LIMIT, HeaderValue::from(scope.limit));
+        headers.insert(REMAINING, HeaderValue::from(scope.remaining));
+        headers.insert(RESET, HeaderValue::from(reset_unix_s(decision)));
     }
     if !decision.scopes.is_empty() {
-        let policy: Vec<String> = decision
-            .scopes
-            .iter()
+        let mut policy = String::with_capacity(48 * decision.scopes.len());
+        let mut state = String::with_capacity(40 * decision.scopes.len());
+        for (i, s) in decision.scopes.iter().enumerate() {
+            if i > 0 {
+                policy.push_str(", ");
+                state.push_str(", ");
+            }
             // The quota this client gets: the configured limit times its multiplier.
-            .map(|s| {
-                let quota = (f64::from(s.policy.0) * s.multiplier + 1e-9).floor() as u64;
-                format!("\"{}\";q={quota};w={}", s.budget, s.policy.1)
-            })
-            .collect();
-        let state: Vec<String> = decision
-            .scopes
-            .iter()
-            .map(|s| {
-                format!(
-                    "\"{}\";r={};t={}",
-                    s.budget,
-                    s.remaining,
-                    s.reset_ms.div_ceil(1000)
-                )
-            })
-            .collect();
-        headers.insert("ratelimit-policy", value(&policy.join(", ")));
-        headers.insert("ratelimit", value(&state.join(", ")));
+            let quota = (f64::from(s.policy.0) * s.multiplier + 1e-9).floor() as u64;
+            let _ = write!(policy, "\"{}\";q={quota};w={}", s.budget, s.policy.1);
+            let _ = write!(
+                state,
+                "\"{}\";r={};t={}",
+                s.budget,
+                s.remaining,
+                s.reset_ms.div_ceil(1000)
+            );
+        }
+        headers.insert(POLICY, value(&policy));
+        headers.insert(STATE, value(&state));
     }
     if !decision.allowed {
         headers.insert(

@@ -13,7 +13,6 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use redis::Value;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{LimitRequest, RawOutcome, Scope};
@@ -22,6 +21,8 @@ use crate::store::{Error, RedisHot};
 use crate::telemetry::metrics as names;
 
 const VALUES_PER_SCOPE: usize = 7;
+/// Bytes per value of the script's reply (little-endian i64).
+const VALUE_BYTES: usize = 8;
 
 /// Most checks in one call.
 const MAX_BATCH: usize = 64;
@@ -111,7 +112,7 @@ async fn run_jobs(redis: &RedisHot, jobs: Vec<Job>) {
     for job in &jobs {
         write_args(&mut cmd, &job.scopes, job.cost, job.consume);
     }
-    match redis.run_script::<Vec<Value>>(&TOKEN_BUCKET, &cmd).await {
+    match redis.run_script::<Vec<u8>>(&TOKEN_BUCKET, &cmd).await {
         Err(error) => {
             let error = Arc::new(error);
             for job in jobs {
@@ -119,11 +120,12 @@ async fn run_jobs(redis: &RedisHot, jobs: Vec<Job>) {
                 let _ = job.reply.send(Err(error.clone()));
             }
         }
-        Ok(values) => {
-            let mut rest = &values[..];
+        Ok(reply) => {
+            let mut rest = &reply[..];
             for job in jobs {
-                let (mine, tail) =
-                    rest.split_at((1 + job.scopes.len() * VALUES_PER_SCOPE).min(rest.len()));
+                let (mine, tail) = rest.split_at(
+                    ((1 + job.scopes.len() * VALUES_PER_SCOPE) * VALUE_BYTES).min(rest.len()),
+                );
                 rest = tail;
                 let _ = job
                     .reply
@@ -233,15 +235,8 @@ async fn run(
     write_keys(&mut cmd, scopes);
     cmd.arg(1);
     write_args(&mut cmd, scopes, cost, consume);
-    let reply: Vec<Value> = redis.run_script(&TOKEN_BUCKET, &cmd).await?;
+    let reply: Vec<u8> = redis.run_script(&TOKEN_BUCKET, &cmd).await?;
     parse(&reply, scopes.len())
-}
-
-fn int(value: &Value) -> Result<i64, Error> {
-    match value {
-        Value::Int(i) => Ok(*i),
-        other => Err(bad_reply(format!("expected an integer, got {other:?}"))),
-    }
 }
 
 fn bad_reply(message: String) -> Error {
@@ -256,29 +251,30 @@ fn non_negative(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
-fn parse(reply: &[Value], scopes: usize) -> Result<(bool, Vec<RawOutcome>), Error> {
-    if reply.len() != 1 + scopes * VALUES_PER_SCOPE {
+/// One request's part of the script's reply: `1 + 7 × scopes` little-endian i64 values.
+fn parse(reply: &[u8], scopes: usize) -> Result<(bool, Vec<RawOutcome>), Error> {
+    if reply.len() != (1 + scopes * VALUES_PER_SCOPE) * VALUE_BYTES {
         return Err(bad_reply(format!(
-            "{} values for {scopes} scopes",
+            "{} bytes for {scopes} scopes",
             reply.len()
         )));
     }
-    let admitted = int(&reply[0])? == 1;
-    let outcomes = reply[1..]
-        .chunks(VALUES_PER_SCOPE)
-        .map(|v| {
-            let retry = int(&v[4])?;
-            let pttl = int(&v[6])?;
-            Ok(RawOutcome {
-                allowed: int(&v[0])? == 1,
-                limit: non_negative(int(&v[1])?),
-                remaining: non_negative(int(&v[2])?),
-                reset_ms: non_negative(int(&v[3])?),
-                retry_after_ms: (retry >= 0).then(|| non_negative(retry)),
-                multiplier: int(&v[5])? as f64 / 1e6,
-                multiplier_ttl_ms: (pttl > 0).then(|| non_negative(pttl)),
-            })
+    let values: Vec<i64> = reply
+        .chunks_exact(VALUE_BYTES)
+        .map(|v| i64::from_le_bytes(v.try_into().expect("chunks of 8 bytes")))
+        .collect();
+    let admitted = values[0] == 1;
+    let outcomes = values[1..]
+        .chunks_exact(VALUES_PER_SCOPE)
+        .map(|v| RawOutcome {
+            allowed: v[0] == 1,
+            limit: non_negative(v[1]),
+            remaining: non_negative(v[2]),
+            reset_ms: non_negative(v[3]),
+            retry_after_ms: (v[4] >= 0).then(|| non_negative(v[4])),
+            multiplier: v[5] as f64 / 1e6,
+            multiplier_ttl_ms: (v[6] > 0).then(|| non_negative(v[6])),
         })
-        .collect::<Result<Vec<_>, Error>>()?;
+        .collect();
     Ok((admitted, outcomes))
 }

@@ -442,7 +442,12 @@ async fn one_script_call_with_several_requests_runs_them_in_order() {
         invocation.arg(1).arg(consume).arg(1);
         invocation.arg(2).arg(1).arg(1).arg(1);
     }
-    let reply: Vec<i64> = invocation.invoke_async(&mut conn).await.unwrap();
+    let packed: Vec<u8> = invocation.invoke_async(&mut conn).await.unwrap();
+    // Little-endian 8-byte integers.
+    let reply: Vec<i64> = packed
+        .chunks_exact(8)
+        .map(|v| i64::from_le_bytes(v.try_into().unwrap()))
+        .collect();
     // Per request: admitted, then allowed, limit, remaining, reset_ms, retry_ms, multiplier,
     // multiplier TTL.
     let requests: Vec<&[i64]> = reply.chunks(8).collect();
