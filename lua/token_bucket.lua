@@ -22,8 +22,9 @@
 --        truncate a fractional Lua number, as an integer reply would.
 -- Time   redis.call('TIME') only, once per call; the caller's clock is never used.
 -- Model  src/limiter/bucket.rs `evaluate` is the same computation; keep them in step.
--- Speed  globals are bound to locals and replies are integers: on this project's 2-core
---        machine that took the 4-scope call from 83 to about 55 µs of Redis CPU
+-- Speed  globals are bound to locals and numbers are answered as integers (not formatted
+--        text): on this project's 2-core machine that took the 4-scope call from 83 to about
+--        55 µs of Redis CPU
 --        (docs/benchmarks.md); TIME + MGET + 4 PSETEX alone cost about 41 µs there. A
 --        coalesced call shares TIME, one MGET and one PSETEX per distinct bucket.
 
