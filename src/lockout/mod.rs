@@ -289,8 +289,9 @@ impl Lockouts {
 
     /// The second half: each failure's consequences (challenge factor, spraying, lockout)
     /// in order, exactly as if recorded one by one, then the status of each event named in
-    /// `latest`, as [`Lockouts::statuses`] would answer it right after. Lockouts need the
-    /// events stored (a lockout lists them from the durable store).
+    /// `latest`, as [`Lockouts::statuses`] would answer it right after. Takes the same
+    /// `events` and `latest` as the [`Lockouts::record_windows`] call that made `recorded`.
+    /// Lockouts need the events stored (a lockout lists them from the durable store).
     ///
     /// A failure's own window counts are its account's status windows (the recording
     /// returns them), so only the accounts whose latest event is a success are counted
