@@ -97,8 +97,14 @@ impl WindowValue {
             return (0, None);
         }
         let cutoff = now_ms - step.window_ms;
-        // Looked up before inserting: a name is allocated only for a window not seen yet.
+        let adds =
+            step.action == WindowAction::Record && step.member.is_some() && step.score >= cutoff;
+        // Looked up before inserting: a name is allocated only for a window that gets an
+        // entry (counting an absent window leaves no empty one behind).
         if !self.windows.contains_key(&step.window) {
+            if !adds {
+                return (0, None);
+            }
             self.windows.insert(step.window.clone(), Window::default());
         }
         let window = self.windows.get_mut(&step.window).expect("inserted above");
@@ -113,7 +119,7 @@ impl WindowValue {
             return (u32::from(found), None);
         }
         // An entry older than the window would not count: not added (as in Redis).
-        if let Some(member) = step.member.filter(|_| step.score >= cutoff) {
+        if let Some(member) = step.member.filter(|_| adds) {
             window.entries.retain(|(_, id)| *id != member);
             window.entries.insert((step.score, member));
             while window.entries.len() > step.cap {
@@ -401,7 +407,9 @@ impl MemoryHot {
         }
         match values.get_mut(step.key.as_str()) {
             Some(value) => value.step(step, now_ms),
-            None if step.action == WindowAction::Delete => (0, None),
+            // Only a step that adds creates a value: counting an unknown subject (a status
+            // query for any account name) leaves nothing behind.
+            None if step.action != WindowAction::Record || step.member.is_none() => (0, None),
             None => values
                 .entry(step.key.as_str().into())
                 .or_default()
@@ -536,5 +544,61 @@ impl MemoryHot {
             Some(at) => Some((value, Some(at - now_us))),
             None => Some((value, None)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(key: &str, action: WindowAction, member: Option<u64>) -> WindowStep {
+        WindowStep {
+            key: key.to_owned(),
+            window: "f".to_owned(),
+            member,
+            score: 1_000_000,
+            window_ms: 600_000,
+            cap: 1000,
+            gap: true,
+            action,
+        }
+    }
+
+    /// A status query counts the windows of whatever account it names: counting, membership
+    /// checks and deletes of unknown subjects must not leave values (or windows) behind.
+    #[test]
+    fn only_an_addition_creates_a_value_or_a_window() {
+        let memory = MemoryHot::new();
+        let now = 1_000_000;
+        for i in 0..100 {
+            let key = format!("unknown-{i}");
+            assert_eq!(
+                memory.window_step(&step(&key, WindowAction::Record, None), now),
+                (0, None)
+            );
+            assert_eq!(
+                memory.window_step(&step(&key, WindowAction::Contains, Some(7)), now),
+                (0, None)
+            );
+            assert_eq!(
+                memory.window_step(&step(&key, WindowAction::Delete, None), now),
+                (0, None)
+            );
+        }
+        let values = |m: &MemoryHot| m.inner.windows.lock().unwrap().len();
+        assert_eq!(values(&memory), 0);
+        assert_eq!(
+            memory.window_step(&step("known", WindowAction::Record, Some(7)), now),
+            (1, None)
+        );
+        assert_eq!(values(&memory), 1);
+        // Counting another window of an existing value adds no empty window to it.
+        let other = WindowStep {
+            window: "a".to_owned(),
+            ..step("known", WindowAction::Record, None)
+        };
+        assert_eq!(memory.window_step(&other, now), (0, None));
+        let windows = memory.inner.windows.lock().unwrap()["known"].windows.len();
+        assert_eq!(windows, 1);
     }
 }
