@@ -24,6 +24,11 @@
 --        and a plain substring search (idempotency, one C call) on the packed string.
 -- Idem.  a member already in the window gets the newer score and is not counted again: a
 --        retried batch counts nothing twice.
+-- Bound  a value holds at most MAX_KIND live windows of one kind (the first byte of their
+--        names; an account has a pair window per IP it failed from): before a new window,
+--        windows of its kind with no entry in range are dropped and, if MAX_KIND remain, the
+--        one added to least recently (smallest expiry, then smallest name, bytewise) goes.
+--        The service does the same (MAX_WINDOWS_PER_KIND in src/store/memory.rs).
 -- Returns per op: {count in window, ms between the two newest entries or -1} (0, -1 for 'x')
 -- Time   windows end at the caller's now_ms, the auth service's clock (not a token bucket).
 local call = redis.call
@@ -32,6 +37,7 @@ local sub, find, byte, char = string.sub, string.find, string.byte, string.char
 local floor = math.floor
 local now = tonumber(ARGV[1])
 local E = 16 -- bytes per entry
+local MAX_KIND = 128
 
 -- KEYS index -> { name -> {expires, data} } once read; dirty[index] when it must be written.
 local values = {}
@@ -82,6 +88,36 @@ local function locate(data, member)
     if p == nil or (p - 1) % E == 0 then return p end
     from = p + 1
   end
+end
+
+-- a < b bytewise (as the service orders names; `<` on strings follows the locale).
+local function before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = byte(a, i), byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- Before a new window `name`: see "Bound" above.
+local function make_room(windows, name, cutoff)
+  local kind = byte(name, 1)
+  local live, victim, victim_expires = 0, nil, nil
+  for other, w in pairs(windows) do
+    if byte(other, 1) == kind then
+      local n = #w.data / E
+      if w.expires <= now or n == 0 or score(w.data, n - 1) < cutoff then
+        windows[other] = nil
+      else
+        live = live + 1
+        if victim == nil or w.expires < victim_expires
+            or (w.expires == victim_expires and before(other, victim)) then
+          victim, victim_expires = other, w.expires
+        end
+      end
+    end
+  end
+  if live >= MAX_KIND then windows[victim] = nil end
 end
 
 local profiles = {}
@@ -135,6 +171,7 @@ for j = 3 + 2 * P, #ARGV do
         local cap = profiles[profile][2]
         if #data > cap * E then data = sub(data, #data - cap * E + 1) end
         if w == nil then
+          make_room(windows, name, cutoff)
           w = {}
           windows[name] = w
         end

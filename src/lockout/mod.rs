@@ -415,6 +415,20 @@ impl Lockouts {
         }
     }
 
+    /// Entries kept in a pair (account+IP, account+device) window: its count only matters
+    /// up to the thresholds, and an account attacked from many IPs has one such window per
+    /// IP (at most [`crate::store::MAX_WINDOWS_PER_KIND`] of each kind), so its value stays
+    /// small. The account's own window keeps [`velocity::WINDOW_CAP`].
+    fn pair_cap(&self) -> usize {
+        let threshold = self
+            .settings
+            .lockout_after
+            .max(self.settings.challenge_after);
+        usize::try_from(threshold)
+            .unwrap_or(velocity::WINDOW_CAP)
+            .min(velocity::WINDOW_CAP)
+    }
+
     fn known_ms(&self) -> i64 {
         i64::try_from(self.settings.known_for_days.saturating_mul(86_400_000)).unwrap_or(i64::MAX)
     }
@@ -444,8 +458,12 @@ impl Lockouts {
     fn failure_steps(&self, event: &LoginEvent<'_>, steps: &mut Vec<Step>) {
         let id = velocity::member_id(event.event_id);
         let ts = event.ts_ms;
-        for window in self.context_windows(event.context) {
-            steps.push(self.step(window, Some(id), ts));
+        for (i, window) in self.context_windows(event.context).into_iter().enumerate() {
+            let mut step = self.step(window, Some(id), ts);
+            if i > 0 {
+                step.cap = self.pair_cap();
+            }
+            steps.push(step);
         }
         let account = Some(velocity::member_id(event.context.account.as_str()));
         let ip = self.keys.windows(&event.context.ip_key);

@@ -74,6 +74,13 @@ struct Window {
     expires_ms: i64,
 }
 
+/// Most live windows of one kind (the first byte of their names) in one window value.
+///
+/// The same bound as `MAX_KIND` in `lua/velocity_batch.lua`. An account failing from many IPs
+/// has a pair window per IP: without a bound, a distributed brute force would grow its value
+/// (read and rewritten on every failure) with every new IP.
+pub const MAX_WINDOWS_PER_KIND: usize = 128;
+
 /// The windows of one subject's value, by name.
 ///
 /// The in-process twin of one value of `lua/velocity_batch.lua`, and how the Redis backend
@@ -100,17 +107,21 @@ impl WindowValue {
         let adds =
             step.action == WindowAction::Record && step.member.is_some() && step.score >= cutoff;
         // Looked up before inserting: a name is allocated only for a window that gets an
-        // entry (counting an absent window leaves no empty one behind).
-        if !self.windows.contains_key(&step.window) {
+        // entry (counting an absent window leaves no empty one behind). An expired window is
+        // absent, as in a value read from Redis.
+        let live = self
+            .windows
+            .get(&step.window)
+            .is_some_and(|w| w.expires_ms > now_ms);
+        if !live {
             if !adds {
                 return (0, None);
             }
+            // Drops this window too if it is there (expired).
+            self.make_room(&step.window, cutoff, now_ms);
             self.windows.insert(step.window.clone(), Window::default());
         }
         let window = self.windows.get_mut(&step.window).expect("inserted above");
-        if window.expires_ms <= now_ms {
-            window.entries.clear();
-        }
         window.entries.retain(|(score, _)| *score >= cutoff);
         if step.action == WindowAction::Contains {
             let found = step
@@ -135,6 +146,36 @@ impl WindowValue {
             _ => None,
         };
         (u32::try_from(count).unwrap_or(u32::MAX), gap)
+    }
+
+    /// Before a new window named `name`: the value's windows of its kind that hold no entry
+    /// at or after `cutoff` (or have expired) are dropped; then, if
+    /// [`MAX_WINDOWS_PER_KIND`] remain, the one added to least recently goes (the smallest
+    /// expiry; among equal ones, the smallest name). `lua/velocity_batch.lua` does the same.
+    fn make_room(&mut self, name: &str, cutoff: i64, now_ms: i64) {
+        let kind = name.as_bytes().first();
+        let same_kind = |other: &str| other.as_bytes().first() == kind;
+        self.windows.retain(|other, w| {
+            !same_kind(other)
+                || (w.expires_ms > now_ms && w.entries.last().is_some_and(|(s, _)| *s >= cutoff))
+        });
+        let mut live = 0;
+        let mut victim: Option<(i64, &str)> = None;
+        for (other, w) in &self.windows {
+            if same_kind(other) {
+                live += 1;
+                let candidate = (w.expires_ms, other.as_str());
+                if victim.is_none_or(|v| candidate < v) {
+                    victim = Some(candidate);
+                }
+            }
+        }
+        if live >= MAX_WINDOWS_PER_KIND
+            && let Some((_, victim)) = victim
+        {
+            let victim = victim.to_owned();
+            self.windows.remove(&victim);
+        }
     }
 
     /// True once a step added an entry or deleted a window (counting and membership checks

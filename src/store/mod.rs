@@ -18,7 +18,7 @@ use sqlx::sqlite::{
 };
 
 pub use keys::Keys;
-pub use memory::{MemoryHot, WindowAction, WindowStep, WindowValue};
+pub use memory::{MAX_WINDOWS_PER_KIND, MemoryHot, WindowAction, WindowStep, WindowValue};
 pub use redis_hot::RedisHot;
 
 use crate::config::Settings;

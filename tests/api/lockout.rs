@@ -948,6 +948,168 @@ async fn a_value_not_in_the_window_layout_reads_as_empty() {
     }
 }
 
+/// A distributed brute force (one account failing from many IPs: a pair window per IP) keeps
+/// the account's value bounded, with the same answers on a single Redis, a Redis Cluster
+/// (the script) and in-process: at most `MAX_WINDOWS_PER_KIND` pair windows, the ones added
+/// to least recently dropped first (also among many new ones in one call), windows whose
+/// entries aged out dropped before any live one, the account's own window never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_pair_windows_keep_an_account_value_bounded() {
+    use palisade::lockout::velocity::{self, Step, WindowAction};
+    use palisade::model::SubjectKey;
+    use palisade::store::{Hot, MAX_WINDOWS_PER_KIND, MemoryHot, RedisHot};
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
+        return;
+    };
+    let on_cluster = RedisHot::connect(&cluster.url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let backends = [
+        app.app.stores.hot.clone(),
+        Hot::Redis(on_cluster),
+        Hot::Memory(MemoryHot::new()),
+    ];
+    let key = app
+        .app
+        .stores
+        .keys
+        .windows(&SubjectKey::user("botnet-target", 64).unwrap());
+    let window_ms = 600_000;
+    let step = |window: String, member: Option<u64>, score: i64| Step {
+        key: key.clone(),
+        window,
+        member,
+        score,
+        window_ms,
+        cap: if member.is_some() { 10 } else { 1000 },
+        gap: false,
+        action: WindowAction::Record,
+    };
+    // A failure from IP n: the account's window and the pair window `i{n:03}`.
+    let failure = |n: u64, score: i64| {
+        [
+            Step {
+                cap: 1000,
+                ..step("f".to_owned(), Some(n), score)
+            },
+            step(format!("i{n:03}"), Some(n), score),
+        ]
+    };
+    let start = app.app.clock.now_ms();
+    // (now, steps) per call: 200 IPs one call each, 1 ms apart; then 100 new IPs in one call.
+    let mut calls: Vec<(i64, Vec<Step>)> = (0..200)
+        .map(|n| (start + n as i64, failure(n, start + n as i64).to_vec()))
+        .collect();
+    calls.push((
+        start + 300,
+        (200..300).flat_map(|n| failure(n, start + 300)).collect(),
+    ));
+    // One call per window: the account's, then `i000` … `i499`.
+    let counts_at = |now: i64| {
+        std::iter::once(step("f".to_owned(), None, 0))
+            .chain((0..500).map(|n| step(format!("i{n:03}"), None, 0)))
+            .map(|s| (now, vec![s]))
+            .collect::<Vec<_>>()
+    };
+    // Per backend, per call: the call's window counts.
+    let mut answers: Vec<Vec<velocity::WindowCounts>> = vec![Vec::new(); 3];
+    let mut sizes: Vec<Vec<usize>> = vec![Vec::new(); 3];
+    for (b, hot) in backends.iter().enumerate() {
+        let run = |calls: Vec<(i64, Vec<Step>)>| async move {
+            let mut out = Vec::new();
+            for (now, steps) in calls {
+                out.push(velocity::run_sequence(hot, &steps, now).await.unwrap());
+            }
+            out
+        };
+        let size = || async {
+            let Hot::Redis(redis) = hot else {
+                return None;
+            };
+            let len: usize = redis.query(redis::cmd("STRLEN").arg(&key)).await.unwrap();
+            Some(len)
+        };
+        answers[b].extend(run(calls.clone()).await);
+        answers[b].extend(run(counts_at(start + 300)).await);
+        sizes[b].extend(size().await);
+        // Then 128 IPs whose failures are 1 ms from leaving the window, and 2 ms later one
+        // more IP.
+        let late = start + 400;
+        let fading: Vec<Step> = (300..428)
+            .flat_map(|n| failure(n, late - window_ms + 1))
+            .collect();
+        answers[b].extend(run(vec![(late, fading)]).await);
+        answers[b].extend(run(vec![(late + 2, failure(499, late + 2).to_vec())]).await);
+        answers[b].extend(run(counts_at(late + 2)).await);
+        sizes[b].extend(size().await);
+        velocity::clear(hot, std::slice::from_ref(&key))
+            .await
+            .unwrap();
+    }
+    assert_eq!(answers[0], answers[2], "single Redis vs in-process");
+    assert_eq!(answers[1], answers[2], "cluster (script) vs in-process");
+    // After 300 IPs: the 100 of the last call and the 28 newest before them, 128 in all.
+    let first_counts = &answers[2][calls.len()..calls.len() + 501];
+    assert_eq!(
+        first_counts[0][0].0, 300,
+        "the account's own window keeps every failure"
+    );
+    let live: Vec<usize> = (0..500)
+        .filter(|&n| first_counts[1 + n][0].0 == 1)
+        .collect();
+    assert_eq!(live.len(), MAX_WINDOWS_PER_KIND);
+    assert_eq!(live, (172..300).collect::<Vec<_>>());
+    // Each pair window: byte #name, 4-byte name, expiry and count (12), one 16-byte entry;
+    // the account's window: 1 + 1 + 12, then 16 per failure.
+    let bytes = |pairs: usize, failures: usize| pairs * (1 + 4 + 12 + 16) + 14 + 16 * failures;
+    assert_eq!(
+        sizes[0][0],
+        bytes(MAX_WINDOWS_PER_KIND, 300),
+        "single Redis"
+    );
+    assert_eq!(sizes[1][0], bytes(MAX_WINDOWS_PER_KIND, 300), "cluster");
+    // The 128 fading windows aged out 1 ms later: the next new window dropped them all.
+    let last_counts = answers[2].last_chunk::<501>().unwrap();
+    let live_late: Vec<usize> = (0..500).filter(|&n| last_counts[1 + n][0].0 == 1).collect();
+    assert_eq!(live_late, [499]);
+    // The account's window: the 300 failures of the first calls (in range), the fading ones
+    // aged out, the last one.
+    assert_eq!(last_counts[0][0].0, 301);
+    assert_eq!(sizes[0][1], bytes(1, 301), "single Redis, late");
+    assert_eq!(sizes[1][1], bytes(1, 301), "cluster, late");
+}
+
+/// A pair (account+IP) window keeps only as many failures as the thresholds need, so one IP
+/// hammering an account does not grow its value: 40 failures from one IP store 40 entries in
+/// the account's window and `lockout_after` (10) in the pair window.
+#[tokio::test]
+async fn a_pair_window_keeps_only_what_the_thresholds_need() {
+    use palisade::model::SubjectKey;
+    use palisade::store::Hot;
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    let events = (0..40)
+        .map(|i| failure(&format!("pair-cap-{i}"), "hammered", "203.0.113.40"))
+        .collect();
+    app.post_auth(events).await;
+    let Hot::Redis(redis) = &app.app.stores.hot else {
+        panic!("production backend");
+    };
+    let key = app
+        .app
+        .stores
+        .keys
+        .windows(&SubjectKey::user("hammered", 256).unwrap());
+    let len: usize = redis.query(redis::cmd("STRLEN").arg(&key)).await.unwrap();
+    // Per window: byte #name, the name ("f"; "i" and 16 hex digits), expiry and count (12),
+    // then 16 bytes per entry.
+    assert_eq!(len, (1 + 1 + 12 + 16 * 40) + (1 + 17 + 12 + 16 * 10));
+}
+
 /// Events are stored exactly as sent, whatever their text holds (written for a `COPY … CSV`
 /// insert, kept for the one used): a lockout's events read back the account, device and
 /// endpoint unchanged.
