@@ -193,6 +193,22 @@ pub struct Lockouts {
 
 const PERMANENT_MS: i64 = 100 * 365 * 86_400_000;
 
+/// How long a lock marker may wait for its lockout's row before another instance takes it
+/// for an orphan (its instance stopped between the two) and stores the lockout itself.
+/// (Between the two an instance runs two SQL statements: milliseconds, seconds at worst.)
+const ORPHAN_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// True when the lockout id of an unstored marker was made `ORPHAN_AFTER` ago or more (ids
+/// are ULIDs made from the system clock, which holds the time they were made); an id that
+/// is not a ULID is taken as old.
+fn orphan_age(lockout_id: &str) -> bool {
+    ulid::Ulid::from_string(lockout_id).map_or(true, |id| {
+        std::time::SystemTime::now()
+            .duration_since(id.datetime())
+            .is_ok_and(|age| age >= ORPHAN_AFTER)
+    })
+}
+
 /// Name of the velocity signal in factors and reasons.
 pub const SIGNAL: &str = "velocity";
 
@@ -612,12 +628,15 @@ impl Lockouts {
 
     async fn lock(&self, context: &LoginContext, failures: u32, now: i64) -> Result<(), Error> {
         // A marker whose lockout is not known to be stored may be an orphan: the instance
-        // that set it died before writing the row. The lockout is then stored under the
-        // marker's id (a duplicate write of a merely slow writer is one row: same id).
+        // that set it died before writing the row. Once older than `ORPHAN_AFTER`, the
+        // lockout is stored under the marker's id (a duplicate write of a merely slow writer
+        // is one row: same id); a younger one is being stored by the instance that set it
+        // (taking it over then gave one lockout several alerts, each with its own level).
         let adopted = match velocity::lock_marker(&self.hot, &self.keys, &context.account, now)
             .await?
         {
             Some((_, _, true)) => return Ok(()),
+            Some((id, _, false)) if !orphan_age(&id) => return Ok(()),
             Some((id, ttl_ms, false)) => {
                 if store::exists(&self.durable, &id).await? {
                     velocity::mark_stored(&self.hot, &self.keys, &context.account, &id).await?;

@@ -256,7 +256,10 @@ async fn an_instance_killed_mid_batch_loses_and_duplicates_nothing() {
     }
     assert!(acknowledged.len() < batches.len(), "the kill came mid-run");
 
-    // The auth service retries what was not acknowledged, on a new instance.
+    // The auth service retries what was not acknowledged, on a new instance, after a pause
+    // (a lock marker the killed instance set but could not store is taken for an orphan
+    // once 5 s old, and its lockout stored by the retries).
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let second = Process::start(&env).await;
     for (b, batch) in batches.iter().enumerate() {
         if acknowledged.contains(&b) {
