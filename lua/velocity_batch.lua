@@ -24,11 +24,11 @@
 --        and a plain substring search (idempotency, one C call) on the packed string.
 -- Idem.  a member already in the window gets the newer score and is not counted again: a
 --        retried batch counts nothing twice.
--- Bound  a value holds at most MAX_KIND live windows of one kind (the first byte of their
---        names; an account has a pair window per IP it failed from): before a new window,
---        windows of its kind with no entry in range are dropped and, if MAX_KIND remain, the
---        one added to least recently (smallest expiry, then smallest name, bytewise) goes.
---        The service does the same (MAX_WINDOWS_PER_KIND in src/store/memory.rs).
+-- Bound  at the end of a call, a value keeps at most MAX_KIND live windows of each kind (the
+--        first byte of their names; an account has a pair window per IP it failed from) the
+--        call created windows of: windows of that kind with no entry in range are dropped,
+--        then the ones added to least recently (smallest expiry, then smallest name,
+--        bytewise). The service does the same (WindowValue::finish in src/store/memory.rs).
 -- Returns per op: {count in window, ms between the two newest entries or -1} (0, -1 for 'x')
 -- Time   windows end at the caller's now_ms, the auth service's clock (not a token bucket).
 local call = redis.call
@@ -99,25 +99,30 @@ local function before(a, b)
   return #a < #b
 end
 
--- Before a new window `name`: see "Bound" above.
-local function make_room(windows, name, cutoff)
-  local kind = byte(name, 1)
-  local live, victim, victim_expires = 0, nil, nil
-  for other, w in pairs(windows) do
-    if byte(other, 1) == kind then
-      local n = #w.data / E
-      if w.expires <= now or n == 0 or score(w.data, n - 1) < cutoff then
-        windows[other] = nil
-      else
-        live = live + 1
-        if victim == nil or w.expires < victim_expires
-            or (w.expires == victim_expires and before(other, victim)) then
-          victim, victim_expires = other, w.expires
+-- KEYS index -> { kind byte -> cutoff } of the windows the call created in that value.
+local created = {}
+
+-- The end of the call for one value: see "Bound" above.
+local function trim(windows, kinds)
+  for kind, cutoff in pairs(kinds) do
+    local live = {}
+    for name, w in pairs(windows) do
+      if byte(name, 1) == kind then
+        local n = #w.data / E
+        if w.expires <= now or n == 0 or score(w.data, n - 1) < cutoff then
+          windows[name] = nil
+        else
+          live[#live + 1] = { w.expires, name }
         end
       end
     end
+    if #live > MAX_KIND then
+      table.sort(live, function(a, b)
+        return a[1] < b[1] or (a[1] == b[1] and before(a[2], b[2]))
+      end)
+      for i = 1, #live - MAX_KIND do windows[live[i][2]] = nil end
+    end
   end
-  if live >= MAX_KIND then windows[victim] = nil end
 end
 
 local profiles = {}
@@ -171,7 +176,9 @@ for j = 3 + 2 * P, #ARGV do
         local cap = profiles[profile][2]
         if #data > cap * E then data = sub(data, #data - cap * E + 1) end
         if w == nil then
-          make_room(windows, name, cutoff)
+          local kinds = created[index] or {}
+          created[index] = kinds
+          kinds[byte(name, 1)] = cutoff
           w = {}
           windows[name] = w
         end
@@ -192,6 +199,7 @@ for j = 3 + 2 * P, #ARGV do
 end
 
 for index in pairs(dirty) do
+  if created[index] then trim(values[index], created[index]) end
   local parts = {}
   local latest = now
   for name, w in pairs(values[index]) do

@@ -51,10 +51,7 @@ pub fn pair_window(kind: char, subject: &SubjectKey) -> String {
 /// asked) the gap; `(0, None)` for a delete, 1 or 0 for a membership check.
 pub async fn run_sequence(hot: &Hot, steps: &[Step], now_ms: i64) -> Result<WindowCounts, Error> {
     match hot {
-        Hot::Memory(memory) => Ok(steps
-            .iter()
-            .map(|step| memory.window_step(step, now_ms))
-            .collect()),
+        Hot::Memory(memory) => Ok(memory.window_steps(steps, now_ms)),
         Hot::Redis(redis) if redis.is_cluster() => {
             let mut out = Vec::with_capacity(steps.len());
             let mut rest = steps;
@@ -123,6 +120,7 @@ async fn single_redis(
             .and_then(|bytes| WindowValue::unpack(bytes, now_ms))
             .unwrap_or_default();
         let counts: Counts = at.iter().map(|&i| value.step(&steps[i], now_ms)).collect();
+        value.finish(now_ms);
         match (old, value.changed().then(|| value.packed(now_ms))) {
             // Only counted, or only deletes where there was nothing: the read answers.
             (_, None) | (None, Some(None)) => answer(&mut out, key, counts),

@@ -74,11 +74,14 @@ struct Window {
     expires_ms: i64,
 }
 
-/// Most live windows of one kind (the first byte of their names) in one window value.
+/// Most live windows of one kind (the first byte of their names) a window value keeps after
+/// a call that created windows of that kind.
 ///
 /// The same bound as `MAX_KIND` in `lua/velocity_batch.lua`. An account failing from many IPs
 /// has a pair window per IP: without a bound, a distributed brute force would grow its value
-/// (read and rewritten on every failure) with every new IP.
+/// (read and rewritten on every failure) with every new IP. Applied at the end of a call
+/// ([`WindowValue::finish`]), once, rather than at every new window: sorting once per call
+/// is cheap where a scan per new window made a script call on a hot account take 28 ms.
 pub const MAX_WINDOWS_PER_KIND: usize = 128;
 
 /// The windows of one subject's value, by name.
@@ -91,6 +94,9 @@ pub struct WindowValue {
     windows: HashMap<String, Window, foldhash::fast::RandomState>,
     /// A step added an entry or deleted a window: the value must be written back.
     changed: bool,
+    /// Kinds (first name byte) of the windows created since the last
+    /// [`WindowValue::finish`], each with the cutoff of its window.
+    created: Vec<(Option<u8>, i64)>,
 }
 
 impl WindowValue {
@@ -117,8 +123,11 @@ impl WindowValue {
             if !adds {
                 return (0, None);
             }
-            // Drops this window too if it is there (expired).
-            self.make_room(&step.window, cutoff, now_ms);
+            let kind = (step.window.as_bytes().first().copied(), cutoff);
+            if !self.created.contains(&kind) {
+                self.created.push(kind);
+            }
+            // Replaces this window if it is there (expired).
             self.windows.insert(step.window.clone(), Window::default());
         }
         let window = self.windows.get_mut(&step.window).expect("inserted above");
@@ -148,33 +157,35 @@ impl WindowValue {
         (u32::try_from(count).unwrap_or(u32::MAX), gap)
     }
 
-    /// Before a new window named `name`: the value's windows of its kind that hold no entry
-    /// at or after `cutoff` (or have expired) are dropped; then, if
-    /// [`MAX_WINDOWS_PER_KIND`] remain, the one added to least recently goes (the smallest
-    /// expiry; among equal ones, the smallest name). `lua/velocity_batch.lua` does the same.
-    fn make_room(&mut self, name: &str, cutoff: i64, now_ms: i64) {
-        let kind = name.as_bytes().first();
-        let same_kind = |other: &str| other.as_bytes().first() == kind;
-        self.windows.retain(|other, w| {
-            !same_kind(other)
-                || (w.expires_ms > now_ms && w.entries.last().is_some_and(|(s, _)| *s >= cutoff))
-        });
-        let mut live = 0;
-        let mut victim: Option<(i64, &str)> = None;
-        for (other, w) in &self.windows {
-            if same_kind(other) {
-                live += 1;
-                let candidate = (w.expires_ms, other.as_str());
-                if victim.is_none_or(|v| candidate < v) {
-                    victim = Some(candidate);
-                }
+    /// The end of a call: for each kind of window the call created, the value's windows of
+    /// that kind holding no entry at or after the cutoff (or expired) are dropped; then, past
+    /// [`MAX_WINDOWS_PER_KIND`], the ones added to least recently (smallest expiry; among
+    /// equal ones, the smallest name). `lua/velocity_batch.lua` does the same before writing.
+    pub fn finish(&mut self, now_ms: i64) {
+        for (kind, cutoff) in std::mem::take(&mut self.created) {
+            let same_kind = |name: &str| name.as_bytes().first().copied() == kind;
+            self.windows.retain(|name, w| {
+                !same_kind(name)
+                    || (w.expires_ms > now_ms
+                        && w.entries.last().is_some_and(|(s, _)| *s >= cutoff))
+            });
+            let mut live: Vec<(i64, &str)> = self
+                .windows
+                .iter()
+                .filter(|(name, _)| same_kind(name))
+                .map(|(name, w)| (w.expires_ms, name.as_str()))
+                .collect();
+            if live.len() <= MAX_WINDOWS_PER_KIND {
+                continue;
             }
-        }
-        if live >= MAX_WINDOWS_PER_KIND
-            && let Some((_, victim)) = victim
-        {
-            let victim = victim.to_owned();
-            self.windows.remove(&victim);
+            live.sort_unstable();
+            let gone: Vec<String> = live[..live.len() - MAX_WINDOWS_PER_KIND]
+                .iter()
+                .map(|(_, name)| (*name).to_owned())
+                .collect();
+            for name in gone {
+                self.windows.remove(&name);
+            }
         }
     }
 
@@ -258,7 +269,7 @@ pub enum WindowAction {
 }
 
 /// One operation on a window of a subject's window value (`lua/velocity_batch.lua`, and its
-/// twin [`MemoryHot::window_step`]).
+/// twin [`MemoryHot::window_steps`]).
 #[derive(Debug, Clone)]
 pub struct WindowStep {
     /// The subject's window value (Redis key).
@@ -433,8 +444,9 @@ impl MemoryHot {
         }
     }
 
-    /// The twin of one operation of `lua/velocity_batch.lua` ([`WindowValue::step`]).
-    pub fn window_step(&self, step: &WindowStep, now_ms: i64) -> (u32, Option<i64>) {
+    /// The twin of one call of `lua/velocity_batch.lua`: its operations in order
+    /// ([`WindowValue::step`]), then each value's end of call ([`WindowValue::finish`]).
+    pub fn window_steps(&self, steps: &[WindowStep], now_ms: i64) -> Vec<(u32, Option<i64>)> {
         let mut values = self
             .inner
             .windows
@@ -446,16 +458,25 @@ impl MemoryHot {
                 !value.windows.is_empty()
             });
         }
-        match values.get_mut(step.key.as_str()) {
-            Some(value) => value.step(step, now_ms),
-            // Only a step that adds creates a value: counting an unknown subject (a status
-            // query for any account name) leaves nothing behind.
-            None if step.action != WindowAction::Record || step.member.is_none() => (0, None),
-            None => values
-                .entry(step.key.as_str().into())
-                .or_default()
-                .step(step, now_ms),
+        let counts = steps
+            .iter()
+            .map(|step| match values.get_mut(step.key.as_str()) {
+                Some(value) => value.step(step, now_ms),
+                // Only a step that adds creates a value: counting an unknown subject (a
+                // status query for any account name) leaves nothing behind.
+                None if step.action != WindowAction::Record || step.member.is_none() => (0, None),
+                None => values
+                    .entry(step.key.as_str().into())
+                    .or_default()
+                    .step(step, now_ms),
+            })
+            .collect();
+        for step in steps {
+            if let Some(value) = values.get_mut(step.key.as_str()) {
+                value.finish(now_ms);
+            }
         }
+        counts
     }
 
     /// Deletes window values (every window of each).
@@ -614,22 +635,34 @@ mod tests {
         for i in 0..100 {
             let key = format!("unknown-{i}");
             assert_eq!(
-                memory.window_step(&step(&key, WindowAction::Record, None), now),
+                memory.window_steps(
+                    std::slice::from_ref(&step(&key, WindowAction::Record, None)),
+                    now
+                )[0],
                 (0, None)
             );
             assert_eq!(
-                memory.window_step(&step(&key, WindowAction::Contains, Some(7)), now),
+                memory.window_steps(
+                    std::slice::from_ref(&step(&key, WindowAction::Contains, Some(7))),
+                    now
+                )[0],
                 (0, None)
             );
             assert_eq!(
-                memory.window_step(&step(&key, WindowAction::Delete, None), now),
+                memory.window_steps(
+                    std::slice::from_ref(&step(&key, WindowAction::Delete, None)),
+                    now
+                )[0],
                 (0, None)
             );
         }
         let values = |m: &MemoryHot| m.inner.windows.lock().unwrap().len();
         assert_eq!(values(&memory), 0);
         assert_eq!(
-            memory.window_step(&step("known", WindowAction::Record, Some(7)), now),
+            memory.window_steps(
+                std::slice::from_ref(&step("known", WindowAction::Record, Some(7))),
+                now
+            )[0],
             (1, None)
         );
         assert_eq!(values(&memory), 1);
@@ -638,7 +671,10 @@ mod tests {
             window: "a".to_owned(),
             ..step("known", WindowAction::Record, None)
         };
-        assert_eq!(memory.window_step(&other, now), (0, None));
+        assert_eq!(
+            memory.window_steps(std::slice::from_ref(&other), now)[0],
+            (0, None)
+        );
         let windows = memory.inner.windows.lock().unwrap()["known"].windows.len();
         assert_eq!(windows, 1);
     }

@@ -964,9 +964,10 @@ async fn a_value_not_in_the_window_layout_reads_as_empty() {
 
 /// A distributed brute force (one account failing from many IPs: a pair window per IP) keeps
 /// the account's value bounded, with the same answers on a single Redis, a Redis Cluster
-/// (the script) and in-process: at most `MAX_WINDOWS_PER_KIND` pair windows, the ones added
-/// to least recently dropped first (also among many new ones in one call), windows whose
-/// entries aged out dropped before any live one, the account's own window never.
+/// (the script) and in-process: after each call at most `MAX_WINDOWS_PER_KIND` pair
+/// windows, the ones added to least recently dropped first (also with many new ones in one
+/// call), windows whose entries aged out dropped before any live one, the account's own
+/// window never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_pair_windows_keep_an_account_value_bounded() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
