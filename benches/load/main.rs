@@ -18,6 +18,8 @@
 //! 3. a hot blocked key with and without the L1 cache;
 //! 4. auth-event ingest vs a raw `COPY` of the same rows (`LOAD_ONLY=ingest` alone), once as
 //!    one transaction and once in committed batches of 500 from 4 `psql` processes;
+//!    `LOAD_INGEST_ACCOUNTS=1` sends every failure to one account (distributed brute force),
+//!    `LOAD_REDIS_TIMEOUT_MS` sets the service's Redis command timeout (default 250);
 //! 5. scoring (`LOAD_ONLY=scoring` alone): `GET /v1/multipliers` with L1 hits vs a static
 //!    axum handler, both driven by `wrk`; request-telemetry ingest (batches of 5000) vs an
 //!    axum handler that only parses the same bodies.
@@ -719,7 +721,7 @@ impl BenchDatabase {
 /// A batch of 500 failures, `first..first + 500`, as the body text (the load generator writes
 /// it directly, as an auth service's serializer would, rather than building a JSON tree per
 /// event: the generator shares the two cores with the service).
-fn auth_batch(first: u64, now: chrono::DateTime<chrono::Utc>) -> String {
+fn auth_batch(first: u64, accounts: u64, now: chrono::DateTime<chrono::Utc>) -> String {
     use std::fmt::Write;
     let ts = now.to_rfc3339();
     let mut body = String::with_capacity(500 * 120);
@@ -731,7 +733,7 @@ fn auth_batch(first: u64, now: chrono::DateTime<chrono::Utc>) -> String {
         write!(
             body,
             r#"{{"event_id":"ev-{i}","type":"login_failure","account":"acct{}","ip":"10.{}.{}.{}","ts":"{ts}"}}"#,
-            i % 100_000,
+            i % accounts,
             i >> 16 & 255,
             i >> 8 & 255,
             i & 255
@@ -759,6 +761,7 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         ..Settings::default()
     };
     settings.store.redis_key_prefix = "ingest".to_owned();
+    settings.store.redis_timeout_ms = env_or("LOAD_REDIS_TIMEOUT_MS", 250);
     let settings = settings.validate().unwrap();
     let base = runtime.block_on(async {
         let app = App::build(settings.clone()).await.unwrap().into_state();
@@ -782,13 +785,16 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
+        // `LOAD_INGEST_ACCOUNTS=1`: every failure on one account from a new IP (a distributed
+        // brute force); by default 100k accounts, each failing again every 100k events.
+        let accounts = env_or("LOAD_INGEST_ACCOUNTS", 100_000).max(1);
         for worker in 0..4u64 {
             let (client, base) = (client.clone(), base.clone());
             tasks.spawn(async move {
                 let mut sent = 0u64;
                 let mut next = worker * 100_000_000;
                 while Instant::now() < deadline {
-                    let body = auth_batch(next, chrono::Utc::now());
+                    let body = auth_batch(next, accounts, chrono::Utc::now());
                     next += 500;
                     let response = client
                         .post(format!("{base}/v1/events/auth"))
