@@ -730,6 +730,21 @@ async fn a_late_marker_change_leaves_another_lockouts_marker_alone() {
     assert_eq!(marker().await.unwrap(), None);
 }
 
+/// An instance on the production backend (single Redis) and a local 3-master Redis Cluster
+/// with a connection to it (stopped when the second item is dropped); None when skipped.
+async fn with_a_cluster() -> Option<(
+    TestApp,
+    crate::helpers::RedisCluster,
+    palisade::store::RedisHot,
+)> {
+    let app = TestApp::spawn(Backend::Production).await?;
+    let cluster = crate::helpers::RedisCluster::start().await?;
+    let on_cluster = palisade::store::RedisHot::connect(&cluster.url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    Some((app, cluster, on_cluster))
+}
+
 /// The packed window values give the same answer to every step of a long random sequence on
 /// a single Redis (computed by the service, written by `SET NX` / `lua/window_cas.lua`), on a
 /// Redis Cluster (`lua/velocity_batch.lua`, one call per value) and in-process: additions in
@@ -741,18 +756,11 @@ async fn window_steps_answer_the_same_on_redis_and_in_process() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
     use palisade::model::SubjectKey;
     use rand::{Rng, SeedableRng};
-    let Some(app) = TestApp::spawn(Backend::Production).await else {
-        return;
-    };
-    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
+    let Some((app, _cluster, on_cluster)) = with_a_cluster().await else {
         return;
     };
     let redis = &app.app.stores.hot;
-    let on_cluster = palisade::store::Hot::Redis(
-        palisade::store::RedisHot::connect(&cluster.url, Duration::from_secs(5))
-            .await
-            .unwrap(),
-    );
+    let on_cluster = palisade::store::Hot::Redis(on_cluster);
     let memory = palisade::store::Hot::Memory(palisade::store::MemoryHot::new());
     let keys = &app.app.stores.keys;
     // Three values of 10 min windows and one of 90 days (as the known IPs/devices).
@@ -896,16 +904,10 @@ async fn concurrent_window_writers_lose_no_entry() {
 async fn a_value_not_in_the_window_layout_reads_as_empty() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
     use palisade::model::SubjectKey;
-    use palisade::store::{Hot, RedisHot};
-    let Some(app) = TestApp::spawn(Backend::Production).await else {
+    use palisade::store::Hot;
+    let Some((app, _cluster, on_cluster)) = with_a_cluster().await else {
         return;
     };
-    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
-        return;
-    };
-    let on_cluster = RedisHot::connect(&cluster.url, Duration::from_secs(5))
-        .await
-        .unwrap();
     let now = app.app.clock.now_ms();
     for (n, hot) in [&app.app.stores.hot, &Hot::Redis(on_cluster.clone())]
         .into_iter()
@@ -972,16 +974,10 @@ async fn a_value_not_in_the_window_layout_reads_as_empty() {
 async fn many_pair_windows_keep_an_account_value_bounded() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
     use palisade::model::SubjectKey;
-    use palisade::store::{Hot, MAX_WINDOWS_PER_KIND, MemoryHot, RedisHot};
-    let Some(app) = TestApp::spawn(Backend::Production).await else {
+    use palisade::store::{Hot, MAX_WINDOWS_PER_KIND, MemoryHot};
+    let Some((app, _cluster, on_cluster)) = with_a_cluster().await else {
         return;
     };
-    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
-        return;
-    };
-    let on_cluster = RedisHot::connect(&cluster.url, Duration::from_secs(5))
-        .await
-        .unwrap();
     let backends = [
         app.app.stores.hot.clone(),
         Hot::Redis(on_cluster),
