@@ -43,6 +43,16 @@ pub fn pair_window(kind: char, subject: &SubjectKey) -> String {
     format!("{kind}{:016x}", member_id(subject.as_str()))
 }
 
+/// Whether step `i` ends a run of consecutive steps on one value.
+///
+/// There every path ends a "call" on that value ([`WindowValue::finish`], the script's
+/// trim), as a cluster does with one script call per run, so all paths answer the same.
+pub fn ends_run(steps: &[impl std::borrow::Borrow<Step>], i: usize) -> bool {
+    steps
+        .get(i + 1)
+        .is_none_or(|next| next.borrow().key != steps[i].borrow().key)
+}
+
 /// Runs window operations in order, each seeing the ones before.
 ///
 /// Keys of any subjects may repeat: a whole ingest batch is **one** script call on a single
@@ -58,7 +68,11 @@ pub async fn run_sequence(hot: &Hot, steps: &[Step], now_ms: i64) -> Result<Wind
             while let Some(first) = rest.first() {
                 let run = rest.iter().take_while(|s| s.key == first.key).count();
                 let (group, tail) = rest.split_at(run);
-                let group: Vec<&Step> = group.iter().collect();
+                let group: Vec<(&Step, bool)> = group
+                    .iter()
+                    .enumerate()
+                    .map(|(k, step)| (step, k + 1 == run))
+                    .collect();
                 out.extend(script(redis, &group, now_ms).await?);
                 rest = tail;
             }
@@ -119,8 +133,16 @@ async fn single_redis(
             .as_deref()
             .and_then(|bytes| WindowValue::unpack(bytes, now_ms))
             .unwrap_or_default();
-        let counts: Counts = at.iter().map(|&i| value.step(&steps[i], now_ms)).collect();
-        value.finish(now_ms);
+        let counts: Counts = at
+            .iter()
+            .map(|&i| {
+                let count = value.step(&steps[i], now_ms);
+                if ends_run(steps, i) {
+                    value.finish(now_ms);
+                }
+                count
+            })
+            .collect();
         match (old, value.changed().then(|| value.packed(now_ms))) {
             // Only counted, or only deletes where there was nothing: the read answers.
             (_, None) | (None, Some(None)) => answer(&mut out, key, counts),
@@ -180,7 +202,12 @@ async fn single_redis(
             .flat_map(|key| by_key[key].iter().copied())
             .collect();
         at.sort_unstable();
-        let rest: Vec<&Step> = at.iter().map(|&i| &steps[i]).collect();
+        // Each step with whether it ends its run in the whole sequence (the script then
+        // ends the call on that value there, as this path and a cluster do).
+        let rest: Vec<(&Step, bool)> = at
+            .iter()
+            .map(|&i| (&steps[i], ends_run(steps, i)))
+            .collect();
         let mut done = 0;
         for part in script_parts(&rest) {
             let counts = script(redis, part, now_ms).await?;
@@ -195,12 +222,12 @@ async fn single_redis(
 
 /// `steps` cut where one script call would name more than 65535 keys or 256 (window, cap)
 /// profiles (the sizes of their indexes in an op): one part for any batch the API takes.
-fn script_parts<'a>(steps: &'a [&'a Step]) -> Vec<&'a [&'a Step]> {
+fn script_parts<'a>(steps: &'a [(&'a Step, bool)]) -> Vec<&'a [(&'a Step, bool)]> {
     let mut parts = Vec::new();
     let mut start = 0;
     let mut keys = std::collections::HashSet::new();
     let mut profiles = std::collections::HashSet::new();
-    for (i, step) in steps.iter().enumerate() {
+    for (i, (step, _)) in steps.iter().enumerate() {
         keys.insert(step.key.as_str());
         profiles.insert((step.window_ms, step.cap));
         if keys.len() > usize::from(u16::MAX) || profiles.len() > 256 {
@@ -214,8 +241,13 @@ fn script_parts<'a>(steps: &'a [&'a Step]) -> Vec<&'a [&'a Step]> {
     parts
 }
 
-/// One `velocity_batch.lua` call for `steps` (every value they touch in one call).
-async fn script(redis: &RedisHot, steps: &[&Step], now_ms: i64) -> Result<WindowCounts, Error> {
+/// One `velocity_batch.lua` call for `steps` (every value they touch in one call), each with
+/// whether the value's call ends after it ([`ends_run`]).
+async fn script(
+    redis: &RedisHot,
+    steps: &[(&Step, bool)],
+    now_ms: i64,
+) -> Result<WindowCounts, Error> {
     if steps.is_empty() {
         return Ok(Vec::new());
     }
@@ -223,7 +255,7 @@ async fn script(redis: &RedisHot, steps: &[&Step], now_ms: i64) -> Result<Window
     let mut index: Map<&str, usize> = Map::default();
     let at: Vec<usize> = steps
         .iter()
-        .map(|step| {
+        .map(|(step, _)| {
             *index.entry(step.key.as_str()).or_insert_with(|| {
                 keys.push(step.key.as_str());
                 keys.len()
@@ -234,7 +266,7 @@ async fn script(redis: &RedisHot, steps: &[&Step], now_ms: i64) -> Result<Window
     let mut profiles: Vec<(i64, usize)> = Vec::new();
     let profile: Vec<u8> = steps
         .iter()
-        .map(|step| {
+        .map(|(step, _)| {
             let wanted = (step.window_ms, step.cap);
             let at = profiles
                 .iter()
@@ -255,7 +287,7 @@ async fn script(redis: &RedisHot, steps: &[&Step], now_ms: i64) -> Result<Window
         cmd.arg(*window_ms).arg(*cap);
     }
     let mut op = Vec::with_capacity(64);
-    for ((step, at), profile) in steps.iter().zip(at).zip(profile) {
+    for ((&(step, ends), at), profile) in steps.iter().zip(at).zip(profile) {
         let name = step.window.as_bytes();
         // Names are made in `lockout` (at most 17 bytes: `i`/`d` and 16 hex digits).
         let name_len = u8::try_from(name.len()).expect("window names are short");
@@ -263,11 +295,17 @@ async fn script(redis: &RedisHot, steps: &[&Step], now_ms: i64) -> Result<Window
         op.clear();
         op.extend_from_slice(&at.to_be_bytes());
         op.push(profile);
-        op.push(match step.action {
+        let flag = match step.action {
             WindowAction::Delete => b'x',
             WindowAction::Contains => b'c',
             WindowAction::Record if step.gap => b'g',
             WindowAction::Record => b'w',
+        };
+        // Upper case: the value's call ends after this op.
+        op.push(if ends {
+            flag.to_ascii_uppercase()
+        } else {
+            flag
         });
         op.push(name_len);
         op.extend_from_slice(name);
@@ -283,7 +321,7 @@ async fn script(redis: &RedisHot, steps: &[&Step], now_ms: i64) -> Result<Window
     Ok(steps
         .iter()
         .zip(counts)
-        .map(|(step, (count, gap))| (count, gap.filter(|_| step.gap)))
+        .map(|((step, _), (count, gap))| (count, gap.filter(|_| step.gap)))
         .collect())
 }
 
