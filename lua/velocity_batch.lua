@@ -9,8 +9,7 @@
 --        name, then if the op has a member 16 bytes: the member (8 bytes, the caller's hash
 --        of an event id, account, IP or device) and its score (event time, ms, as '>d').
 --        Flags: 'w' record/count, 'g' the same and also return the gap, 'c' 1 if the member
---        is in the window (nothing added), 'x' delete the window; in upper case, the same
---        and the value's call ends after the op (see "Bound"). (One argument per op, with
+--        is in the window (nothing added), 'x' delete the window. (One argument per op, with
 --        the entry ready to store: fewer Lua strings made per op.)
 -- Value  one Redis string per subject holds its windows (an account: its failures, and per
 --        IP / device its pair failures, one entry per failure each): per window
@@ -25,13 +24,11 @@
 --        and a plain substring search (idempotency, one C call) on the packed string.
 -- Idem.  a member already in the window gets the newer score and is not counted again: a
 --        retried batch counts nothing twice.
--- Bound  at the end of a value's call (an upper-case op, or the end of the script), the value
---        keeps at most MAX_KIND live windows of each kind (the first byte of their names; an
---        account has a pair window per IP it failed from) the call created windows of:
---        windows of that kind with no entry in range are dropped, then the ones added to
---        least recently (smallest expiry, then smallest name, bytewise). The service ends a
---        value's call after each run of consecutive ops on it, on every path
---        (WindowValue::finish in src/store/memory.rs), so every path answers the same.
+-- Bound  at the end of a call, a value keeps at most MAX_KIND live windows of each kind (the
+--        first byte of their names; an account has a pair window per IP it failed from) the
+--        call created windows of: windows of that kind with no entry in range are dropped,
+--        then the ones added to least recently (smallest expiry, then smallest name,
+--        bytewise). The service does the same (WindowValue::finish in src/store/memory.rs).
 -- Returns per op: {count in window, ms between the two newest entries or -1} (0, -1 for 'x')
 -- Time   windows end at the caller's now_ms, the auth service's clock (not a token bucket).
 local call = redis.call
@@ -138,9 +135,6 @@ local out = {}
 for j = 3 + 2 * P, #ARGV do
   local op = ARGV[j]
   local index, profile, flags, n = unpack('>I2Bc1B', op)
-  -- (bytes compared: `<` on strings follows the locale's collation)
-  local ends = byte(flags) < 97
-  if ends then flags = string.lower(flags) end
   local windows = values[index]
   if windows == nil then
     windows = decode(call('GET', KEYS[index]))
@@ -199,10 +193,6 @@ for j = 3 + 2 * P, #ARGV do
         gap = score(data, count - 1) - score(data, count - 2)
       end
     end
-  end
-  if ends and created[index] then
-    trim(windows, created[index])
-    created[index] = nil
   end
   out[#out + 1] = count
   out[#out + 1] = gap

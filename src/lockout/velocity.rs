@@ -43,38 +43,38 @@ pub fn pair_window(kind: char, subject: &SubjectKey) -> String {
     format!("{kind}{:016x}", member_id(subject.as_str()))
 }
 
-/// Whether step `i` ends a run of consecutive steps on one value.
-///
-/// There every path ends a "call" on that value ([`WindowValue::finish`], the script's
-/// trim), as a cluster does with one script call per run, so all paths answer the same.
-pub fn ends_run(steps: &[impl std::borrow::Borrow<Step>], i: usize) -> bool {
-    steps
-        .get(i + 1)
-        .is_none_or(|next| next.borrow().key != steps[i].borrow().key)
-}
-
 /// Runs window operations in order, each seeing the ones before.
 ///
-/// Keys of any subjects may repeat: a whole ingest batch is **one** script call on a single
-/// Redis. On a cluster a script may touch one slot only, so each run of consecutive steps on
-/// one value is its own call there. Returns, per step, the count in its window and (when
+/// Keys of any subjects may repeat: a whole ingest batch is computed at once on a single
+/// Redis. On a cluster a script may touch one slot only, so all steps on one value are one
+/// call there. Returns, per step, the count in its window and (when
 /// asked) the gap; `(0, None)` for a delete, 1 or 0 for a membership check.
 pub async fn run_sequence(hot: &Hot, steps: &[Step], now_ms: i64) -> Result<WindowCounts, Error> {
     match hot {
         Hot::Memory(memory) => Ok(memory.window_steps(steps, now_ms)),
         Hot::Redis(redis) if redis.is_cluster() => {
-            let mut out = Vec::with_capacity(steps.len());
-            let mut rest = steps;
-            while let Some(first) = rest.first() {
-                let run = rest.iter().take_while(|s| s.key == first.key).count();
-                let (group, tail) = rest.split_at(run);
-                let group: Vec<(&Step, bool)> = group
-                    .iter()
-                    .enumerate()
-                    .map(|(k, step)| (step, k + 1 == run))
-                    .collect();
-                out.extend(script(redis, &group, now_ms).await?);
-                rest = tail;
+            // Every step of a value in one call (in order), values in first-seen order:
+            // steps on different values are independent, so the answers are those of one
+            // call over everything, and each value's call ends where it does on the other
+            // paths (after its last step: `WindowValue::finish`).
+            let mut order: Vec<&str> = Vec::new();
+            let mut by_key: Map<&str, Vec<usize>> = Map::default();
+            for (i, step) in steps.iter().enumerate() {
+                by_key
+                    .entry(step.key.as_str())
+                    .or_insert_with(|| {
+                        order.push(step.key.as_str());
+                        Vec::new()
+                    })
+                    .push(i);
+            }
+            let mut out = vec![(0, None); steps.len()];
+            for key in order {
+                let at = &by_key[key];
+                let group: Vec<&Step> = at.iter().map(|&i| &steps[i]).collect();
+                for (&i, count) in at.iter().zip(script(redis, &group, now_ms).await?) {
+                    out[i] = count;
+                }
             }
             Ok(out)
         }
@@ -133,16 +133,8 @@ async fn single_redis(
             .as_deref()
             .and_then(|bytes| WindowValue::unpack(bytes, now_ms))
             .unwrap_or_default();
-        let counts: Counts = at
-            .iter()
-            .map(|&i| {
-                let count = value.step(&steps[i], now_ms);
-                if ends_run(steps, i) {
-                    value.finish(now_ms);
-                }
-                count
-            })
-            .collect();
+        let counts: Counts = at.iter().map(|&i| value.step(&steps[i], now_ms)).collect();
+        value.finish(now_ms);
         match (old, value.changed().then(|| value.packed(now_ms))) {
             // Only counted, or only deletes where there was nothing: the read answers.
             (_, None) | (None, Some(None)) => answer(&mut out, key, counts),
@@ -202,12 +194,7 @@ async fn single_redis(
             .flat_map(|key| by_key[key].iter().copied())
             .collect();
         at.sort_unstable();
-        // Each step with whether it ends its run in the whole sequence (the script then
-        // ends the call on that value there, as this path and a cluster do).
-        let rest: Vec<(&Step, bool)> = at
-            .iter()
-            .map(|&i| (&steps[i], ends_run(steps, i)))
-            .collect();
+        let rest: Vec<&Step> = at.iter().map(|&i| &steps[i]).collect();
         let mut done = 0;
         for part in script_parts(&rest) {
             let counts = script(redis, part, now_ms).await?;
@@ -222,12 +209,12 @@ async fn single_redis(
 
 /// `steps` cut where one script call would name more than 65535 keys or 256 (window, cap)
 /// profiles (the sizes of their indexes in an op): one part for any batch the API takes.
-fn script_parts<'a>(steps: &'a [(&'a Step, bool)]) -> Vec<&'a [(&'a Step, bool)]> {
+fn script_parts<'a>(steps: &'a [&'a Step]) -> Vec<&'a [&'a Step]> {
     let mut parts = Vec::new();
     let mut start = 0;
     let mut keys = std::collections::HashSet::new();
     let mut profiles = std::collections::HashSet::new();
-    for (i, (step, _)) in steps.iter().enumerate() {
+    for (i, step) in steps.iter().enumerate() {
         keys.insert(step.key.as_str());
         profiles.insert((step.window_ms, step.cap));
         if keys.len() > usize::from(u16::MAX) || profiles.len() > 256 {
@@ -241,13 +228,8 @@ fn script_parts<'a>(steps: &'a [(&'a Step, bool)]) -> Vec<&'a [(&'a Step, bool)]
     parts
 }
 
-/// One `velocity_batch.lua` call for `steps` (every value they touch in one call), each with
-/// whether the value's call ends after it ([`ends_run`]).
-async fn script(
-    redis: &RedisHot,
-    steps: &[(&Step, bool)],
-    now_ms: i64,
-) -> Result<WindowCounts, Error> {
+/// One `velocity_batch.lua` call for `steps` (every value they touch in one call).
+async fn script(redis: &RedisHot, steps: &[&Step], now_ms: i64) -> Result<WindowCounts, Error> {
     if steps.is_empty() {
         return Ok(Vec::new());
     }
@@ -255,7 +237,7 @@ async fn script(
     let mut index: Map<&str, usize> = Map::default();
     let at: Vec<usize> = steps
         .iter()
-        .map(|(step, _)| {
+        .map(|step| {
             *index.entry(step.key.as_str()).or_insert_with(|| {
                 keys.push(step.key.as_str());
                 keys.len()
@@ -266,7 +248,7 @@ async fn script(
     let mut profiles: Vec<(i64, usize)> = Vec::new();
     let profile: Vec<u8> = steps
         .iter()
-        .map(|(step, _)| {
+        .map(|step| {
             let wanted = (step.window_ms, step.cap);
             let at = profiles
                 .iter()
@@ -287,7 +269,7 @@ async fn script(
         cmd.arg(*window_ms).arg(*cap);
     }
     let mut op = Vec::with_capacity(64);
-    for ((&(step, ends), at), profile) in steps.iter().zip(at).zip(profile) {
+    for ((step, at), profile) in steps.iter().zip(at).zip(profile) {
         let name = step.window.as_bytes();
         // Names are made in `lockout` (at most 17 bytes: `i`/`d` and 16 hex digits).
         let name_len = u8::try_from(name.len()).expect("window names are short");
@@ -295,17 +277,11 @@ async fn script(
         op.clear();
         op.extend_from_slice(&at.to_be_bytes());
         op.push(profile);
-        let flag = match step.action {
+        op.push(match step.action {
             WindowAction::Delete => b'x',
             WindowAction::Contains => b'c',
             WindowAction::Record if step.gap => b'g',
             WindowAction::Record => b'w',
-        };
-        // Upper case: the value's call ends after this op.
-        op.push(if ends {
-            flag.to_ascii_uppercase()
-        } else {
-            flag
         });
         op.push(name_len);
         op.extend_from_slice(name);
@@ -321,7 +297,7 @@ async fn script(
     Ok(steps
         .iter()
         .zip(counts)
-        .map(|((step, _), (count, gap))| (count, gap.filter(|_| step.gap)))
+        .map(|(step, (count, gap))| (count, gap.filter(|_| step.gap)))
         .collect())
 }
 

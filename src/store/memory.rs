@@ -444,8 +444,8 @@ impl MemoryHot {
         }
     }
 
-    /// The twin of `lua/velocity_batch.lua`: operations in order ([`WindowValue::step`]),
-    /// each run of consecutive ones on a value ended as a call ([`WindowValue::finish`]).
+    /// The twin of one call of `lua/velocity_batch.lua`: its operations in order
+    /// ([`WindowValue::step`]), then each value's end of call ([`WindowValue::finish`]).
     pub fn window_steps(&self, steps: &[WindowStep], now_ms: i64) -> Vec<(u32, Option<i64>)> {
         let mut values = self
             .inner
@@ -458,9 +458,9 @@ impl MemoryHot {
                 !value.windows.is_empty()
             });
         }
-        let mut counts = Vec::with_capacity(steps.len());
-        for (i, step) in steps.iter().enumerate() {
-            counts.push(match values.get_mut(step.key.as_str()) {
+        let counts = steps
+            .iter()
+            .map(|step| match values.get_mut(step.key.as_str()) {
                 Some(value) => value.step(step, now_ms),
                 // Only a step that adds creates a value: counting an unknown subject (a
                 // status query for any account name) leaves nothing behind.
@@ -469,9 +469,10 @@ impl MemoryHot {
                     .entry(step.key.as_str().into())
                     .or_default()
                     .step(step, now_ms),
-            });
-            let run_ends = steps.get(i + 1).is_none_or(|next| next.key != step.key);
-            if run_ends && let Some(value) = values.get_mut(step.key.as_str()) {
+            })
+            .collect();
+        for step in steps {
+            if let Some(value) = values.get_mut(step.key.as_str()) {
                 value.finish(now_ms);
             }
         }

@@ -1057,9 +1057,9 @@ async fn many_pair_windows_keep_an_account_value_bounded() {
         answers[b].extend(run(counts_at(late + 2)).await);
         sizes[b].extend(size().await);
         // One call whose steps alternate between this value and another (as a batch's
-        // account and IP values do): 150 new windows of another kind, then counted in the
-        // same call. Every path ends the value's call after each of its runs, as a cluster
-        // (one script call per run) must.
+        // account and IP values do): 150 new windows of another kind, counted in the same
+        // call and in the next. Every path (a cluster too, one script call per value) ends
+        // the value's call after its last step, so the trim comes between the two.
         let interleaved: Vec<Step> = (0..150)
             .flat_map(|n| {
                 let mut other = step("a".to_owned(), Some(n), late + 3);
@@ -1068,7 +1068,10 @@ async fn many_pair_windows_keep_an_account_value_bounded() {
             })
             .chain((0..150).map(|n| step(format!("j{n:03}"), None, 0)))
             .collect();
-        answers[b].extend(run(vec![(late + 3, interleaved)]).await);
+        let count_j: Vec<Step> = (0..150)
+            .map(|n| step(format!("j{n:03}"), None, 0))
+            .collect();
+        answers[b].extend(run(vec![(late + 3, interleaved), (late + 3, count_j)]).await);
         velocity::clear(hot, &[key.clone(), format!("{key}-other")])
             .await
             .unwrap();
@@ -1095,13 +1098,14 @@ async fn many_pair_windows_keep_an_account_value_bounded() {
         "single Redis"
     );
     assert_eq!(sizes[1][0], bytes(MAX_WINDOWS_PER_KIND, 300), "cluster");
-    // Of the 150 windows added in one call, each run's end kept the 128 with the largest
-    // names (equal expiry): `j022` … `j149`.
-    let interleaved = answers[2].last().unwrap();
-    let live_j: Vec<usize> = (0..150).filter(|&n| interleaved[300 + n].0 == 1).collect();
+    // The 150 windows added in one call all count in it; the end of the call kept the 128
+    // with the largest names (equal expiry): `j022` … `j149`.
+    let [interleaved, next] = answers[2].last_chunk::<2>().unwrap();
+    assert!(interleaved[300..].iter().all(|c| c.0 == 1));
+    let live_j: Vec<usize> = (0..150).filter(|&n| next[n].0 == 1).collect();
     assert_eq!(live_j, (22..150).collect::<Vec<_>>());
     // The 128 fading windows aged out 1 ms later: the next new window dropped them all.
-    let last_counts = &answers[2][answers[2].len() - 502..answers[2].len() - 1];
+    let last_counts = &answers[2][answers[2].len() - 503..answers[2].len() - 2];
     let live_late: Vec<usize> = (0..500).filter(|&n| last_counts[1 + n][0].0 == 1).collect();
     assert_eq!(live_late, [499]);
     // The account's window: the 300 failures of the first calls (in range), the fading ones
