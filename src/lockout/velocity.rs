@@ -43,6 +43,22 @@ pub fn pair_window(kind: char, subject: &SubjectKey) -> String {
     format!("{kind}{:016x}", member_id(subject.as_str()))
 }
 
+/// The values `steps` touch, in first-seen order, and the indexes of each one's steps.
+fn by_value(steps: &[Step]) -> (Vec<&str>, Map<&str, Vec<usize>>) {
+    let mut order: Vec<&str> = Vec::new();
+    let mut by_key: Map<&str, Vec<usize>> = Map::default();
+    for (i, step) in steps.iter().enumerate() {
+        by_key
+            .entry(step.key.as_str())
+            .or_insert_with(|| {
+                order.push(step.key.as_str());
+                Vec::new()
+            })
+            .push(i);
+    }
+    (order, by_key)
+}
+
 /// Runs window operations in order, each seeing the ones before.
 ///
 /// Keys of any subjects may repeat: a whole ingest batch is computed at once on a single
@@ -57,17 +73,7 @@ pub async fn run_sequence(hot: &Hot, steps: &[Step], now_ms: i64) -> Result<Wind
             // steps on different values are independent, so the answers are those of one
             // call over everything, and each value's call ends where it does on the other
             // paths (after its last step: `WindowValue::finish`).
-            let mut order: Vec<&str> = Vec::new();
-            let mut by_key: Map<&str, Vec<usize>> = Map::default();
-            for (i, step) in steps.iter().enumerate() {
-                by_key
-                    .entry(step.key.as_str())
-                    .or_insert_with(|| {
-                        order.push(step.key.as_str());
-                        Vec::new()
-                    })
-                    .push(i);
-            }
+            let (order, by_key) = by_value(steps);
             let mut out = vec![(0, None); steps.len()];
             for key in order {
                 let at = &by_key[key];
@@ -104,17 +110,7 @@ async fn single_redis(
     if steps.is_empty() {
         return Ok(out);
     }
-    let mut order: Vec<&str> = Vec::new();
-    let mut by_key: Map<&str, Vec<usize>> = Map::default();
-    for (i, step) in steps.iter().enumerate() {
-        by_key
-            .entry(step.key.as_str())
-            .or_insert_with(|| {
-                order.push(step.key.as_str());
-                Vec::new()
-            })
-            .push(i);
-    }
+    let (order, by_key) = by_value(steps);
     let read: Vec<Option<Vec<u8>>> = redis.query(redis::cmd("MGET").arg(&order)).await?;
     let answer = |out: &mut WindowCounts, key: &str, counts: Vec<(u32, Option<i64>)>| {
         for (&i, count) in by_key[key].iter().zip(counts) {
