@@ -201,7 +201,7 @@ const ORPHAN_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 /// True when the lockout id of an unstored marker was made `ORPHAN_AFTER` ago or more (ids
 /// are ULIDs made from the system clock, which holds the time they were made); an id that
 /// is not a ULID is taken as old.
-fn orphan_age(lockout_id: &str) -> bool {
+fn may_be_orphan(lockout_id: &str) -> bool {
     ulid::Ulid::from_string(lockout_id).map_or(true, |id| {
         std::time::SystemTime::now()
             .duration_since(id.datetime())
@@ -636,7 +636,7 @@ impl Lockouts {
             .await?
         {
             Some((_, _, true)) => return Ok(()),
-            Some((id, _, false)) if !orphan_age(&id) => return Ok(()),
+            Some((id, _, false)) if !may_be_orphan(&id) => return Ok(()),
             Some((id, ttl_ms, false)) => {
                 if store::exists(&self.durable, &id).await? {
                     velocity::mark_stored(&self.hot, &self.keys, &context.account, &id).await?;
