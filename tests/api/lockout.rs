@@ -818,7 +818,12 @@ async fn window_steps_answer_the_same_on_redis_and_in_process() {
                     member: (roll % 10 != 0).then(|| rng.random_range(1..12u64)),
                     score,
                     window_ms,
-                    cap: if window == "f" { 6 } else { 1000 },
+                    // Small caps on two windows, so full windows drop their oldest often.
+                    cap: match window {
+                        "f" => 3,
+                        "a" => 5,
+                        _ => 1000,
+                    },
                     gap: rng.random_bool(0.5),
                     action,
                 }
@@ -1025,6 +1030,9 @@ async fn many_pair_windows_keep_an_account_value_bounded() {
             .map(|s| (now, vec![s]))
             .collect::<Vec<_>>()
     };
+    let device_windows: Vec<String> = (0..150)
+        .map(|n| velocity::pair_window('d', &SubjectKey::device(&format!("dev{n}"), 64).unwrap()))
+        .collect();
     // Per backend, per call: the call's window counts.
     let mut answers: Vec<Vec<velocity::WindowCounts>> = vec![Vec::new(); 3];
     let mut sizes: Vec<Vec<usize>> = vec![Vec::new(); 3];
@@ -1072,6 +1080,17 @@ async fn many_pair_windows_keep_an_account_value_bounded() {
             .map(|n| step(format!("j{n:03}"), None, 0))
             .collect();
         answers[b].extend(run(vec![(late + 3, interleaved), (late + 3, count_j)]).await);
+        // 150 device pair windows with real names (kind and 16 hex digits, which the script
+        // orders numerically) in one call, then counted.
+        let devices: Vec<Step> = device_windows
+            .iter()
+            .map(|w| step(w.clone(), Some(7), late + 4))
+            .collect();
+        let count_devices: Vec<Step> = device_windows
+            .iter()
+            .map(|w| step(w.clone(), None, 0))
+            .collect();
+        answers[b].extend(run(vec![(late + 4, devices), (late + 4, count_devices)]).await);
         velocity::clear(hot, &[key.clone(), format!("{key}-other")])
             .await
             .unwrap();
@@ -1100,12 +1119,19 @@ async fn many_pair_windows_keep_an_account_value_bounded() {
     assert_eq!(sizes[1][0], bytes(MAX_WINDOWS_PER_KIND, 300), "cluster");
     // The 150 windows added in one call all count in it; the end of the call kept the 128
     // with the largest names (equal expiry): `j022` … `j149`.
-    let [interleaved, next] = answers[2].last_chunk::<2>().unwrap();
+    let [interleaved, next, _, devices_next] = answers[2].last_chunk::<4>().unwrap();
     assert!(interleaved[300..].iter().all(|c| c.0 == 1));
     let live_j: Vec<usize> = (0..150).filter(|&n| next[n].0 == 1).collect();
     assert_eq!(live_j, (22..150).collect::<Vec<_>>());
+    // The same with real pair-window names: the 128 largest, bytewise.
+    let mut by_name: Vec<&String> = device_windows.iter().collect();
+    by_name.sort();
+    let kept: std::collections::HashSet<&String> = by_name[22..].iter().copied().collect();
+    let live_devices: Vec<bool> = devices_next.iter().map(|c| c.0 == 1).collect();
+    let expected: Vec<bool> = device_windows.iter().map(|w| kept.contains(w)).collect();
+    assert_eq!(live_devices, expected);
     // The 128 fading windows aged out 1 ms later: the next new window dropped them all.
-    let last_counts = &answers[2][answers[2].len() - 503..answers[2].len() - 2];
+    let last_counts = &answers[2][answers[2].len() - 505..answers[2].len() - 4];
     let live_late: Vec<usize> = (0..500).filter(|&n| last_counts[1 + n][0].0 == 1).collect();
     assert_eq!(live_late, [499]);
     // The account's window: the 300 failures of the first calls (in range), the fading ones
