@@ -131,7 +131,15 @@ impl WindowValue {
             self.windows.insert(step.window.clone(), Window::default());
         }
         let window = self.windows.get_mut(&step.window).expect("inserted above");
-        window.entries.retain(|(score, _)| *score >= cutoff);
+        // Oldest first: dropping what aged out costs nothing per entry kept (a window holds
+        // up to 1000, and a batch can step one 500 times).
+        while window
+            .entries
+            .first()
+            .is_some_and(|(score, _)| *score < cutoff)
+        {
+            window.entries.pop_first();
+        }
         if step.action == WindowAction::Contains {
             let found = step
                 .member
@@ -140,7 +148,10 @@ impl WindowValue {
         }
         // An entry older than the window would not count: not added (as in Redis).
         if let Some(member) = step.member.filter(|_| adds) {
-            window.entries.retain(|(_, id)| *id != member);
+            // A read-only scan, then a removal only when the member is there (rarely).
+            if let Some(&old) = window.entries.iter().find(|(_, id)| *id == member) {
+                window.entries.remove(&old);
+            }
             window.entries.insert((step.score, member));
             while window.entries.len() > step.cap {
                 window.entries.pop_first();
