@@ -186,7 +186,15 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
     let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    // TCP_NODELAY: an answer is written as soon as it is ready, not held back by Nagle's
+    // algorithm until the client acknowledges an earlier segment.
+    let listener = listener.tap_io(|stream| {
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(error.cause = %err, "could not set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
