@@ -409,18 +409,25 @@ fn limit_http_section(redis_port: u16, server: &Server, levels: &[u64], seconds:
         "| c | what | requests/s | p50 ms | p99 ms | p99.9 ms | ratio |\n|---|---|---|---|---|---|---|"
     );
     for &concurrency in levels {
-        let http = drive(&server.base, concurrency, seconds, four_scopes.clone());
-        let wrk = wrk(&server.base, concurrency, seconds);
+        let (http, http_server_p99) = server_p99_during(&server.base, || {
+            drive(&server.base, concurrency, seconds, four_scopes.clone())
+        });
+        let (wrk, wrk_server_p99) =
+            server_p99_during(&server.base, || wrk(&server.base, concurrency, seconds));
+        let server_p99 = |p99: Option<f64>| {
+            p99.map_or_else(|| "n/a".to_owned(), |s| format!("{} ms", s * 1000.0))
+        };
         let (raw_rps, raw_p99) = redis_benchmark(
             redis_port,
             concurrency,
             (http.rps() as u64 * seconds).max(50_000),
         );
         println!(
-            "| {concurrency} | palisade HTTP, Rust client (200: {}, 429: {}, other: {}) | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {concurrency} | palisade HTTP, Rust client (200: {}, 429: {}, other: {}; server p99 <= {}) | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
             http.statuses[0],
             http.statuses[1],
             http.statuses[2],
+            server_p99(http_server_p99),
             http.rps(),
             http.percentile_ms(0.5),
             http.percentile_ms(0.99),
@@ -429,8 +436,9 @@ fn limit_http_section(redis_port: u16, server: &Server, levels: &[u64], seconds:
         );
         if let Some((rps, p50, p99, p999, non_2xx, cpu_us)) = wrk {
             println!(
-                "| {concurrency} | palisade HTTP, wrk -t{} (non-2xx: {non_2xx}; service CPU {cpu_us:.1} µs/request) | {rps:.0} | {p50:.2} | {p99:.2} | {p999:.2} | {:.2} |",
+                "| {concurrency} | palisade HTTP, wrk -t{} (non-2xx: {non_2xx}; service CPU {cpu_us:.1} µs/request; server p99 <= {}) | {rps:.0} | {p50:.2} | {p99:.2} | {p999:.2} | {:.2} |",
                 concurrency.clamp(1, env_or("LOAD_WRK_THREADS", 2).max(1)),
+                server_p99(wrk_server_p99),
                 rps / raw_rps
             );
         }
@@ -986,6 +994,12 @@ async fn batched_copy(url: &str, rows: u64) -> Option<f64> {
 /// request durations for `route`, read from `/metrics` (time inside Palisade, without the
 /// client's share of the machine).
 async fn server_percentile(base: &str, route: &str, q: f64) -> Option<f64> {
+    percentile_of(&server_buckets(base, route).await?, q)
+}
+
+/// The server's request-duration histogram for `route`: (upper bound s, cumulative count)
+/// per bucket, in order.
+async fn server_buckets(base: &str, route: &str) -> Option<Vec<(f64, f64)>> {
     let text = reqwest::get(format!("{base}/metrics"))
         .await
         .ok()?
@@ -1008,11 +1022,41 @@ async fn server_percentile(base: &str, route: &str, q: f64) -> Option<f64> {
         })
         .collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Some(buckets)
+}
+
+/// The upper bound of the bucket holding quantile `q` of cumulative `buckets`.
+fn percentile_of(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
     let total = buckets.last()?.1;
     buckets
-        .into_iter()
+        .iter()
         .find(|(_, count)| *count >= q * total)
-        .map(|(le, _)| le)
+        .map(|(le, _)| *le)
+}
+
+/// The server's own p99 for `/v1/limit/check` over what `run` sends (histogram counts before
+/// and after, subtracted): whether a client's tail is time inside the service.
+fn server_p99_during<T>(base: &str, run: impl FnOnce() -> T) -> (T, Option<f64>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let route = "/v1/limit/check";
+    let before = runtime
+        .block_on(server_buckets(base, route))
+        .unwrap_or_default();
+    let out = run();
+    let after = runtime
+        .block_on(server_buckets(base, route))
+        .unwrap_or_default();
+    let during: Vec<(f64, f64)> = after
+        .iter()
+        .map(|&(le, n)| {
+            let earlier = before.iter().find(|b| b.0 == le).map_or(0.0, |b| b.1);
+            (le, n - earlier)
+        })
+        .collect();
+    (out, percentile_of(&during, 0.99))
 }
 
 /// Like [`drive`] for `GET /v1/accounts/{account}/status?ip=…` (`path` returns `account?ip=…`).
