@@ -409,11 +409,12 @@ fn limit_http_section(redis_port: u16, server: &Server, levels: &[u64], seconds:
         "| c | what | requests/s | p50 ms | p99 ms | p99.9 ms | ratio |\n|---|---|---|---|---|---|---|"
     );
     for &concurrency in levels {
-        let (http, http_server_p99) = server_p99_during(&server.base, || {
+        let (http, http_server_p99) = server_p99_during(&server.base, LIMIT_ROUTE, || {
             drive(&server.base, concurrency, seconds, four_scopes.clone())
         });
-        let (wrk, wrk_server_p99) =
-            server_p99_during(&server.base, || wrk(&server.base, concurrency, seconds));
+        let (wrk, wrk_server_p99) = server_p99_during(&server.base, LIMIT_ROUTE, || {
+            wrk(&server.base, concurrency, seconds)
+        });
         let server_p99 = |p99: Option<f64>| {
             p99.map_or_else(|| "n/a".to_owned(), |s| format!("{} ms", s * 1000.0))
         };
@@ -788,10 +789,43 @@ fn ingest_section(redis_port: u16, seconds: u64) {
             .unwrap()
     });
     let scripts_before = runtime.block_on(evalsha_calls(&mut redis_conn));
-    let (events, elapsed) = runtime.block_on(async {
+    let status_route = "/v1/accounts/{account}/status";
+    let status_before = runtime
+        .block_on(server_buckets(&base, status_route))
+        .unwrap_or_default();
+    let ((events, elapsed), probe) = runtime.block_on(async {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let started = Instant::now();
+        // The auth service's question while the batches go in: one status every 5 ms on its
+        // own connection, for accounts the posters are failing (latency per request, µs).
+        let probe = {
+            let (client, base) = (client.clone(), base.clone());
+            tokio::spawn(async move {
+                let mut latencies: Vec<u32> = Vec::new();
+                let mut tick = tokio::time::interval(Duration::from_millis(5));
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    tick.tick().await;
+                    n += 7919;
+                    let sent = Instant::now();
+                    let response = client
+                        .get(format!(
+                            "{base}/v1/accounts/acct{}/status?ip=10.0.0.{}",
+                            n % 100_000,
+                            n % 250
+                        ))
+                        .bearer_auth(TOKEN)
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(response.status(), 200);
+                    let _ = response.bytes().await;
+                    latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+                }
+                latencies
+            })
+        };
         let mut tasks = tokio::task::JoinSet::new();
         // `LOAD_INGEST_ACCOUNTS=1`: every failure on one account from a new IP (a distributed
         // brute force); by default 100k accounts, each failing again every 100k events.
@@ -827,8 +861,30 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         while let Some(sent) = tasks.join_next().await {
             total += sent.unwrap();
         }
-        (total, started.elapsed().as_secs_f64())
+        let elapsed = started.elapsed().as_secs_f64();
+        ((total, elapsed), probe.await.unwrap())
     });
+    let status_during = runtime
+        .block_on(server_buckets(&base, status_route))
+        .unwrap_or_default();
+    let probe_server_p99 = percentile_of(&since(&status_before, &status_during), 0.99);
+    let probe_line = {
+        let mut sorted = probe;
+        sorted.sort_unstable();
+        let at = |q: f64| {
+            sorted
+                .get(((sorted.len() as f64 * q) as usize).min(sorted.len().saturating_sub(1)))
+                .map_or(0.0, |&us| f64::from(us) / 1000.0)
+        };
+        format!(
+            "`GET /v1/accounts/{{a}}/status` during the ingest run, one request every 5 ms on its own connection ({} requests): p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms (client side); server time p99 <= {}",
+            sorted.len(),
+            at(0.5),
+            at(0.99),
+            at(0.999),
+            probe_server_p99.map_or_else(|| "n/a".to_owned(), |s| format!("{:.2} ms", s * 1000.0))
+        )
+    };
     let ours = events as f64 / elapsed;
     let scripts_after = runtime.block_on(evalsha_calls(&mut redis_conn));
     let redis_us_per_event = (scripts_after.1 - scripts_before.1) as f64 / events.max(1) as f64;
@@ -875,24 +931,18 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         )
     });
     // One connection first: the server's own time without queueing behind 49 others.
-    let single = drive_get(&base, 1, 2, status.clone());
-    let single_p99 = runtime.block_on(server_percentile(
-        &base,
-        "/v1/accounts/{account}/status",
-        0.99,
-    ));
+    let (single, single_p99) = server_p99_during(&base, status_route, || {
+        drive_get(&base, 1, 2, status.clone())
+    });
     let single_line = format!(
         "`GET /v1/accounts/{{a}}/status`, 1 connection: p50 {:.3} ms, p99 {:.3} ms (client side); server time p99 <= {}",
         single.percentile_ms(0.5),
         single.percentile_ms(0.99),
         single_p99.map_or_else(|| "n/a".to_owned(), |s| format!("{:.2} ms", s * 1000.0))
     );
-    let status_run = drive_get(&base, 50, seconds.min(5), status);
-    let server_p99 = runtime.block_on(server_percentile(
-        &base,
-        "/v1/accounts/{account}/status",
-        0.99,
-    ));
+    let (status_run, server_p99) = server_p99_during(&base, status_route, || {
+        drive_get(&base, 50, seconds.min(5), status)
+    });
     println!("\n## Ingest: auth events, batches of 500, Postgres + Redis, 4 concurrent posters\n");
     println!("| what | events/s | ratio |\n|---|---|---|");
     println!(
@@ -919,6 +969,7 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         server_p99.map_or_else(|| "n/a".to_owned(), |s| format!("{:.2} ms", s * 1000.0))
     );
     println!("{single_line}\n");
+    println!("{probe_line}\n");
     runtime.block_on(database.drop_it());
 }
 
@@ -990,13 +1041,6 @@ async fn batched_copy(url: &str, rows: u64) -> Option<f64> {
     Some(stored as f64 / elapsed)
 }
 
-/// The upper bound (seconds) of the histogram bucket holding quantile `q` of the server's own
-/// request durations for `route`, read from `/metrics` (time inside Palisade, without the
-/// client's share of the machine).
-async fn server_percentile(base: &str, route: &str, q: f64) -> Option<f64> {
-    percentile_of(&server_buckets(base, route).await?, q)
-}
-
 /// The server's request-duration histogram for `route`: (upper bound s, cumulative count)
 /// per bucket, in order.
 async fn server_buckets(base: &str, route: &str) -> Option<Vec<(f64, f64)>> {
@@ -1034,14 +1078,27 @@ fn percentile_of(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
         .map(|(le, _)| *le)
 }
 
-/// The server's own p99 for `/v1/limit/check` over what `run` sends (histogram counts before
-/// and after, subtracted): whether a client's tail is time inside the service.
-fn server_p99_during<T>(base: &str, run: impl FnOnce() -> T) -> (T, Option<f64>) {
+const LIMIT_ROUTE: &str = "/v1/limit/check";
+
+/// Cumulative bucket counts of `after` less those of `before`: the requests in between.
+fn since(before: &[(f64, f64)], after: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    after
+        .iter()
+        .map(|&(le, n)| {
+            let earlier = before.iter().find(|b| b.0 == le).map_or(0.0, |b| b.1);
+            (le, n - earlier)
+        })
+        .collect()
+}
+
+/// The server's own p99 (upper bound of its histogram bucket, s) for `route` over the
+/// requests `run` sends: time inside Palisade, without the client's share of the machine,
+/// so a client's tail can be told apart from the service's.
+fn server_p99_during<T>(base: &str, route: &str, run: impl FnOnce() -> T) -> (T, Option<f64>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let route = "/v1/limit/check";
     let before = runtime
         .block_on(server_buckets(base, route))
         .unwrap_or_default();
@@ -1049,14 +1106,7 @@ fn server_p99_during<T>(base: &str, run: impl FnOnce() -> T) -> (T, Option<f64>)
     let after = runtime
         .block_on(server_buckets(base, route))
         .unwrap_or_default();
-    let during: Vec<(f64, f64)> = after
-        .iter()
-        .map(|&(le, n)| {
-            let earlier = before.iter().find(|b| b.0 == le).map_or(0.0, |b| b.1);
-            (le, n - earlier)
-        })
-        .collect();
-    (out, percentile_of(&during, 0.99))
+    (out, percentile_of(&since(&before, &after), 0.99))
 }
 
 /// Like [`drive`] for `GET /v1/accounts/{account}/status?ip=…` (`path` returns `account?ip=…`).
