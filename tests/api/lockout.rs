@@ -847,8 +847,10 @@ async fn window_steps_answer_the_same_on_redis_and_in_process() {
     .unwrap();
 }
 
-/// Instances writing one window value at once lose nothing: a value changed between the read
-/// and the write is not overwritten (`lua/window_cas.lua`); its steps run again atomically.
+/// Instances writing the same window values at once lose nothing: a value changed between
+/// the read and the write is not overwritten (`lua/window_cas.lua`); its steps run again
+/// atomically. Each call writes 150 values, so its compare-and-sets span several script calls
+/// (`CAS_PER_CALL` values each) and conflicts happen in every one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_window_writers_lose_no_entry() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
@@ -856,50 +858,56 @@ async fn concurrent_window_writers_lose_no_entry() {
     let Some(app) = TestApp::spawn(Backend::Production).await else {
         return;
     };
-    let key = app
-        .app
-        .stores
-        .keys
-        .windows(&SubjectKey::user("contended", 64).unwrap());
+    let keys: Vec<String> = (0..150)
+        .map(|v| {
+            let subject = SubjectKey::user(&format!("contended-{v}"), 64).unwrap();
+            app.app.stores.keys.windows(&subject)
+        })
+        .collect();
     let now = app.app.clock.now_ms();
+    let step = |key: &str, member: Option<u64>, score: i64| Step {
+        key: key.to_owned(),
+        window: "f".to_owned(),
+        member,
+        score,
+        window_ms: 600_000,
+        cap: 1000,
+        gap: false,
+        action: WindowAction::Record,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     for writer in 0..8u64 {
         let hot = app.app.stores.hot.clone();
-        let key = key.clone();
+        let keys = keys.clone();
         tasks.spawn(async move {
             for n in 0..40u64 {
-                let step = Step {
-                    key: key.clone(),
-                    window: "f".to_owned(),
-                    member: Some(writer * 1000 + n + 1),
-                    score: now - 1000 + i64::try_from(n).unwrap(),
-                    window_ms: 600_000,
-                    cap: 1000,
-                    gap: false,
-                    action: WindowAction::Record,
-                };
-                velocity::run_sequence(&hot, &[step], now).await.unwrap();
+                let score = now - 1000 + i64::try_from(n).unwrap();
+                let steps: Vec<Step> = keys
+                    .iter()
+                    .map(|key| step(key, Some(writer * 1000 + n + 1), score))
+                    .collect();
+                velocity::run_sequence(&hot, &steps, now).await.unwrap();
             }
         });
     }
     while let Some(done) = tasks.join_next().await {
         done.unwrap();
     }
-    let count = Step {
-        key: key.clone(),
-        window: "f".to_owned(),
-        member: None,
-        score: 0,
-        window_ms: 600_000,
-        cap: 1000,
-        gap: false,
-        action: WindowAction::Record,
-    };
-    let counted = velocity::run_sequence(&app.app.stores.hot, &[count], now)
+    let counts: Vec<Step> = keys.iter().map(|key| step(key, None, 0)).collect();
+    let counted = velocity::run_sequence(&app.app.stores.hot, &counts, now)
         .await
         .unwrap();
-    assert_eq!(counted[0].0, 320, "8 writers x 40 distinct members");
-    velocity::clear(&app.app.stores.hot, &[key]).await.unwrap();
+    let short: Vec<(usize, u32)> = counted
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.0 != 320)
+        .map(|(v, c)| (v, c.0))
+        .collect();
+    assert!(
+        short.is_empty(),
+        "8 writers x 40 distinct members each; short: {short:?}"
+    );
+    velocity::clear(&app.app.stores.hot, &keys).await.unwrap();
 }
 
 /// A window value not in the packed layout (a foreign writer, a corrupted value) reads as
