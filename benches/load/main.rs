@@ -830,12 +830,21 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         // `LOAD_INGEST_ACCOUNTS=1`: every failure on one account from a new IP (a distributed
         // brute force); by default 100k accounts, each failing again every 100k events.
         let accounts = env_or("LOAD_INGEST_ACCOUNTS", 100_000).max(1);
+        // `LOAD_INGEST_RATE=N`: the posters send N events/s in all (a batch each every
+        // 4 × 500 / N s) instead of as fast as they are answered, to see the status query
+        // under a given load rather than at saturation.
+        let rate = env_or("LOAD_INGEST_RATE", 0);
         for worker in 0..4u64 {
             let (client, base) = (client.clone(), base.clone());
             tasks.spawn(async move {
                 let mut sent = 0u64;
                 let mut next = worker * 100_000_000;
+                let mut pace = (rate > 0)
+                    .then(|| tokio::time::interval(Duration::from_secs_f64(2000.0 / rate as f64)));
                 while Instant::now() < deadline {
+                    if let Some(pace) = &mut pace {
+                        pace.tick().await;
+                    }
                     let body = auth_batch(next, accounts, chrono::Utc::now());
                     next += 500;
                     let response = client
