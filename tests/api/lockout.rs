@@ -849,8 +849,10 @@ async fn window_steps_answer_the_same_on_redis_and_in_process() {
 
 /// Instances writing the same window values at once lose nothing: a value changed between
 /// the read and the write is not overwritten (`lua/window_cas.lua`); its steps run again
-/// atomically. Each call writes 150 values, so its compare-and-sets span several script calls
-/// (`CAS_PER_CALL` values each) and conflicts happen in every one of them.
+/// atomically (`lua/velocity_batch.lua`). Each call steps 150 values, so both kinds of script
+/// call come in parts (`VALUES_PER_CALL` values each) and conflicts happen in every part.
+/// Value `v` gets `10 + v % 31` members per writer (count-only steps after that), so an
+/// answer given to the wrong value shows: no answer may exceed its value's final count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_window_writers_lose_no_entry() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
@@ -864,6 +866,7 @@ async fn concurrent_window_writers_lose_no_entry() {
             app.app.stores.keys.windows(&subject)
         })
         .collect();
+    let adds = |v: usize| 10 + (v % 31) as u64;
     let now = app.app.clock.now_ms();
     let step = |key: &str, member: Option<u64>, score: i64| Step {
         key: key.to_owned(),
@@ -880,33 +883,46 @@ async fn concurrent_window_writers_lose_no_entry() {
         let hot = app.app.stores.hot.clone();
         let keys = keys.clone();
         tasks.spawn(async move {
+            let mut answers = Vec::new();
             for n in 0..40u64 {
                 let score = now - 1000 + i64::try_from(n).unwrap();
                 let steps: Vec<Step> = keys
                     .iter()
-                    .map(|key| step(key, Some(writer * 1000 + n + 1), score))
+                    .enumerate()
+                    .map(|(v, key)| {
+                        let member = (n < adds(v)).then_some(writer * 1000 + n + 1);
+                        step(key, member, score)
+                    })
                     .collect();
-                velocity::run_sequence(&hot, &steps, now).await.unwrap();
+                answers.push(velocity::run_sequence(&hot, &steps, now).await.unwrap());
             }
+            answers
         });
     }
+    let mut answered = Vec::new();
     while let Some(done) = tasks.join_next().await {
-        done.unwrap();
+        answered.extend(done.unwrap());
     }
     let counts: Vec<Step> = keys.iter().map(|key| step(key, None, 0)).collect();
     let counted = velocity::run_sequence(&app.app.stores.hot, &counts, now)
         .await
         .unwrap();
-    let short: Vec<(usize, u32)> = counted
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.0 != 320)
-        .map(|(v, c)| (v, c.0))
-        .collect();
-    assert!(
-        short.is_empty(),
-        "8 writers x 40 distinct members each; short: {short:?}"
+    let expected: Vec<u32> = (0..150).map(|v| 8 * adds(v) as u32).collect();
+    let finals: Vec<u32> = counted.iter().map(|c| c.0).collect();
+    assert_eq!(
+        finals, expected,
+        "8 writers x (10 + v % 31) distinct members each"
     );
+    for call in &answered {
+        for (v, count) in call.iter().enumerate() {
+            assert!(
+                count.0 >= 1 && count.0 <= expected[v],
+                "value {v} answered {} (final {})",
+                count.0,
+                expected[v]
+            );
+        }
+    }
     velocity::clear(&app.app.stores.hot, &keys).await.unwrap();
 }
 
