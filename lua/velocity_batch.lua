@@ -2,7 +2,7 @@
 -- KEYS   every value the call touches (distinct). On a cluster every window operation runs
 --        here, one call per value (one slot each); on a single Redis the service computes the
 --        values itself (velocity.rs, single_redis) and sends here only those another instance
---        changed between its read and its write, all in one call.
+--        changed between its read and its write, in calls of at most 64 values.
 -- ARGV   [1] now_ms, [2] P, then P profiles of two (window_ms, cap: most entries kept), then
 --        one argument per op, in the order the events happened, packed as struct
 --        '>I2 B c1 B' (key index into KEYS, profile index from 0, flags, #name), the window
