@@ -63,25 +63,23 @@ fn by_value(steps: &[Step]) -> (Vec<&str>, Map<&str, Vec<usize>>) {
 ///
 /// Keys of any subjects may repeat: a whole ingest batch is computed at once on a single
 /// Redis. On a cluster a script may touch one slot only, so all steps on one value are one
-/// call there. Returns, per step, the count in its window and (when
+/// call there (the calls of a sequence sent at once). Returns, per step, the count in its window and (when
 /// asked) the gap; `(0, None)` for a delete, 1 or 0 for a membership check.
 pub async fn run_sequence(hot: &Hot, steps: &[Step], now_ms: i64) -> Result<WindowCounts, Error> {
     match hot {
         Hot::Memory(memory) => Ok(memory.window_steps(steps, now_ms)),
         Hot::Redis(redis) if redis.is_cluster() => {
-            // Every step of a value in one call (in order), values in first-seen order:
-            // steps on different values are independent, so the answers are those of one
-            // call over everything, and each value's call ends where it does on the other
-            // paths (after its last step: `WindowValue::finish`).
+            // Every step of a value in one call (in order), one value a call (one slot),
+            // the calls sent at once: steps on different values are independent, so the
+            // answers are those of one call over everything, and each value's call ends
+            // where it does on the other paths (after its last step: `WindowValue::finish`).
             let (order, by_key) = by_value(steps);
+            let at: Vec<usize> = order
+                .iter()
+                .flat_map(|key| by_key[key].iter().copied())
+                .collect();
             let mut out = vec![(0, None); steps.len()];
-            for key in order {
-                let at = &by_key[key];
-                let group: Vec<&Step> = at.iter().map(|&i| &steps[i]).collect();
-                for (&i, count) in at.iter().zip(script(redis, &group, now_ms).await?) {
-                    out[i] = count;
-                }
-            }
+            run_scripts(redis, steps, &at, 1, now_ms, &mut out).await?;
             Ok(out)
         }
         Hot::Redis(redis) => single_redis(redis, steps, now_ms).await,
@@ -198,27 +196,41 @@ async fn single_redis(
         }
     }
     if !conflicted.is_empty() {
-        // Value by value (each value's steps in order; values are independent), in calls
-        // of at most VALUES_PER_CALL values, sent at once.
+        // Value by value (each value's steps in order; values are independent).
         let at: Vec<usize> = conflicted
             .iter()
             .flat_map(|key| by_key[key].iter().copied())
             .collect();
-        let rest: Vec<&Step> = at.iter().map(|&i| &steps[i]).collect();
-        let parts = script_parts(&rest);
-        let calls = parts.iter().map(|part| script(redis, part, now_ms));
-        let mut done = 0;
-        for (part, counts) in parts
-            .iter()
-            .zip(futures_util::future::join_all(calls).await)
-        {
-            for (k, count) in counts?.into_iter().enumerate() {
-                out[at[done + k]] = count;
-            }
-            done += part.len();
-        }
+        run_scripts(redis, steps, &at, VALUES_PER_CALL, now_ms, &mut out).await?;
     }
     Ok(out)
+}
+
+/// Runs the steps `at` names (grouped by value, each value's steps in order) as
+/// `velocity_batch.lua` calls of at most `values_per_call` values, sent at once, and puts
+/// each step's answer in `out`.
+async fn run_scripts(
+    redis: &RedisHot,
+    steps: &[Step],
+    at: &[usize],
+    values_per_call: usize,
+    now_ms: i64,
+    out: &mut WindowCounts,
+) -> Result<(), Error> {
+    let rest: Vec<&Step> = at.iter().map(|&i| &steps[i]).collect();
+    let parts = script_parts(&rest, values_per_call);
+    let calls = parts.iter().map(|part| script(redis, part, now_ms));
+    let mut done = 0;
+    for (part, counts) in parts
+        .iter()
+        .zip(futures_util::future::join_all(calls).await)
+    {
+        for (k, count) in counts?.into_iter().enumerate() {
+            out[at[done + k]] = count;
+        }
+        done += part.len();
+    }
+    Ok(())
 }
 
 /// Values per script call on a single Redis (`window_cas.lua`: about 0.2 ms of Redis time;
@@ -227,10 +239,10 @@ async fn single_redis(
 /// posters fail the same 500 accounts at once, and the script over all 500 took 10-11 ms.)
 const VALUES_PER_CALL: usize = 64;
 
-/// `steps`, grouped by value, cut into script calls of at most [`VALUES_PER_CALL`] values
-/// (that cut falls between values) and 256 (window, cap) profiles (the size of their index
-/// in an op; a batch has a handful).
-fn script_parts<'a>(steps: &'a [&'a Step]) -> Vec<&'a [&'a Step]> {
+/// `steps`, grouped by value, cut into script calls of at most `values_per_call` values
+/// (that cut falls between values; 1 on a cluster, where a call sees one slot) and 256
+/// (window, cap) profiles (the size of their index in an op; a batch has a handful).
+fn script_parts<'a>(steps: &'a [&'a Step], values_per_call: usize) -> Vec<&'a [&'a Step]> {
     let mut parts = Vec::new();
     let mut start = 0;
     let mut keys = std::collections::HashSet::new();
@@ -238,7 +250,7 @@ fn script_parts<'a>(steps: &'a [&'a Step]) -> Vec<&'a [&'a Step]> {
     for (i, step) in steps.iter().enumerate() {
         keys.insert(step.key.as_str());
         profiles.insert((step.window_ms, step.cap));
-        if keys.len() > VALUES_PER_CALL || profiles.len() > 256 {
+        if keys.len() > values_per_call || profiles.len() > 256 {
             parts.push(&steps[start..i]);
             start = i;
             keys = std::collections::HashSet::from([step.key.as_str()]);
