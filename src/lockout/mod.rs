@@ -17,6 +17,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
 pub use policy::{Action, Reason};
@@ -212,6 +213,27 @@ fn may_be_orphan(lockout_id: &str) -> bool {
 /// Name of the velocity signal in factors and reasons.
 pub const SIGNAL: &str = "velocity";
 
+/// What a failure leads to, besides its windows, on one subject (see
+/// [`Lockouts::consequences`]).
+#[derive(Debug, Clone, Copy)]
+enum Consequence<'a> {
+    /// The account's failures reached `challenge_after` (or again a multiple of it).
+    Challenge { failures: u32 },
+    /// The account's failures ask for a lockout.
+    Lock {
+        context: &'a LoginContext,
+        failures: u32,
+    },
+    /// The IP's failures reached `ip_failures` (or again a multiple of it).
+    IpFailures { failures: u32 },
+    /// The source (IP or device) failed on `spray_accounts` accounts or more.
+    Spraying { distinct: u32 },
+}
+
+/// Subjects whose consequences run at the same time (each is a few hot-store round trips,
+/// a lock also a few SQL statements on the pool).
+const LANES_AT_ONCE: usize = 8;
+
 impl Lockouts {
     /// The service. It is the
     /// velocity signal: `scoring` receives its factors (an account's failures and lockout,
@@ -271,7 +293,8 @@ impl Lockouts {
 
     /// Records login events in order: every window operation of the whole batch in one
     /// hot-store call (one script on a single Redis), then each failure's consequences
-    /// (challenge factor, spraying, lockout) in order, exactly as if recorded one by one.
+    /// (challenge factor, spraying, lockout): a subject's in order, as if recorded one by one
+    /// ([`Lockouts::consequences`]).
     pub async fn record_events(&self, events: &[LoginEvent<'_>]) -> Result<(), Error> {
         self.record(events).await
     }
@@ -303,8 +326,8 @@ impl Lockouts {
         })
     }
 
-    /// The second half: each failure's consequences (challenge factor, spraying, lockout)
-    /// in order, exactly as if recorded one by one, then the status of each event named in
+    /// The second half: each failure's consequences (challenge factor, spraying, lockout),
+    /// a subject's in order as if recorded one by one, then the status of each event named in
     /// `latest`, as [`Lockouts::statuses`] would answer it right after. Takes the same
     /// `events` and `latest` as the [`Lockouts::record_windows`] call that made `recorded`.
     /// Lockouts need the events stored (a lockout lists them from the durable store).
@@ -325,16 +348,7 @@ impl Lockouts {
             mut locks,
             now,
         } = recorded;
-        let mut locking: HashSet<&SubjectKey> = HashSet::new();
-        for (event, span) in events.iter().zip(&spans) {
-            if event.failure
-                && self
-                    .after_failure(event.context, &counts[span.clone()], now)
-                    .await?
-            {
-                locking.insert(&event.context.account);
-            }
-        }
+        let locking = self.consequences(events, &spans, &counts, now).await?;
         let relock: Vec<usize> = (0..latest.len())
             .filter(|&k| locking.contains(&events[latest[k]].context.account))
             .collect();
@@ -408,12 +422,7 @@ impl Lockouts {
         let now = self.clock.now_ms();
         let (steps, spans) = self.event_steps(events, &[]);
         let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
-        for (event, span) in events.iter().zip(&spans) {
-            if event.failure {
-                self.after_failure(event.context, &counts[span.clone()], now)
-                    .await?;
-            }
-        }
+        self.consequences(events, &spans, &counts, now).await?;
         Ok(())
     }
 
@@ -513,70 +522,45 @@ impl Lockouts {
         }
     }
 
-    /// What a recorded failure leads to, from its windows' counts (in `failure_steps` order).
-    /// True when its account's failures asked for a lockout (whether this call or another
-    /// instance stored it).
-    async fn after_failure(
+    /// What a recorded failure leads to, from its windows' counts (in `failure_steps` order),
+    /// each with the subject it acts on. Pure: [`Lockouts::consequences`] runs them.
+    fn plan_failure<'a>(
         &self,
-        context: &LoginContext,
+        context: &'a LoginContext,
         counts: &[(u32, Option<i64>)],
-        now: i64,
-    ) -> Result<bool, Error> {
-        let window = self.window_ms();
+        out: &mut Vec<(&'a SubjectKey, Consequence<'a>)>,
+    ) {
         let count = |i: usize| counts.get(i).map_or(0, |c| c.0);
         let account_failures = count(0);
-        let window_s = self.settings.window_s;
         let challenge = self.settings.challenge_after;
         if account_failures >= challenge
             && (account_failures - challenge).is_multiple_of(challenge)
             && account_failures < self.settings.lockout_after
         {
             // Crossing (or again every `challenge_after` failures, to extend it).
-            self.scoring
-                .assert(
-                    &context.account,
-                    Factor::scale(
-                        SIGNAL,
-                        "login_failures",
-                        self.settings.failure_factor,
-                        format!("{account_failures} failed logins in {} min", window_s / 60),
-                    )
-                    .on_classes(&["auth"])
-                    .until(now + window),
-                )
-                .await?;
+            out.push((
+                &context.account,
+                Consequence::Challenge {
+                    failures: account_failures,
+                },
+            ));
         }
         // After the account's windows (2, or 3 with a device): the IP's, then the device's.
         let first_source = if context.device.is_some() { 3 } else { 2 };
         let ip = &context.ip_key;
         let distinct = count(first_source);
         if distinct >= self.settings.spray_accounts {
-            self.spraying(ip, distinct, now).await?;
+            out.push((ip, Consequence::Spraying { distinct }));
         }
         let failures = count(first_source + 1);
         let threshold = self.settings.ip_failures;
         if failures >= threshold && (failures - threshold).is_multiple_of(threshold) {
-            self.scoring
-                .assert(
-                    ip,
-                    Factor::scale(
-                        SIGNAL,
-                        "ip_failures",
-                        self.settings.failure_factor,
-                        format!(
-                            "{failures} failed logins from this IP in {} min",
-                            window_s / 60
-                        ),
-                    )
-                    .on_classes(&["auth"])
-                    .until(now + window),
-                )
-                .await?;
+            out.push((ip, Consequence::IpFailures { failures }));
         }
         if let Some(device) = &context.device {
             let distinct = count(first_source + 2);
             if distinct >= self.settings.spray_accounts {
-                self.spraying(device, distinct, now).await?;
+                out.push((device, Consequence::Spraying { distinct }));
             }
         }
         let counts = policy::Counts {
@@ -584,10 +568,123 @@ impl Lockouts {
             ..policy::Counts::default()
         };
         if policy::decide(counts, &self.settings).0 == Action::Lockout {
-            self.lock(context, account_failures, now).await?;
-            return Ok(true);
+            out.push((
+                &context.account,
+                Consequence::Lock {
+                    context,
+                    failures: account_failures,
+                },
+            ));
         }
-        Ok(false)
+    }
+
+    /// Runs the consequences of the failures among `events` (each event's window counts in
+    /// `counts[spans[i]]`); returns the accounts whose failures asked for a lockout (whether
+    /// this call or another instance stored it).
+    ///
+    /// The consequences on one subject run in the events' order, one after another; those on
+    /// different subjects touch different stored factors, alerts and markers, so they run at
+    /// the same time (a batch that tipped 300 accounts over a threshold waited for 300 × 2
+    /// round trips in a row: most of an ingest batch's time once accounts failed again).
+    /// Only a subject's first lock and first spraying block of a batch run: each later one
+    /// would find the marker the first set or found, and do nothing.
+    async fn consequences<'a>(
+        &self,
+        events: &[LoginEvent<'a>],
+        spans: &[std::ops::Range<usize>],
+        counts: &[(u32, Option<i64>)],
+        now: i64,
+    ) -> Result<HashSet<&'a SubjectKey>, Error> {
+        let mut planned = Vec::new();
+        for (event, span) in events.iter().zip(spans) {
+            if event.failure {
+                self.plan_failure(event.context, &counts[span.clone()], &mut planned);
+            }
+        }
+        let mut locking = HashSet::new();
+        let mut lanes: Vec<(&SubjectKey, Vec<Consequence<'_>>)> = Vec::new();
+        let mut lane_of: std::collections::HashMap<&SubjectKey, usize> =
+            std::collections::HashMap::new();
+        for (subject, consequence) in planned {
+            let lane = *lane_of.entry(subject).or_insert_with(|| {
+                lanes.push((subject, Vec::new()));
+                lanes.len() - 1
+            });
+            let queued = &mut lanes[lane].1;
+            let again = match consequence {
+                Consequence::Lock { .. } => {
+                    locking.insert(subject);
+                    queued.iter().any(|c| matches!(c, Consequence::Lock { .. }))
+                }
+                Consequence::Spraying { .. } => queued
+                    .iter()
+                    .any(|c| matches!(c, Consequence::Spraying { .. })),
+                Consequence::Challenge { .. } | Consequence::IpFailures { .. } => false,
+            };
+            if !again {
+                queued.push(consequence);
+            }
+        }
+        let runs: Vec<_> = lanes
+            .into_iter()
+            .map(|(subject, queued)| self.run_lane(subject, queued, now))
+            .collect();
+        let done: Vec<Result<(), Error>> = futures_util::stream::iter(runs)
+            .buffer_unordered(LANES_AT_ONCE)
+            .collect()
+            .await;
+        done.into_iter().collect::<Result<(), Error>>()?;
+        Ok(locking)
+    }
+
+    /// One subject's consequences, in order.
+    async fn run_lane(
+        &self,
+        subject: &SubjectKey,
+        queued: Vec<Consequence<'_>>,
+        now: i64,
+    ) -> Result<(), Error> {
+        for consequence in queued {
+            self.run_consequence(subject, consequence, now).await?;
+        }
+        Ok(())
+    }
+
+    async fn run_consequence(
+        &self,
+        subject: &SubjectKey,
+        consequence: Consequence<'_>,
+        now: i64,
+    ) -> Result<(), Error> {
+        let window_s = self.settings.window_s;
+        let (code, message) = match consequence {
+            Consequence::Lock { context, failures } => {
+                return self.lock(context, failures, now).await;
+            }
+            Consequence::Spraying { distinct } => {
+                return self.spraying(subject, distinct, now).await;
+            }
+            Consequence::Challenge { failures } => (
+                "login_failures",
+                format!("{failures} failed logins in {} min", window_s / 60),
+            ),
+            Consequence::IpFailures { failures } => (
+                "ip_failures",
+                format!(
+                    "{failures} failed logins from this IP in {} min",
+                    window_s / 60
+                ),
+            ),
+        };
+        self.scoring
+            .assert(
+                subject,
+                Factor::scale(SIGNAL, code, self.settings.failure_factor, message)
+                    .on_classes(&["auth"])
+                    .until(now + self.window_ms()),
+            )
+            .await?;
+        Ok(())
     }
 
     /// A source failing on many accounts: multiplier 0 on `auth` for `spray_block_s`, and one

@@ -512,6 +512,12 @@ async fn one_batch_decides_like_the_same_events_one_by_one(batched: TestApp) {
     for i in 0..11 {
         event("ben", &format!("192.0.2.{}", i + 1), None, "login_failure");
     }
+    // One IP failing 100 times on two accounts: its `ip_failures` factor is asserted at 50
+    // and again at 100 (the later one must win), and both accounts lock once.
+    for i in 0..100 {
+        let account = if i % 2 == 0 { "cat" } else { "dan" };
+        event(account, "198.51.100.77", None, "login_failure");
+    }
     let answer = batched.post_auth(events.clone()).await;
     assert_eq!(answer["accepted"], events.len());
     // The batch's own answer (every account's status in one call and one pipeline).
@@ -580,6 +586,95 @@ async fn one_batch_decides_like_the_same_events_one_by_one(batched: TestApp) {
         .unwrap();
     assert_eq!(a["multiplier"], 0.0, "{a}");
     assert_eq!(a["multiplier"], b["multiplier"]);
+    // The factors each subject was given, by code and message (times differ between apps:
+    // the clock runs).
+    let factors = |view: &Value, key: &str| {
+        let mut found: Vec<(String, String)> = view["keys"][key]["reasons"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {key} in {view}"))
+            .iter()
+            .map(|r| {
+                (
+                    r["code"].as_str().unwrap().to_owned(),
+                    // A lockout's message ends with its time ("… until <RFC 3339>").
+                    r["message"]
+                        .as_str()
+                        .unwrap()
+                        .split(" until ")
+                        .next()
+                        .unwrap()
+                        .to_owned(),
+                )
+            })
+            .collect();
+        found.sort();
+        found
+    };
+    for (query, key) in [
+        ("ip=198.51.100.77", "ip:198.51.100.77"),
+        ("ip=203.0.113.50", "ip:203.0.113.50"),
+        ("ip=192.0.2.9&user_id=amy", "user:amy"),
+        ("ip=192.0.2.9&user_id=cat", "user:cat"),
+    ] {
+        let path = format!("/v1/multipliers?{query}&endpoint=/auth/login&method=POST");
+        let a: Value = batched
+            .get(&path, Some(ADMIN_TOKEN))
+            .await
+            .json()
+            .await
+            .unwrap();
+        let b: Value = single
+            .get(&path, Some(ADMIN_TOKEN))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(factors(&a, key), factors(&b, key), "{key}: {a} vs {b}");
+    }
+    let ip = "/v1/multipliers?ip=198.51.100.77&endpoint=/auth/login&method=POST";
+    let view: Value = batched
+        .get(ip, Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        factors(&view, "ip:198.51.100.77").contains(&(
+            "ip_failures".to_owned(),
+            "100 failed logins from this IP in 10 min".to_owned()
+        )),
+        "{view}"
+    );
+    // One alert per spraying source and per lockout, however many failures crossed.
+    for query in [
+        "?kind=spraying&subject=ip:203.0.113.50",
+        "?kind=lockout&subject=user:cat",
+        "?kind=lockout&subject=user:dan",
+    ] {
+        for app in [&batched, &single] {
+            let page: Value = app
+                .get(&format!("/v1/alerts{query}"), Some(ADMIN_TOKEN))
+                .await
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(
+                page["items"].as_array().unwrap().len(),
+                1,
+                "{query}: {page}"
+            );
+        }
+    }
+    for account in ["cat", "dan"] {
+        assert_eq!(
+            batched.lockouts(&format!("?account={account}")).await.len(),
+            1
+        );
+        assert_eq!(
+            single.lockouts(&format!("?account={account}")).await.len(),
+            1
+        );
+    }
 }
 
 /// Late-delivered failures from before the window (the auth service may send events up to
