@@ -185,6 +185,9 @@ impl From<crate::scoring::Error> for Error {
 pub struct Lockouts {
     durable: Durable,
     hot: Hot,
+    /// The hot store on its own connection, for the status queries (see
+    /// [`crate::store::RedisHot::interactive`]).
+    status_hot: Hot,
     keys: Keys,
     clock: Arc<dyn Clock>,
     settings: LockoutSettings,
@@ -248,6 +251,7 @@ impl Lockouts {
         Self {
             durable: stores.durable.clone(),
             hot: stores.hot.clone(),
+            status_hot: stores.hot.interactive(),
             keys: stores.keys.clone(),
             clock,
             settings,
@@ -381,14 +385,15 @@ impl Lockouts {
                 missing.iter().map(|&k| events[latest[k]].context).collect();
             for (k, counted) in missing
                 .into_iter()
-                .zip(self.count_windows(&contexts, now).await?)
+                .zip(self.count_windows(&self.hot, &contexts, now).await?)
             {
                 windows[k] = Some(counted);
             }
         }
         let contexts: Vec<&LoginContext> = latest.iter().map(|&i| events[i].context).collect();
         let windows = windows.into_iter().map(Option::unwrap_or_default).collect();
-        self.finish_statuses(&contexts, windows, locks, now).await
+        self.finish_statuses(&self.hot, &contexts, windows, locks, now)
+            .await
     }
 
     /// The window operations of `events` in order, and each event's span of them; the
@@ -856,7 +861,12 @@ impl Lockouts {
 
     /// Per context: whether its IP or device logged in successfully before (the lockout-DoS
     /// rule). One hot-store call for all of them.
-    async fn known(&self, contexts: &[&LoginContext], now: i64) -> Result<Vec<bool>, Error> {
+    async fn known(
+        &self,
+        hot: &Hot,
+        contexts: &[&LoginContext],
+        now: i64,
+    ) -> Result<Vec<bool>, Error> {
         let mut steps = Vec::new();
         let mut spans = Vec::with_capacity(contexts.len());
         for context in contexts {
@@ -868,7 +878,7 @@ impl Lockouts {
             }
             spans.push(start..steps.len());
         }
-        let found = velocity::run_sequence(&self.hot, &steps, now).await?;
+        let found = velocity::run_sequence(hot, &steps, now).await?;
         Ok(spans
             .into_iter()
             .map(|span| found[span].iter().any(|(hit, _)| *hit > 0))
@@ -888,16 +898,19 @@ impl Lockouts {
         let now = self.clock.now_ms();
         let contexts: Vec<&LoginContext> = contexts.iter().collect();
         let accounts: Vec<&SubjectKey> = contexts.iter().map(|c| &c.account).collect();
-        let (windows, locks) = tokio::try_join!(self.count_windows(&contexts, now), async {
-            Ok::<_, Error>(velocity::locks(&self.hot, &self.keys, &accounts, now).await?)
+        let hot = &self.status_hot;
+        let (windows, locks) = tokio::try_join!(self.count_windows(hot, &contexts, now), async {
+            Ok::<_, Error>(velocity::locks(hot, &self.keys, &accounts, now).await?)
         },)?;
-        self.finish_statuses(&contexts, windows, locks, now).await
+        self.finish_statuses(hot, &contexts, windows, locks, now)
+            .await
     }
 
     /// Each context's status windows (account with its gap, +IP, +device), counted in one
     /// hot-store call.
     async fn count_windows(
         &self,
+        hot: &Hot,
         contexts: &[&LoginContext],
         now: i64,
     ) -> Result<Vec<WindowCounts>, Error> {
@@ -913,7 +926,7 @@ impl Lockouts {
             }
             spans.push(start..steps.len());
         }
-        let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
+        let counts = velocity::run_sequence(hot, &steps, now).await?;
         Ok(spans
             .into_iter()
             .map(|span| counts[span].to_vec())
@@ -923,6 +936,7 @@ impl Lockouts {
     /// Statuses from each context's window counts and its lock marker.
     async fn finish_statuses(
         &self,
+        hot: &Hot,
         contexts: &[&LoginContext],
         windows: Vec<WindowCounts>,
         locks: Vec<Option<(String, i64)>>,
@@ -935,7 +949,7 @@ impl Lockouts {
             .filter(|(_, lock)| lock.is_some())
             .map(|(context, _)| *context)
             .collect();
-        let mut known = self.known(&locked, now).await?.into_iter();
+        let mut known = self.known(hot, &locked, now).await?.into_iter();
         Ok(windows
             .into_iter()
             .zip(locks)

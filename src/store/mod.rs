@@ -201,6 +201,14 @@ impl Durable {
 }
 
 impl Hot {
+    /// The same store, on its own connection for interactive reads where it has one.
+    pub fn interactive(&self) -> Hot {
+        match self {
+            Hot::Redis(redis) => Hot::Redis(redis.interactive()),
+            Hot::Memory(memory) => Hot::Memory(memory.clone()),
+        }
+    }
+
     /// Readiness: Redis `PING` within the configured timeout; in-process is always ready.
     pub async fn ping(&self) -> Result<(), Error> {
         match self {

@@ -573,7 +573,8 @@ async fn instance_clocks_do_not_change_redis_buckets() {
 }
 
 /// Redis going away mid-run: the auth class fails closed (503), the read class passes with
-/// the degraded header; when Redis returns, decisions are normal again within 1 s.
+/// the degraded header, account statuses are 503; when Redis returns, decisions and
+/// statuses are normal again within 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_auth_fails_closed_reads_fail_open_and_recover() {
     let Some((_, redis_url)) = production_urls() else {
@@ -602,14 +603,24 @@ async fn redis_down_auth_fails_closed_reads_fail_open_and_recover() {
             read_response.headers()["x-palisade-degraded"],
             "redis-unavailable"
         );
+        // The account status (read on its own Redis connection) says so too.
+        let status = app
+            .get("/v1/accounts/judy/status?ip=192.0.2.80", Some(ADMIN_TOKEN))
+            .await;
+        assert_envelope(status, StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE").await;
     }
 
     proxy.restore();
     let restored = std::time::Instant::now();
     loop {
         let response = app.limit_check(&login("judy", "192.0.2.80")).await;
+        let status = app
+            .get("/v1/accounts/judy/status?ip=192.0.2.80", Some(ADMIN_TOKEN))
+            .await
+            .status();
         if response.status() == StatusCode::OK
             && !response.headers().contains_key("x-palisade-degraded")
+            && status == StatusCode::OK
         {
             break;
         }
