@@ -337,6 +337,13 @@ impl TestApp {
         self.request(Method::GET, path, token, None).await
     }
 
+    /// `GET path` with the admin token: the 200 answer's JSON.
+    pub async fn admin_json(&self, path: &str) -> Value {
+        let response = self.get(path, Some(ADMIN_TOKEN)).await;
+        assert_eq!(response.status(), reqwest::StatusCode::OK, "GET {path}");
+        response.json().await.expect("a JSON answer")
+    }
+
     /// `POST path` with a token and a JSON body.
     pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> reqwest::Response {
         self.request(Method::POST, path, token, Some(body)).await

@@ -572,18 +572,8 @@ async fn one_batch_decides_like_the_same_events_one_by_one(batched: TestApp) {
     assert_eq!(batched.lockouts("?account=ben").await.len(), 1);
     assert_eq!(single.lockouts("?account=ben").await.len(), 1);
     let sprayer = "/v1/multipliers?ip=203.0.113.50&endpoint=/auth/login&method=POST";
-    let a: Value = batched
-        .get(sprayer, Some(ADMIN_TOKEN))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let b: Value = single
-        .get(sprayer, Some(ADMIN_TOKEN))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let a: Value = batched.admin_json(sprayer).await;
+    let b: Value = single.admin_json(sprayer).await;
     assert_eq!(a["multiplier"], 0.0, "{a}");
     assert_eq!(a["multiplier"], b["multiplier"]);
     // The factors each subject was given, by code and message (times differ between apps:
@@ -617,27 +607,12 @@ async fn one_batch_decides_like_the_same_events_one_by_one(batched: TestApp) {
         ("ip=192.0.2.9&user_id=cat", "user:cat"),
     ] {
         let path = format!("/v1/multipliers?{query}&endpoint=/auth/login&method=POST");
-        let a: Value = batched
-            .get(&path, Some(ADMIN_TOKEN))
-            .await
-            .json()
-            .await
-            .unwrap();
-        let b: Value = single
-            .get(&path, Some(ADMIN_TOKEN))
-            .await
-            .json()
-            .await
-            .unwrap();
+        let a: Value = batched.admin_json(&path).await;
+        let b: Value = single.admin_json(&path).await;
         assert_eq!(factors(&a, key), factors(&b, key), "{key}: {a} vs {b}");
     }
     let ip = "/v1/multipliers?ip=198.51.100.77&endpoint=/auth/login&method=POST";
-    let view: Value = batched
-        .get(ip, Some(ADMIN_TOKEN))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let view: Value = batched.admin_json(ip).await;
     assert!(
         factors(&view, "ip:198.51.100.77").contains(&(
             "ip_failures".to_owned(),
@@ -652,12 +627,7 @@ async fn one_batch_decides_like_the_same_events_one_by_one(batched: TestApp) {
         "?kind=lockout&subject=user:dan",
     ] {
         for app in [&batched, &single] {
-            let page: Value = app
-                .get(&format!("/v1/alerts{query}"), Some(ADMIN_TOKEN))
-                .await
-                .json()
-                .await
-                .unwrap();
+            let page: Value = app.admin_json(&format!("/v1/alerts{query}")).await;
             assert_eq!(
                 page["items"].as_array().unwrap().len(),
                 1,
