@@ -19,6 +19,8 @@
 //! 4. auth-event ingest vs a raw `COPY` of the same rows (`LOAD_ONLY=ingest` alone), once as
 //!    one transaction and once in committed batches of 500 from 4 `psql` processes;
 //!    `LOAD_INGEST_ACCOUNTS=1` sends every failure to one account (distributed brute force),
+//!    `LOAD_INGEST_POSTERS=n` posts from n tasks (default 4), `LOAD_INGEST_RATE=N` paces
+//!    them to N events/s in all,
 //!    `LOAD_REDIS_TIMEOUT_MS` sets the service's Redis command timeout (default 250);
 //! 5. scoring (`LOAD_ONLY=scoring` alone): `GET /v1/multipliers` with L1 hits vs a static
 //!    axum handler, both driven by `wrk`; request-telemetry ingest (batches of 5000) vs an
@@ -834,19 +836,29 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         // 4 × 500 / N s) instead of as fast as they are answered, to see the status query
         // under a given load rather than at saturation.
         let rate = env_or("LOAD_INGEST_RATE", 0);
-        for worker in 0..4u64 {
-            let (client, base) = (client.clone(), base.clone());
+        // `LOAD_INGEST_POSTERS=n` (default 4) posts from n tasks at once. They take batches
+        // off one numbered stream (batch k holds events 500k..500k+499), so the events, and
+        // each account's failures, are the same whatever n: batches in flight together hold
+        // neighbouring accounts, as an auth service's instances would post different users.
+        // (Until the eighth session each poster had its own stream starting at a multiple of
+        // the account count, so all four failed the same 500 accounts at the same moment.)
+        let posters = env_or("LOAD_INGEST_POSTERS", 4).max(1);
+        let batches = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        for _ in 0..posters {
+            let (client, base, batches) = (client.clone(), base.clone(), batches.clone());
             tasks.spawn(async move {
                 let mut sent = 0u64;
-                let mut next = worker * 100_000_000;
-                let mut pace = (rate > 0)
-                    .then(|| tokio::time::interval(Duration::from_secs_f64(2000.0 / rate as f64)));
+                let mut pace = (rate > 0).then(|| {
+                    tokio::time::interval(Duration::from_secs_f64(
+                        500.0 * posters as f64 / rate as f64,
+                    ))
+                });
                 while Instant::now() < deadline {
                     if let Some(pace) = &mut pace {
                         pace.tick().await;
                     }
+                    let next = batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed) * 500;
                     let body = auth_batch(next, accounts, chrono::Utc::now());
-                    next += 500;
                     let response = client
                         .post(format!("{base}/v1/events/auth"))
                         .bearer_auth(TOKEN)
@@ -952,7 +964,10 @@ fn ingest_section(redis_port: u16, seconds: u64) {
     let (status_run, server_p99) = server_p99_during(&base, status_route, || {
         drive_get(&base, 50, seconds.min(5), status)
     });
-    println!("\n## Ingest: auth events, batches of 500, Postgres + Redis, 4 concurrent posters\n");
+    println!(
+        "\n## Ingest: auth events, batches of 500, Postgres + Redis, {} concurrent posters\n",
+        env_or("LOAD_INGEST_POSTERS", 4).max(1)
+    );
     println!("| what | events/s | ratio |\n|---|---|---|");
     println!(
         "| palisade `POST /v1/events/auth` (stored + velocity + lockouts) | {ours:.0} | {:.2} |",
