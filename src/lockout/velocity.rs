@@ -63,8 +63,8 @@ fn by_value(steps: &[Step]) -> (Vec<&str>, Map<&str, Vec<usize>>) {
 ///
 /// Keys of any subjects may repeat: a whole ingest batch is computed at once on a single
 /// Redis. On a cluster a script may touch one slot only, so all steps on one value are one
-/// call there (the calls of a sequence sent at once). Returns, per step, the count in its window and (when
-/// asked) the gap; `(0, None)` for a delete, 1 or 0 for a membership check.
+/// call there (the calls of a sequence sent at once). Returns, per step, the count in its
+/// window and (when asked) the gap; `(0, None)` for a delete, 1 or 0 for a membership check.
 pub async fn run_sequence(hot: &Hot, steps: &[Step], now_ms: i64) -> Result<WindowCounts, Error> {
     match hot {
         Hot::Memory(memory) => Ok(memory.window_steps(steps, now_ms)),
@@ -235,8 +235,9 @@ async fn run_scripts(
 
 /// Values per script call on a single Redis (`window_cas.lua`: about 0.2 ms of Redis time;
 /// `velocity_batch.lua` on values another instance changed: about 1.3 ms), so a command from
-/// another connection waits at most that long behind an ingest batch's writes. (The bench's
-/// posters fail the same 500 accounts at once, and the script over all 500 took 10-11 ms.)
+/// another connection waits at most that long behind an ingest batch's writes. (Batches
+/// failing the same 500 accounts at once, as the bench's posters did until its eighth
+/// session, conflicted on all of them, and the script over all 500 took 10-11 ms.)
 const VALUES_PER_CALL: usize = 64;
 
 /// `steps`, grouped by value, cut into script calls of at most `values_per_call` values
