@@ -630,15 +630,19 @@ impl Lockouts {
                 queued.push(consequence);
             }
         }
-        let runs: Vec<_> = lanes
-            .into_iter()
-            .map(|(subject, queued)| self.run_lane(subject, queued, now))
-            .collect();
-        let done: Vec<Result<(), Error>> = futures_util::stream::iter(runs)
-            .buffer_unordered(LANES_AT_ONCE)
-            .collect()
-            .await;
-        done.into_iter().collect::<Result<(), Error>>()?;
+        // Each lane's future is made when it starts (a few KB each: made up front for a batch
+        // that tipped 500 accounts over a threshold, they took megabytes at once).
+        let mut waiting = lanes.into_iter();
+        let mut running = futures_util::stream::FuturesUnordered::new();
+        for (subject, queued) in waiting.by_ref().take(LANES_AT_ONCE) {
+            running.push(self.run_lane(subject, queued, now));
+        }
+        while let Some(done) = running.next().await {
+            done?;
+            if let Some((subject, queued)) = waiting.next() {
+                running.push(self.run_lane(subject, queued, now));
+            }
+        }
         Ok(locking)
     }
 
