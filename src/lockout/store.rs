@@ -7,8 +7,9 @@ use crate::with_pool;
 const INSERT: &str = "INSERT INTO lockouts (id, account, scope, reason, failures, level, created_at, locked_until) \
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING";
 const EXISTS: &str = "SELECT COUNT(*) FROM lockouts WHERE id = $1";
-const INSERT_EVENT: &str =
-    "INSERT INTO lockout_events (lockout_id, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+/// Rows per `lockout_events` statement: two parameters each, under SQLite's 32766 limit
+/// (a lockout lists at most a window's 1000 events: one statement).
+const EVENTS_PER_STATEMENT: usize = 1000;
 const RECENT: &str = "SELECT COUNT(*) FROM lockouts WHERE account = $1 AND created_at >= $2";
 const GET: &str = "SELECT id, account, scope, reason, failures, level, created_at, locked_until, released_at, released_by, release_reason \
     FROM lockouts WHERE id = $1";
@@ -89,12 +90,16 @@ pub(super) async fn insert(
             .bind(lockout.locked_until_ms)
             .execute(&mut *tx)
             .await?;
-        for event_id in event_ids {
-            sqlx::query(INSERT_EVENT)
-                .bind(&lockout.id)
-                .bind(event_id)
-                .execute(&mut *tx)
-                .await?;
+        // The events in one statement: a lockout lists up to a window's 1000 of them, one
+        // round trip each before.
+        for chunk in event_ids.chunks(EVENTS_PER_STATEMENT) {
+            let mut builder =
+                sqlx::QueryBuilder::new("INSERT INTO lockout_events (lockout_id, event_id) ");
+            builder.push_values(chunk, |mut row, event_id| {
+                row.push_bind(&lockout.id).push_bind(event_id);
+            });
+            builder.push(" ON CONFLICT DO NOTHING");
+            builder.build().execute(&mut *tx).await?;
         }
         tx.commit().await
     })?;
