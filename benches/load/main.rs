@@ -20,7 +20,8 @@
 //!    one transaction and once in committed batches of 500 from 4 `psql` processes;
 //!    `LOAD_INGEST_ACCOUNTS=1` sends every failure to one account (distributed brute force),
 //!    `LOAD_INGEST_POSTERS=n` posts from n tasks (default 4), `LOAD_INGEST_RATE=N` paces
-//!    them to N events/s in all,
+//!    them to N events/s in all, `LOAD_INGEST_HOT=memory` keeps the windows in process
+//!    (no Redis: how far the service and Postgres go without it),
 //!    `LOAD_REDIS_TIMEOUT_MS` sets the service's Redis command timeout (default 250);
 //! 5. scoring (`LOAD_ONLY=scoring` alone): `GET /v1/multipliers` with L1 hits vs a static
 //!    axum handler, both driven by `wrk`; request-telemetry ingest (batches of 5000) vs an
@@ -767,7 +768,10 @@ fn ingest_section(redis_port: u16, seconds: u64) {
     let mut settings = Settings {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         database_url: database.url.clone(),
-        redis_url: Some(format!("redis://127.0.0.1:{redis_port}")),
+        // `LOAD_INGEST_HOT=memory`: in-process windows, lock markers and factors (one
+        // instance's answers; a ceiling for the Redis work, not a deployment).
+        redis_url: (std::env::var("LOAD_INGEST_HOT").as_deref() != Ok("memory"))
+            .then(|| format!("redis://127.0.0.1:{redis_port}")),
         bootstrap_token: Some(Secret::new(TOKEN)),
         ..Settings::default()
     };
@@ -965,7 +969,12 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         drive_get(&base, 50, seconds.min(5), status)
     });
     println!(
-        "\n## Ingest: auth events, batches of 500, Postgres + Redis, {} concurrent posters\n",
+        "\n## Ingest: auth events, batches of 500, Postgres + {}, {} concurrent posters\n",
+        if settings.redis_url.is_some() {
+            "Redis"
+        } else {
+            "in-process windows (`LOAD_INGEST_HOT=memory`)"
+        },
         env_or("LOAD_INGEST_POSTERS", 4).max(1)
     );
     println!("| what | events/s | ratio |\n|---|---|---|");
