@@ -4,12 +4,9 @@ use super::{Lockout, LockoutEvent, Query, Status};
 use crate::store::{Durable, Error};
 use crate::with_pool;
 
-const INSERT: &str = "INSERT INTO lockouts (id, account, scope, reason, failures, level, created_at, locked_until) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING";
 const EXISTS: &str = "SELECT COUNT(*) FROM lockouts WHERE id = $1";
-/// Rows per `lockout_events` statement: two parameters each, under SQLite's 32766 limit
-/// (a lockout lists at most a window's 1000 events: one statement).
-const EVENTS_PER_STATEMENT: usize = 1000;
+/// Rows per multi-row statement: at most eight parameters each, under SQLite's 32766 limit.
+const ROWS_PER_STATEMENT: usize = 1000;
 const RECENT: &str = "SELECT COUNT(*) FROM lockouts WHERE account = $1 AND created_at >= $2";
 const GET: &str = "SELECT id, account, scope, reason, failures, level, created_at, locked_until, released_at, released_by, release_reason \
     FROM lockouts WHERE id = $1";
@@ -70,33 +67,44 @@ pub(super) async fn exists(durable: &Durable, id: &str) -> Result<bool, Error> {
     Ok(count > 0)
 }
 
-/// Stores a lockout and the events that led to it; a lockout already stored under the same
-/// id (an orphaned marker adopted while its writer was only slow) is kept as it is.
-pub(super) async fn insert(
+/// Stores lockouts and the events that led to each, all in one transaction; a lockout
+/// already stored under the same id (an orphaned marker adopted while its writer was only
+/// slow) is kept as it is.
+pub(super) async fn insert_all(
     durable: &Durable,
-    lockout: &Lockout,
-    event_ids: &[String],
+    lockouts: &[(&Lockout, &[String])],
 ) -> Result<(), Error> {
+    if lockouts.is_empty() {
+        return Ok(());
+    }
+    let events: Vec<(&str, &str)> = lockouts
+        .iter()
+        .flat_map(|(lockout, ids)| ids.iter().map(|id| (lockout.id.as_str(), id.as_str())))
+        .collect();
     with_pool!(durable, |pool| {
         let mut tx = pool.begin().await?;
-        sqlx::query(INSERT)
-            .bind(&lockout.id)
-            .bind(&lockout.account)
-            .bind(&lockout.scope)
-            .bind(&lockout.reason)
-            .bind(i64::from(lockout.failures))
-            .bind(i64::from(lockout.level))
-            .bind(lockout.created_at_ms)
-            .bind(lockout.locked_until_ms)
-            .execute(&mut *tx)
-            .await?;
-        // The events in one statement: a lockout lists up to a window's 1000 of them, one
-        // round trip each before.
-        for chunk in event_ids.chunks(EVENTS_PER_STATEMENT) {
+        for chunk in lockouts.chunks(ROWS_PER_STATEMENT) {
+            let mut builder = sqlx::QueryBuilder::new(
+                "INSERT INTO lockouts (id, account, scope, reason, failures, level, created_at, locked_until) ",
+            );
+            builder.push_values(chunk, |mut row, (lockout, _)| {
+                row.push_bind(&lockout.id)
+                    .push_bind(&lockout.account)
+                    .push_bind(&lockout.scope)
+                    .push_bind(&lockout.reason)
+                    .push_bind(i64::from(lockout.failures))
+                    .push_bind(i64::from(lockout.level))
+                    .push_bind(lockout.created_at_ms)
+                    .push_bind(lockout.locked_until_ms);
+            });
+            builder.push(" ON CONFLICT (id) DO NOTHING");
+            builder.build().execute(&mut *tx).await?;
+        }
+        for chunk in events.chunks(ROWS_PER_STATEMENT) {
             let mut builder =
                 sqlx::QueryBuilder::new("INSERT INTO lockout_events (lockout_id, event_id) ");
-            builder.push_values(chunk, |mut row, event_id| {
-                row.push_bind(&lockout.id).push_bind(event_id);
+            builder.push_values(chunk, |mut row, (lockout_id, event_id)| {
+                row.push_bind(*lockout_id).push_bind(*event_id);
             });
             builder.push(" ON CONFLICT DO NOTHING");
             builder.build().execute(&mut *tx).await?;
