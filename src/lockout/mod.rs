@@ -237,6 +237,37 @@ enum Consequence<'a> {
 /// a lock also a few SQL statements on the pool).
 const LANES_AT_ONCE: usize = 8;
 
+/// Runs `run` on every item, at most [`LANES_AT_ONCE`] at a time, each future made when it
+/// starts (made up front for a batch that tipped 500 accounts over a threshold, they took
+/// megabytes at once). After an error no more start; the ones running finish. Returns the
+/// answers of those that succeeded and the first error.
+async fn at_most_lanes<T, R, Fut>(
+    items: impl IntoIterator<Item = T>,
+    run: impl Fn(T) -> Fut,
+) -> (Vec<R>, Option<Error>)
+where
+    Fut: std::future::Future<Output = Result<R, Error>>,
+{
+    let mut waiting = items.into_iter();
+    let mut running: futures_util::stream::FuturesUnordered<Fut> =
+        waiting.by_ref().take(LANES_AT_ONCE).map(&run).collect();
+    let (mut done, mut failed) = (Vec::new(), None);
+    while let Some(result) = running.next().await {
+        match result {
+            Ok(answer) => done.push(answer),
+            Err(err) => {
+                failed.get_or_insert(err);
+            }
+        }
+        if failed.is_none()
+            && let Some(item) = waiting.next()
+        {
+            running.push(run(item));
+        }
+    }
+    (done, failed)
+}
+
 impl Lockouts {
     /// The service. It is the
     /// velocity signal: `scoring` receives its factors (an account's failures and lockout,
@@ -626,30 +657,20 @@ impl Lockouts {
                 lanes.len() - 1
             });
             let queued = &mut lanes[lane].1;
-            let again = match consequence {
-                Consequence::Spraying { .. } => queued
+            let again = matches!(consequence, Consequence::Spraying { .. })
+                && queued
                     .iter()
-                    .any(|c| matches!(c, Consequence::Spraying { .. })),
-                Consequence::Lock { .. }
-                | Consequence::Challenge { .. }
-                | Consequence::IpFailures { .. } => false,
-            };
+                    .any(|c| matches!(c, Consequence::Spraying { .. }));
             if !again {
                 queued.push(consequence);
             }
         }
-        // Each lane's future is made when it starts (a few KB each: made up front for a batch
-        // that tipped 500 accounts over a threshold, they took megabytes at once).
-        let mut waiting = lanes.into_iter();
-        let mut running = futures_util::stream::FuturesUnordered::new();
-        for (subject, queued) in waiting.by_ref().take(LANES_AT_ONCE) {
-            running.push(self.run_lane(subject, queued, now));
-        }
-        while let Some(done) = running.next().await {
-            done?;
-            if let Some((subject, queued)) = waiting.next() {
-                running.push(self.run_lane(subject, queued, now));
-            }
+        let (_, failed) = at_most_lanes(lanes, |(subject, queued)| {
+            self.run_lane(subject, queued, now)
+        })
+        .await;
+        if let Some(err) = failed {
+            return Err(err);
         }
         self.lock_all(&locks, now).await?;
         Ok(locking)
@@ -748,27 +769,11 @@ impl Lockouts {
     /// locked 500 accounts took 2.1-2.3 s in its consequences before, 1.2-1.6 s so (the rest
     /// is the per-account round trips of both halves).
     async fn lock_all(&self, locks: &[(&LoginContext, u32)], now: i64) -> Result<(), Error> {
-        let mut prepared = Vec::with_capacity(locks.len());
-        let mut waiting = locks.iter();
-        let mut running = futures_util::stream::FuturesUnordered::new();
-        for &(context, failures) in waiting.by_ref().take(LANES_AT_ONCE) {
-            running.push(self.prepare_lock(context, failures, now));
-        }
-        let mut failed = None;
-        while let Some(done) = running.next().await {
-            match done {
-                Ok(Some(lockout)) => prepared.push(lockout),
-                Ok(None) => {}
-                Err(err) => {
-                    failed.get_or_insert(err);
-                }
-            }
-            if failed.is_none()
-                && let Some(&(context, failures)) = waiting.next()
-            {
-                running.push(self.prepare_lock(context, failures, now));
-            }
-        }
+        let (prepared, failed) = at_most_lanes(locks, |&(context, failures)| {
+            self.prepare_lock(context, failures, now)
+        })
+        .await;
+        let prepared: Vec<_> = prepared.into_iter().flatten().collect();
         let stored = match failed {
             Some(err) => Err(err),
             None => {
@@ -788,18 +793,11 @@ impl Lockouts {
             }
             return Err(err);
         }
-        let mut waiting = prepared.iter();
-        let mut running = futures_util::stream::FuturesUnordered::new();
-        for (context, lockout, _) in waiting.by_ref().take(LANES_AT_ONCE) {
-            running.push(self.announce_lock(context, lockout));
-        }
-        while let Some(done) = running.next().await {
-            done?;
-            if let Some((context, lockout, _)) = waiting.next() {
-                running.push(self.announce_lock(context, lockout));
-            }
-        }
-        Ok(())
+        let (_, failed) = at_most_lanes(&prepared, |(context, lockout, _)| {
+            self.announce_lock(context, lockout)
+        })
+        .await;
+        failed.map_or(Ok(()), Err)
     }
 
     /// The first half of a lock: None when another instance holds (or stored) the account's
