@@ -281,11 +281,18 @@ impl Engine {
         let pulled = self.pull(&Self::subject_of(subject), &stored.factors, now);
         let mut all = stored.factors.clone();
         all.extend(pulled);
+        // What a reader answers for a class with nothing published: the pull factors alone.
+        let defaults = self.pull(&Self::subject_of(subject), &[], now);
         let mut writes = Vec::with_capacity(self.classes.len());
         let mut published = BTreeMap::new();
         let mut reasons = BTreeSet::new();
-        // Every class is written, even where the value equals this instance's default: another
-        // instance's default may differ (its list refresh is up to 500 ms behind).
+        // A class no stored factor applies to, whose multiplier is that default, is not
+        // written (its key is deleted): readers answer their default, as for any subject with
+        // nothing published. A class a stored factor applies to is always written, so a stored
+        // change (a list entry naming the subject, say) holds on every instance at once, even
+        // one whose list refresh is behind (up to 500 ms). A challenge (a factor on `auth`
+        // only) wrote a key for every class, and those SETs into a keyspace of millions were
+        // most of Redis's time in a wave of challenges (`docs/benchmarks.md`, tenth session).
         for class in &self.classes {
             let key = self.keys.multiplier(subject, class);
             if stored.factors.is_empty() {
@@ -301,7 +308,9 @@ impl Engine {
                     .map(|c| c.code.clone()),
             );
             published.insert(class.clone(), combined.multiplier);
-            writes.push((key, Some(combined.multiplier)));
+            let written = stored.factors.iter().any(|f| f.applies_to(class))
+                || combined.multiplier != combine(&defaults, class, &self.policy, now).multiplier;
+            writes.push((key, written.then_some(combined.multiplier)));
         }
         // The keys fade with the last stored factor; intermediate changes are republished
         // from the due set.

@@ -183,6 +183,24 @@ async fn datacenter_ip_and_failed_logins_each_lower_the_multiplier_and_the_budge
     // Reads are not affected by an auth-class factor.
     let view = app.multipliers("user_id=carol&endpoint=/v1/feed").await;
     assert_eq!(view["keys"]["user:carol"]["multiplier"], 1.0);
+    // …and nothing is written for them: only auth's multiplier is published in Redis (one
+    // key per challenged account, not one per class).
+    if let Some(url) = &app.settings.redis_url {
+        let user = palisade::model::SubjectKey::user("carol", 64).unwrap();
+        let keys = &app.app.stores.keys;
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let (auth, read): (bool, bool) = redis::pipe()
+            .exists(keys.multiplier(&user, "auth"))
+            .exists(keys.multiplier(&user, "read"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!((auth, read), (true, false));
+    }
 }
 
 /// A device that suddenly sends 100x its steady rate (a scraper, a stolen token) gets a
