@@ -793,10 +793,13 @@ impl Lockouts {
             }
             return Err(err);
         }
-        let (_, failed) = at_most_lanes(&prepared, |(context, lockout, _)| {
+        let (alerts, failed) = at_most_lanes(&prepared, |(context, lockout, _)| {
             self.announce_lock(context, lockout)
         })
         .await;
+        // The announced lockouts' alerts in one statement, even when another announcement
+        // failed (the batch then fails; its retry finds these lockouts stored and announced).
+        self.scoring.alerts().raise_all(alerts).await?;
         failed.map_or(Ok(()), Err)
     }
 
@@ -883,8 +886,13 @@ impl Lockouts {
     }
 
     /// The second half of a lock, once stored: the marker says so, the account's `auth`
-    /// multiplier goes to 0, a decision change and an alert go out.
-    async fn announce_lock(&self, context: &LoginContext, lockout: &Lockout) -> Result<(), Error> {
+    /// multiplier goes to 0, a decision change goes out. Returns the alert to raise (the
+    /// caller raises a batch's together).
+    async fn announce_lock<'c>(
+        &self,
+        context: &'c LoginContext,
+        lockout: &Lockout,
+    ) -> Result<(&'static str, &'c SubjectKey, String, serde_json::Value), Error> {
         let (id, failures, level) = (&lockout.id, lockout.failures, lockout.level);
         let (now, until) = (lockout.created_at_ms, lockout.locked_until_ms);
         // What `prepare_lock` added to `now` (a marker without a TTL: `i64::MAX`, saturated).
@@ -915,21 +923,16 @@ impl Lockouts {
                 at_ms: now,
             })
             .await?;
-        self.scoring
-            .alerts()
-            .raise(
-                "lockout",
-                &context.account,
-                format!("{}: {message}", context.account_name),
-                serde_json::json!({ "lockout_id": id, "failures": failures, "level": level, "locked_until_ms": until }),
-                None,
-            )
-            .await?;
         tracing::info!(
             lockout.id = %id, account.id = %context.account_name, lockout.level = level,
             "locked account {} for {} s (level {level})", context.account_name, duration_ms / 1000
         );
-        Ok(())
+        Ok((
+            "lockout",
+            &context.account,
+            format!("{}: {message}", context.account_name),
+            serde_json::json!({ "lockout_id": id, "failures": failures, "level": level, "locked_until_ms": until }),
+        ))
     }
 
     /// Records a successful login: its IP and device become known to the account (the

@@ -73,10 +73,13 @@ pub struct Delivered {
     pub gave_up: usize,
 }
 
-const INSERT: &str = "INSERT INTO alerts (id, kind, subject, message, details, created_at) \
-    VALUES ($1, $2, $3, $4, $5, $6)";
+/// Multi-row statements (`QueryBuilder::push_values` adds the rows).
+const INSERT: &str = "INSERT INTO alerts (id, kind, subject, message, details, created_at) ";
 const INSERT_DELIVERY: &str = "INSERT INTO alert_deliveries \
-    (alert_id, webhook, attempts, next_attempt_at, delivered_at, last_error) VALUES ($1, $2, 0, $3, NULL, NULL)";
+    (alert_id, webhook, attempts, next_attempt_at, delivered_at, last_error) ";
+/// Rows per multi-row statement: 6 binds each, well under SQLite's 32,766 and Postgres's
+/// 65,535 bind parameters.
+const ROWS_PER_STATEMENT: usize = 1000;
 const LIST: &str = "SELECT id, kind, subject, message, details, created_at FROM alerts \
     WHERE ($1 IS NULL OR kind = $1) AND ($2 IS NULL OR subject = $2) \
     AND ($3 IS NULL OR created_at >= $3) AND ($4 IS NULL OR id < $4) \
@@ -232,51 +235,85 @@ impl Alerts {
         {
             return Ok(None);
         }
+        let mut stored = self
+            .raise_all(vec![(kind, subject, message, details)])
+            .await?;
+        Ok(stored.pop())
+    }
+
+    /// Raises alerts `(kind, subject, message, details)` without de-duplication, stored
+    /// with their deliveries in one statement (or one transaction): a lockout wave raises an
+    /// alert per locked account, and one commit each was most of Postgres's time in it.
+    pub async fn raise_all(
+        &self,
+        raised: Vec<(&str, &SubjectKey, String, serde_json::Value)>,
+    ) -> Result<Vec<Alert>, Error> {
         let now = self.clock.now_ms();
-        let alert = Alert {
-            id: ulid::Ulid::new().to_string(),
-            kind: kind.to_owned(),
-            subject: subject.to_string(),
-            message,
-            details,
-            created_at_ms: now,
-        };
-        let details = alert.details.to_string();
-        let hooks: Vec<&str> = self
-            .webhooks
+        let alerts: Vec<Alert> = raised
+            .into_iter()
+            .map(|(kind, subject, message, details)| Alert {
+                id: ulid::Ulid::new().to_string(),
+                kind: kind.to_owned(),
+                subject: subject.to_string(),
+                message,
+                details,
+                created_at_ms: now,
+            })
+            .collect();
+        if alerts.is_empty() {
+            return Ok(alerts);
+        }
+        let details: Vec<String> = alerts.iter().map(|a| a.details.to_string()).collect();
+        let deliveries: Vec<(&str, &str)> = alerts
             .iter()
-            .filter(|h| h.kinds.is_empty() || h.kinds.iter().any(|k| k == kind))
-            .map(|h| h.url.as_str())
+            .flat_map(|alert| {
+                self.webhooks
+                    .iter()
+                    .filter(|h| h.kinds.is_empty() || h.kinds.contains(&alert.kind))
+                    .map(|h| (alert.id.as_str(), h.url.as_str()))
+            })
             .collect();
         with_pool!(&self.durable, |pool| async {
-            let insert = sqlx::query(INSERT)
-                .bind(&alert.id)
-                .bind(&alert.kind)
-                .bind(&alert.subject)
-                .bind(&alert.message)
-                .bind(&details)
-                .bind(now);
-            if hooks.is_empty() {
-                // One statement needs no transaction (two more round trips, and a lockout
-                // wave raises an alert per account).
-                return insert.execute(pool).await.map(drop);
+            let insert = |chunk: &[(&Alert, &String)]| {
+                let mut builder = sqlx::QueryBuilder::new(INSERT);
+                builder.push_values(chunk, |mut row, (alert, details)| {
+                    row.push_bind(alert.id.clone())
+                        .push_bind(alert.kind.clone())
+                        .push_bind(alert.subject.clone())
+                        .push_bind(alert.message.clone())
+                        .push_bind((*details).clone())
+                        .push_bind(now);
+                });
+                builder
+            };
+            let rows: Vec<(&Alert, &String)> = alerts.iter().zip(&details).collect();
+            if rows.len() <= ROWS_PER_STATEMENT && deliveries.is_empty() {
+                // One statement needs no transaction (two more round trips).
+                return insert(&rows).build().execute(pool).await.map(drop);
             }
             let mut tx = pool.begin().await?;
-            insert.execute(&mut *tx).await?;
-            for hook in &hooks {
-                sqlx::query(INSERT_DELIVERY)
-                    .bind(&alert.id)
-                    .bind(*hook)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
+            for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+                insert(chunk).build().execute(&mut *tx).await?;
+            }
+            for chunk in deliveries.chunks(ROWS_PER_STATEMENT) {
+                let mut builder = sqlx::QueryBuilder::new(INSERT_DELIVERY);
+                builder.push_values(chunk, |mut row, (alert_id, hook)| {
+                    row.push_bind(*alert_id)
+                        .push_bind(*hook)
+                        .push(" 0, ")
+                        .push_bind_unseparated(now)
+                        .push_unseparated(", NULL, NULL");
+                });
+                builder.build().execute(&mut *tx).await?;
             }
             tx.commit().await
         }
         .await)?;
-        metrics::counter!(names::ALERTS_TOTAL, "kind" => kind.to_owned()).increment(1);
-        tracing::info!(alert.id = %alert.id, alert.kind = kind, subject.key = %alert.subject, "alert {kind} for {}: {}", alert.subject, alert.message);
-        Ok(Some(alert))
+        for alert in &alerts {
+            metrics::counter!(names::ALERTS_TOTAL, "kind" => alert.kind.clone()).increment(1);
+            tracing::info!(alert.id = %alert.id, alert.kind = %alert.kind, subject.key = %alert.subject, "alert {} for {}: {}", alert.kind, alert.subject, alert.message);
+        }
+        Ok(alerts)
     }
 
     /// Alerts matching `query`, newest first, and the cursor of the next page.

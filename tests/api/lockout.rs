@@ -1338,8 +1338,17 @@ async fn one_batch_locking_many_accounts_stores_each_lockout_with_its_own_events
         assert!(events.iter().all(|e| e["account"] == account), "{detail}");
         let status = app.status(account, "198.51.100.1", None).await;
         assert_eq!(status["action"], "lockout", "{status}");
+        // One alert each (the batch's alerts are stored together), naming its lockout.
+        let alerts = app
+            .admin_json(&format!("/v1/alerts?kind=lockout&subject=user:{account}"))
+            .await;
+        let alerts = alerts["items"].as_array().unwrap();
+        assert_eq!(alerts.len(), 1, "{alerts:?}");
+        assert_eq!(alerts[0]["details"]["lockout_id"], mine[0]["id"]);
     }
     let answer = app.post_auth(events).await;
     assert_eq!(answer["duplicates"], 40, "{answer}");
     assert_eq!(app.lockouts("").await.len(), accounts.len());
+    let alerts = app.admin_json("/v1/alerts?kind=lockout").await;
+    assert_eq!(alerts["items"].as_array().unwrap().len(), accounts.len());
 }
