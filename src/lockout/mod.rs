@@ -769,11 +769,7 @@ impl Lockouts {
     /// locked 500 accounts took 2.1-2.3 s in its consequences before, 1.2-1.6 s so (the rest
     /// is the per-account round trips of both halves).
     async fn lock_all(&self, locks: &[(&LoginContext, u32)], now: i64) -> Result<(), Error> {
-        let (prepared, failed) = at_most_lanes(locks, |&(context, failures)| {
-            self.prepare_lock(context, failures, now)
-        })
-        .await;
-        let prepared: Vec<_> = prepared.into_iter().flatten().collect();
+        let (prepared, failed) = self.prepare_locks(locks, now).await;
         let stored = match failed {
             Some(err) => Err(err),
             None => {
@@ -803,86 +799,124 @@ impl Lockouts {
         failed.map_or(Ok(()), Err)
     }
 
-    /// The first half of a lock: None when another instance holds (or stored) the account's
-    /// lockout; else the marker is this call's and the lockout, with the failures in its
-    /// window, is ready to store.
-    async fn prepare_lock<'c>(
+    /// The first half of a batch's locks: an account is left out when another instance holds
+    /// (or stored) its lockout; for the others the marker is this call's and the lockout,
+    /// with the failures in its window, is ready to store. Markers are read and set per
+    /// account (8 at a time); levels and events are one query each for the whole batch.
+    /// Returns those prepared and the first error (the caller then removes their markers).
+    async fn prepare_locks<'c>(
         &self,
-        context: &'c LoginContext,
-        failures: u32,
+        locks: &[(&'c LoginContext, u32)],
         now: i64,
-    ) -> Result<Option<(&'c LoginContext, Lockout, Vec<String>)>, Error> {
+    ) -> (Vec<(&'c LoginContext, Lockout, Vec<String>)>, Option<Error>) {
         // A marker whose lockout is not known to be stored may be an orphan: the instance
         // that set it died before writing the row. Once older than `ORPHAN_AFTER`, the
         // lockout is stored under the marker's id (a duplicate write of a merely slow writer
         // is one row: same id); a younger one is being stored by the instance that set it
         // (taking it over then gave one lockout several alerts, each with its own level).
-        let adopted = match velocity::lock_marker(&self.hot, &self.keys, &context.account, now)
-            .await?
-        {
-            Some((_, _, true)) => return Ok(None),
-            Some((id, _, false)) if !may_be_orphan(&id) => return Ok(None),
-            Some((id, ttl_ms, false)) => {
-                if store::exists(&self.durable, &id).await? {
-                    velocity::mark_stored(&self.hot, &self.keys, &context.account, &id).await?;
-                    return Ok(None);
+        let (candidates, failed) = at_most_lanes(locks, |&(context, failures)| async move {
+            let adopted = match velocity::lock_marker(&self.hot, &self.keys, &context.account, now)
+                .await?
+            {
+                Some((_, _, true)) => return Ok(None),
+                Some((id, _, false)) if !may_be_orphan(&id) => return Ok(None),
+                Some((id, ttl_ms, false)) => {
+                    if store::exists(&self.durable, &id).await? {
+                        velocity::mark_stored(&self.hot, &self.keys, &context.account, &id)
+                            .await?;
+                        return Ok(None);
+                    }
+                    tracing::warn!(lockout.id = %id, "lock marker without a stored lockout (its instance stopped): storing it");
+                    Some((id, ttl_ms))
                 }
-                tracing::warn!(lockout.id = %id, "lock marker without a stored lockout (its instance stopped): storing it");
-                Some((id, ttl_ms))
-            }
-            None => None,
-        };
+                None => None,
+            };
+            Ok(Some((context, failures, adopted)))
+        })
+        .await;
+        let candidates: Vec<_> = candidates.into_iter().flatten().collect();
+        if failed.is_some() || candidates.is_empty() {
+            return (Vec::new(), failed);
+        }
         let decay_ms =
             i64::try_from(self.settings.decay_s.saturating_mul(1000)).unwrap_or(i64::MAX);
-        let level =
-            store::recent_count(&self.durable, &context.account_name, now - decay_ms).await? + 1;
-        let (id, duration_ms) = match adopted {
-            Some(marker) => marker,
-            None => {
-                let duration_ms = policy::lockout_seconds(level, &self.settings)
-                    .map_or(PERMANENT_MS, |s| {
-                        i64::try_from(s.saturating_mul(1000)).unwrap_or(PERMANENT_MS)
-                    });
-                let id = ulid::Ulid::new().to_string();
-                // Exactly one instance wins the marker and writes the lockout.
-                if !velocity::lock_if_absent(
-                    &self.hot,
-                    &self.keys,
-                    &context.account,
-                    &id,
-                    now,
-                    duration_ms,
-                )
-                .await?
-                {
-                    return Ok(None);
-                }
-                (id, duration_ms)
+        let names: Vec<&str> = candidates
+            .iter()
+            .map(|(context, ..)| context.account_name.as_str())
+            .collect();
+        let levels = match store::recent_counts(&self.durable, &names, now - decay_ms).await {
+            Ok(levels) => levels,
+            Err(err) => return (Vec::new(), Some(err.into())),
+        };
+        // Exactly one instance wins each marker and writes the lockout.
+        let (won, mut failed) = at_most_lanes(candidates, |(context, failures, adopted)| {
+            let level = levels
+                .get(context.account_name.as_str())
+                .map_or(1, |n| n.saturating_add(1));
+            async move {
+                let (id, duration_ms) = match adopted {
+                    Some(marker) => marker,
+                    None => {
+                        let duration_ms = policy::lockout_seconds(level, &self.settings)
+                            .map_or(PERMANENT_MS, |s| {
+                                i64::try_from(s.saturating_mul(1000)).unwrap_or(PERMANENT_MS)
+                            });
+                        let id = ulid::Ulid::new().to_string();
+                        if !velocity::lock_if_absent(
+                            &self.hot,
+                            &self.keys,
+                            &context.account,
+                            &id,
+                            now,
+                            duration_ms,
+                        )
+                        .await?
+                        {
+                            return Ok(None);
+                        }
+                        (id, duration_ms)
+                    }
+                };
+                Ok(Some((context, failures, level, id, duration_ms)))
             }
-        };
-        // The failures in the window, from the durable store (stored before their window
+        })
+        .await;
+        let won: Vec<_> = won.into_iter().flatten().collect();
+        // The failures in each window, from the durable store (stored before their window
         // operations ran); the hot windows hold only 8-byte member ids.
-        let events = store::window_failures(
-            &self.durable,
-            &context.account_name,
-            now - self.window_ms(),
-            velocity::WINDOW_CAP,
-        )
-        .await?;
-        let lockout = Lockout {
-            id: id.clone(),
-            account: context.account_name.clone(),
-            scope: "account".to_owned(),
-            reason: "account_failures".to_owned(),
-            failures,
-            level,
-            created_at_ms: now,
-            locked_until_ms: now.saturating_add(duration_ms),
-            released_at_ms: None,
-            released_by: None,
-            release_reason: None,
-        };
-        Ok(Some((context, lockout, events)))
+        let mut events = Default::default();
+        if failed.is_none() && !won.is_empty() {
+            let names: Vec<&str> = won
+                .iter()
+                .map(|(context, ..)| context.account_name.as_str())
+                .collect();
+            let since = now - self.window_ms();
+            match store::window_failures(&self.durable, &names, since, velocity::WINDOW_CAP).await {
+                Ok(found) => events = found,
+                Err(err) => failed = Some(err.into()),
+            }
+        }
+        let prepared = won
+            .into_iter()
+            .map(|(context, failures, level, id, duration_ms)| {
+                let lockout = Lockout {
+                    id,
+                    account: context.account_name.clone(),
+                    scope: "account".to_owned(),
+                    reason: "account_failures".to_owned(),
+                    failures,
+                    level,
+                    created_at_ms: now,
+                    locked_until_ms: now.saturating_add(duration_ms),
+                    released_at_ms: None,
+                    released_by: None,
+                    release_reason: None,
+                };
+                let events = events.remove(&context.account_name).unwrap_or_default();
+                (context, lockout, events)
+            })
+            .collect();
+        (prepared, failed)
     }
 
     /// The second half of a lock, once stored: the marker says so, the account's `auth`

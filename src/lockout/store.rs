@@ -7,7 +7,6 @@ use crate::with_pool;
 const EXISTS: &str = "SELECT COUNT(*) FROM lockouts WHERE id = $1";
 /// Rows per multi-row statement: at most eight parameters each, under SQLite's 32766 limit.
 const ROWS_PER_STATEMENT: usize = 1000;
-const RECENT: &str = "SELECT COUNT(*) FROM lockouts WHERE account = $1 AND created_at >= $2";
 const GET: &str = "SELECT id, account, scope, reason, failures, level, created_at, locked_until, released_at, released_by, release_reason \
     FROM lockouts WHERE id = $1";
 // One statement for every filter: `$n IS NULL OR …` (both planners fold the constants).
@@ -114,41 +113,78 @@ pub(super) async fn insert_all(
     Ok(())
 }
 
-const WINDOW_FAILURES: &str = "SELECT event_id, ts FROM auth_events \
-    WHERE account = $1 AND kind = 'login_failure' AND ts >= $2 \
-    AND ts >= COALESCE((SELECT MAX(released_at) FROM lockouts WHERE account = $1), 0) \
-    ORDER BY ts DESC LIMIT $3";
+/// Accounts per statement of the batched queries below (one bind each).
+const ACCOUNTS_PER_STATEMENT: usize = 500;
 
-/// Ids of the account's failures since `since_ms` and since its last release (a release
-/// clears the window), at most `limit`, oldest first: the events a new lockout refers to.
+/// Per account (of `accounts`), the ids of its failures since `since_ms` and since its last
+/// release (a release clears the window), at most `limit` (the newest), oldest first: the
+/// events a new lockout refers to. One statement per 500 accounts (a lockout wave locks a
+/// batch's accounts together; a query each was most of Postgres's time in it).
 pub(super) async fn window_failures(
     durable: &Durable,
-    account: &str,
+    accounts: &[&str],
     since_ms: i64,
     limit: usize,
-) -> Result<Vec<String>, Error> {
+) -> Result<std::collections::HashMap<String, Vec<String>>, Error> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let mut rows: Vec<(String, i64)> = with_pool!(durable, |pool| sqlx::query_as(WINDOW_FAILURES)
-        .bind(account)
-        .bind(since_ms)
-        .bind(limit)
-        .fetch_all(pool)
-        .await)?;
-    rows.reverse();
-    Ok(rows.into_iter().map(|(id, _)| id).collect())
+    let mut out: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for chunk in accounts.chunks(ACCOUNTS_PER_STATEMENT) {
+        // Built in each arm: a query builder is typed by its database.
+        let rows: Vec<(String, String)> = with_pool!(durable, |pool| {
+            let mut builder = sqlx::QueryBuilder::new(
+                "SELECT account, event_id FROM (SELECT e.account, e.event_id, e.ts, \
+                 ROW_NUMBER() OVER (PARTITION BY e.account ORDER BY e.ts DESC, e.event_id DESC) \
+                 AS n FROM auth_events e WHERE e.kind = 'login_failure' AND e.ts >= ",
+            );
+            builder.push_bind(since_ms);
+            builder.push(
+                " AND e.ts >= COALESCE((SELECT MAX(l.released_at) FROM lockouts l \
+                 WHERE l.account = e.account), 0) AND e.account IN (",
+            );
+            let mut list = builder.separated(", ");
+            for account in chunk {
+                list.push_bind(*account);
+            }
+            builder.push(")) w WHERE n <= ");
+            builder.push_bind(limit);
+            builder.push(" ORDER BY account, ts, event_id");
+            builder.build_query_as().fetch_all(pool).await
+        })?;
+        for (account, event_id) in rows {
+            out.entry(account).or_default().push(event_id);
+        }
+    }
+    Ok(out)
 }
 
-pub(super) async fn recent_count(
+/// Per account (of `accounts`), its lockouts created since `since_ms` (accounts with none
+/// are left out). One statement per 500 accounts.
+pub(super) async fn recent_counts(
     durable: &Durable,
-    account: &str,
+    accounts: &[&str],
     since_ms: i64,
-) -> Result<u32, Error> {
-    let (count,): (i64,) = with_pool!(durable, |pool| sqlx::query_as(RECENT)
-        .bind(account)
-        .bind(since_ms)
-        .fetch_one(pool)
-        .await)?;
-    Ok(u32::try_from(count).unwrap_or(u32::MAX))
+) -> Result<std::collections::HashMap<String, u32>, Error> {
+    let mut out = std::collections::HashMap::new();
+    for chunk in accounts.chunks(ACCOUNTS_PER_STATEMENT) {
+        let rows: Vec<(String, i64)> = with_pool!(durable, |pool| {
+            let mut builder = sqlx::QueryBuilder::new(
+                "SELECT account, COUNT(*) FROM lockouts WHERE created_at >= ",
+            );
+            builder.push_bind(since_ms);
+            builder.push(" AND account IN (");
+            let mut list = builder.separated(", ");
+            for account in chunk {
+                list.push_bind(*account);
+            }
+            builder.push(") GROUP BY account");
+            builder.build_query_as().fetch_all(pool).await
+        })?;
+        out.extend(
+            rows.into_iter()
+                .map(|(account, count)| (account, u32::try_from(count).unwrap_or(u32::MAX))),
+        );
+    }
+    Ok(out)
 }
 
 pub(super) async fn get(durable: &Durable, id: &str) -> Result<Option<Lockout>, Error> {
