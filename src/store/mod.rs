@@ -12,7 +12,7 @@ pub mod scripts;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -146,10 +146,15 @@ impl Durable {
         timeout: Duration,
     ) -> Result<Durable, Error> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            // JIT off for this service's sessions: its statements are short, and a batch's
+            // lockout queries (one statement for 500 accounts) crossed `jit_above_cost`,
+            // so Postgres compiled each with LLVM: 38 % of the machine's CPU in a lockout
+            // wave (`docs/benchmarks.md`, tenth session).
+            let options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
             let pool = PgPoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(timeout)
-                .connect(url)
+                .connect_with(options)
                 .await?;
             Ok(Durable::Postgres(pool))
         } else {
