@@ -929,7 +929,7 @@ impl Lockouts {
     ) -> Result<(&'static str, &'c SubjectKey, String, serde_json::Value), Error> {
         let (id, failures, level) = (&lockout.id, lockout.failures, lockout.level);
         let (now, until) = (lockout.created_at_ms, lockout.locked_until_ms);
-        // What `prepare_lock` added to `now` (a marker without a TTL: `i64::MAX`, saturated).
+        // What `prepare_locks` added to `now` (a marker without a TTL: `i64::MAX`, saturated).
         let duration_ms = until - now;
         velocity::mark_stored(&self.hot, &self.keys, &context.account, id).await?;
         let message = format!(

@@ -119,7 +119,7 @@ const ACCOUNTS_PER_STATEMENT: usize = 500;
 /// Per account (of `accounts`), the ids of its failures since `since_ms` and since its last
 /// release (a release clears the window), at most `limit` (the newest), oldest first: the
 /// events a new lockout refers to. One statement per 500 accounts (a lockout wave locks a
-/// batch's accounts together; a query each was most of Postgres's time in it).
+/// batch's accounts together, and this was a query per account).
 pub(super) async fn window_failures(
     durable: &Durable,
     accounts: &[&str],
