@@ -1,52 +1,108 @@
--- factors_update.lua: change one subject's stored factors and read them back, atomically.
--- KEYS   [1] the subject's factor hash, pal:v1:{<subject>}:f
--- ARGV   [1] now_ms, [2] keep_ms (how long the hash outlives its last factor, so its version
---        never restarts while a publisher may still hold an old one), then per change:
---        factor id, payload ('' deletes), expires_ms (-1: none)
+-- factors_update.lua: change subjects' stored factors and read them back, atomically per
+-- subject; for a subject that had nothing stored, publish its multipliers in the same call.
+-- KEYS   per subject: its factor hash, pal:v1:{<subject>}:f, then optionally one multiplier
+--        key per class (same {hash tag}; on a cluster, one subject per call)
+-- ARGV   [1] now_ms, [2] keep_ms (how long a hash outlives its last factor, so its version
+--        never restarts while a publisher may still hold an old one), then per subject: the
+--        number of its multiplier keys, the number of its changes, per change: factor id,
+--        payload ('' deletes), expires_ms (-1: none); then per multiplier key: value ('' for
+--        none), px (0: no expiry): what the caller would publish if this call's sets were the
+--        subject's only factors
 -- State  field = factor id, value = '<expires_ms>|<json>'; field '_v' = version, bumped by
 --        every call, so a publisher can tell whether it saw the latest change.
--- Returns {version, id1, payload1, id2, payload2, …} of the factors still live; expired
---        ones are deleted.
+-- Returns per subject: {version, 1} when its hash did not exist before this call (version 1)
+--        and multiplier keys were given: they were written, as given (no key of the subject
+--        existed to delete: its multiplier keys expire with its last factor, before the
+--        hash); otherwise {version, 0, id1, payload1, id2, payload2, …} of the factors still
+--        live, for the caller to publish (`multiplier_publish.lua`); expired ones are deleted.
+-- Why    a challenge asserts one factor on an account that has none: two scripts (this and
+--        the publish, with its read-back and deletes) cost Redis twice the work of one; and
+--        a batch's challenges go in a few calls, not one round trip each.
 -- Time   now_ms is the caller's wall clock: factor expiries are wall-clock stamps made by
 --        the callers (and reported as RFC 3339). Token buckets never see it.
 
 local call = redis.call
-local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local keep = tonumber(ARGV[2])
-for i = 3, #ARGV, 3 do
-  if ARGV[i + 1] == '' then
-    call('HDEL', key, ARGV[i])
-  else
-    call('HSET', key, ARGV[i], ARGV[i + 2] .. '|' .. ARGV[i + 1])
-  end
-end
-local version = call('HINCRBY', key, '_v', 1)
-local all = call('HGETALL', key)
-local out = {version}
-local latest = now + keep
-local forever = false
-for i = 1, #all, 2 do
-  local id, value = all[i], all[i + 1]
-  if id ~= '_v' then
-    local bar = string.find(value, '|', 1, true)
-    local expires = bar and tonumber(string.sub(value, 1, bar - 1)) or 0
-    if expires >= 0 and expires <= now then
+
+-- One subject: its hash is KEYS[k], its multiplier keys KEYS[k + 1 .. k + nkeys]; its
+-- changes start at ARGV[a]. Returns its reply and the index of the next subject's arguments.
+local function update(k, nkeys, a, nchanges)
+  local key = KEYS[k]
+  local last = a - 1 + 3 * nchanges
+  -- What this call leaves of each id it names: its expiry, or false if deleted.
+  local named = {}
+  for i = a, last, 3 do
+    local id, payload, expires = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+    if payload == '' or (expires >= 0 and expires <= now) then
       call('HDEL', key, id)
+      named[id] = false
     else
-      if expires < 0 then
-        forever = true
-      elseif expires + keep > latest then
-        latest = expires + keep
-      end
-      out[#out + 1] = id
-      out[#out + 1] = string.sub(value, bar + 1)
+      call('HSET', key, id, ARGV[i + 2] .. '|' .. payload)
+      named[id] = expires
     end
   end
+  local version = call('HINCRBY', key, '_v', 1)
+  local latest = now + keep
+  local forever = false
+  local function extend(expires)
+    if expires < 0 then
+      forever = true
+    elseif expires + keep > latest then
+      latest = expires + keep
+    end
+  end
+  local out = {version, 0}
+  if version == 1 and nkeys > 0 then
+    -- Nothing was stored before: the factors are this call's sets, as the caller assumed.
+    for _, expires in pairs(named) do
+      if expires then
+        extend(expires)
+      end
+    end
+    for j = 1, nkeys do
+      local value, px = ARGV[last + 2 * j - 1], tonumber(ARGV[last + 2 * j])
+      if value ~= '' then
+        if px > 0 then
+          call('SET', KEYS[k + j], value, 'PX', px)
+        else
+          call('SET', KEYS[k + j], value)
+        end
+      end
+    end
+    out[2] = 1
+  else
+    local all = call('HGETALL', key)
+    for i = 1, #all, 2 do
+      local id, value = all[i], all[i + 1]
+      if id ~= '_v' then
+        local bar = string.find(value, '|', 1, true)
+        local expires = bar and tonumber(string.sub(value, 1, bar - 1)) or 0
+        if expires >= 0 and expires <= now then
+          call('HDEL', key, id)
+        else
+          extend(expires)
+          out[#out + 1] = id
+          out[#out + 1] = string.sub(value, bar + 1)
+        end
+      end
+    end
+  end
+  if forever then
+    call('PERSIST', key)
+  else
+    call('PEXPIREAT', key, latest)
+  end
+  return out, last + 2 * nkeys + 1
 end
-if forever then
-  call('PERSIST', key)
-else
-  call('PEXPIREAT', key, latest)
+
+local replies = {}
+local k, a = 1, 3
+while k <= #KEYS do
+  local nkeys, nchanges = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local reply
+  reply, a = update(k, nkeys, a + 2, nchanges)
+  replies[#replies + 1] = reply
+  k = k + 1 + nkeys
 end
-return out
+return replies

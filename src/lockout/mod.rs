@@ -665,44 +665,50 @@ impl Lockouts {
                 queued.push(consequence);
             }
         }
-        let (_, failed) = at_most_lanes(lanes, |(subject, queued)| {
-            self.run_lane(subject, queued, now)
-        })
-        .await;
-        if let Some(err) = failed {
-            return Err(err);
+        // In rounds: every subject's first consequence, then every second one, and so on, so
+        // a subject's run in order. A round's factors (challenges, IPs failing often) go to
+        // scoring together, a few calls in all (a batch of challenges took two round trips
+        // each, and those were most of the service's and Redis's time in a wave of them); its
+        // spraying checks run at most LANES_AT_ONCE at a time.
+        for round in 0.. {
+            let mut asserts = Vec::new();
+            let mut spraying = Vec::new();
+            for (subject, queued) in &lanes {
+                match queued.get(round) {
+                    Some(&Consequence::Spraying { distinct }) => {
+                        spraying.push((*subject, distinct));
+                    }
+                    Some(&consequence) => {
+                        if let Some(factor) = self.factor(consequence, now) {
+                            asserts.push((*subject, factor));
+                        }
+                    }
+                    None => {}
+                }
+            }
+            if asserts.is_empty() && spraying.is_empty() {
+                break;
+            }
+            let (asserted, (_, failed)) = tokio::join!(
+                self.scoring.assert_many(asserts),
+                at_most_lanes(spraying, |(subject, distinct)| self
+                    .spraying(subject, distinct, now)),
+            );
+            asserted?;
+            if let Some(err) = failed {
+                return Err(err);
+            }
         }
         self.lock_all(&locks, now).await?;
         Ok(locking)
     }
 
-    /// One subject's consequences, in order.
-    async fn run_lane(
-        &self,
-        subject: &SubjectKey,
-        queued: Vec<Consequence<'_>>,
-        now: i64,
-    ) -> Result<(), Error> {
-        for consequence in queued {
-            self.run_consequence(subject, consequence, now).await?;
-        }
-        Ok(())
-    }
-
-    async fn run_consequence(
-        &self,
-        subject: &SubjectKey,
-        consequence: Consequence<'_>,
-        now: i64,
-    ) -> Result<(), Error> {
+    /// The factor a challenge or an IP's failures assert (None for the other consequences,
+    /// which do more than assert a factor).
+    fn factor(&self, consequence: Consequence<'_>, now: i64) -> Option<Factor> {
         let window_s = self.settings.window_s;
         let (code, message) = match consequence {
-            Consequence::Lock { context, failures } => {
-                return self.lock_all(&[(context, failures)], now).await;
-            }
-            Consequence::Spraying { distinct } => {
-                return self.spraying(subject, distinct, now).await;
-            }
+            Consequence::Lock { .. } | Consequence::Spraying { .. } => return None,
             Consequence::Challenge { failures } => (
                 "login_failures",
                 format!("{failures} failed logins in {} min", window_s / 60),
@@ -715,15 +721,11 @@ impl Lockouts {
                 ),
             ),
         };
-        self.scoring
-            .assert(
-                subject,
-                Factor::scale(SIGNAL, code, self.settings.failure_factor, message)
-                    .on_classes(&["auth"])
-                    .until(now + self.window_ms()),
-            )
-            .await?;
-        Ok(())
+        Some(
+            Factor::scale(SIGNAL, code, self.settings.failure_factor, message)
+                .on_classes(&["auth"])
+                .until(now + self.window_ms()),
+        )
     }
 
     /// A source failing on many accounts: multiplier 0 on `auth` for `spray_block_s`, and one

@@ -39,7 +39,7 @@ use crate::store::{Hot, Keys, Stores};
 use crate::telemetry::metrics as names;
 use baseline::Baselines;
 use offenders::SpaceSaving;
-use store::{FactorStore, Stored};
+use store::{FactorStore, Record, Update, Updated};
 
 /// Stored factors read for explanations are reused for at most this long (`/v1/multipliers`
 /// L1); also bounded by `limits.l1_ttl_ms`.
@@ -132,6 +132,21 @@ pub struct Engine {
     /// In-process shared offender totals (embedded mode): minute → key → count.
     offender_totals: Mutex<BTreeMap<i64, HashMap<String, u64>>>,
     alerts: Alerts,
+}
+
+/// What one publish of a subject writes and records.
+struct Plan {
+    /// Per class: its multiplier key and the value to write (None: delete).
+    writes: Vec<(String, Option<f64>)>,
+    /// The keys' expiry: with the last stored factor (None: never).
+    ttl_ms: Option<u64>,
+    /// Per class, the multiplier in force (empty: nothing stored).
+    published: BTreeMap<String, f64>,
+    reasons: BTreeSet<String>,
+    /// When the last stored factor expires (None: one never does).
+    last: Option<i64>,
+    /// The next expiry before `last`, when the multipliers change by themselves.
+    next_change: Option<i64>,
 }
 
 /// A subject as read for explanations: its stored factors and, per class index, what they
@@ -245,20 +260,105 @@ impl Engine {
     /// made, and a publish of an older version is refused by the store, so what is published
     /// last always reflects the latest factors.
     pub async fn apply(&self, subject: &SubjectKey, changes: &[Change]) -> Result<(), Error> {
-        for change in changes {
-            if let Change::Set(factor) = change {
-                let mode = if self.policy.is_shadow(factor) {
-                    "shadow"
-                } else {
-                    "enforced"
-                };
-                metrics::counter!(names::SCORING_FACTORS_TOTAL, "signal" => factor.signal.clone(), "code" => factor.code.clone(), "mode" => mode)
-                    .increment(1);
+        self.apply_many(&[(subject, changes)]).await
+    }
+
+    /// Stores (or replaces) a factor for each subject (distinct subjects) and publishes them,
+    /// as [`Engine::assert`] on each would, in a few calls: the factors are stored, and
+    /// those of subjects with nothing stored before published, in one script call per
+    /// 32 subjects, the bookkeeping in one pipeline. A batch of challenges took two round
+    /// trips each.
+    pub async fn assert_many(&self, asserts: Vec<(&SubjectKey, Factor)>) -> Result<(), Error> {
+        let changes: Vec<(&SubjectKey, [Change; 1])> = asserts
+            .into_iter()
+            .map(|(subject, factor)| (subject, [Change::Set(factor)]))
+            .collect();
+        let items: Vec<(&SubjectKey, &[Change])> = changes
+            .iter()
+            .map(|(subject, change)| (*subject, &change[..]))
+            .collect();
+        self.apply_many(&items).await
+    }
+
+    /// [`Engine::apply`] on each of distinct subjects, together.
+    async fn apply_many(&self, items: &[(&SubjectKey, &[Change])]) -> Result<(), Error> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        for (_, changes) in items {
+            for change in *changes {
+                if let Change::Set(factor) = change {
+                    let mode = if self.policy.is_shadow(factor) {
+                        "shadow"
+                    } else {
+                        "enforced"
+                    };
+                    metrics::counter!(names::SCORING_FACTORS_TOTAL, "signal" => factor.signal.clone(), "code" => factor.code.clone(), "mode" => mode)
+                        .increment(1);
+                }
             }
         }
         let now = self.clock.now_ms();
-        let stored = self.store.update(&self.keys, subject, now, changes).await?;
-        self.publish(subject, stored, now).await
+        // Per subject: what a reader answers for a class with nothing published (the pull
+        // factors alone), and the plan for a subject with nothing stored before (its factors
+        // its changes' sets), which the store writes in the same call when that is so.
+        let mut defaults = Vec::with_capacity(items.len());
+        let mut fresh = Vec::with_capacity(items.len());
+        for (subject, changes) in items {
+            let pulled = self.pull(&Self::subject_of(subject), &[], now);
+            let mut sets: BTreeMap<String, &Factor> = BTreeMap::new();
+            for change in *changes {
+                match change {
+                    Change::Set(factor) => sets.insert(factor.id(), factor),
+                    Change::Delete(id) => sets.remove(id),
+                };
+            }
+            let sets: Vec<Factor> = sets
+                .into_values()
+                .filter(|f| !f.has_expired(now))
+                .cloned()
+                .collect();
+            fresh.push(self.plan(subject, &sets, &pulled, now));
+            defaults.push(pulled);
+        }
+        let updates: Vec<Update<'_>> = items
+            .iter()
+            .zip(&fresh)
+            .map(|((subject, changes), plan)| Update {
+                subject,
+                changes,
+                fresh: Some((&plan.writes, plan.ttl_ms)),
+            })
+            .collect();
+        let updated = self.store.update(&self.keys, now, &updates).await?;
+        // Subjects that had factors: published one by one, at once (each checks its version).
+        let publishes = items.iter().zip(&defaults).zip(updated).zip(fresh).map(
+            |((((subject, _), defaults), updated), fresh)| async move {
+                match updated {
+                    Updated::Published => Ok((fresh, true)),
+                    Updated::Stored(stored) => {
+                        let plan = self.plan(subject, &stored.factors, defaults, now);
+                        let written = self
+                            .store
+                            .publish(
+                                &self.keys,
+                                subject,
+                                stored.version,
+                                &plan.writes,
+                                plan.ttl_ms,
+                                self.clock.monotonic_us(),
+                            )
+                            .await?;
+                        Ok::<_, Error>((plan, written))
+                    }
+                }
+            },
+        );
+        let mut published = Vec::with_capacity(items.len());
+        for outcome in futures_util::future::join_all(publishes).await {
+            published.push(outcome?);
+        }
+        self.published(items, published, now).await
     }
 
     fn pull(&self, subject: &Subject<'_>, stored: &[Factor], now_ms: i64) -> Vec<Factor> {
@@ -277,12 +377,15 @@ impl Engine {
         }
     }
 
-    async fn publish(&self, subject: &SubjectKey, stored: Stored, now: i64) -> Result<(), Error> {
-        let pulled = self.pull(&Self::subject_of(subject), &stored.factors, now);
-        let mut all = stored.factors.clone();
-        all.extend(pulled);
-        // What a reader answers for a class with nothing published: the pull factors alone.
-        let defaults = self.pull(&Self::subject_of(subject), &[], now);
+    /// What publishing `subject` with these stored factors writes; `defaults` are its pull
+    /// factors with nothing stored (what readers answer for a class with nothing published).
+    fn plan(&self, subject: &SubjectKey, stored: &[Factor], defaults: &[Factor], now: i64) -> Plan {
+        let mut all = stored.to_vec();
+        if stored.is_empty() {
+            all.extend_from_slice(defaults);
+        } else {
+            all.extend(self.pull(&Self::subject_of(subject), stored, now));
+        }
         let mut writes = Vec::with_capacity(self.classes.len());
         let mut published = BTreeMap::new();
         let mut reasons = BTreeSet::new();
@@ -296,7 +399,7 @@ impl Engine {
         // (`docs/benchmarks.md`, tenth session).
         for class in &self.classes {
             let key = self.keys.multiplier(subject, class);
-            if stored.factors.is_empty() {
+            if stored.is_empty() {
                 writes.push((key, None));
                 continue;
             }
@@ -309,13 +412,13 @@ impl Engine {
                     .map(|c| c.code.clone()),
             );
             published.insert(class.clone(), combined.multiplier);
-            let written = stored.factors.iter().any(|f| f.applies_to(class))
-                || combined.multiplier != combine(&defaults, class, &self.policy, now).multiplier;
+            let written = stored.iter().any(|f| f.applies_to(class))
+                || combined.multiplier != combine(defaults, class, &self.policy, now).multiplier;
             writes.push((key, written.then_some(combined.multiplier)));
         }
         // The keys fade with the last stored factor; intermediate changes are republished
         // from the due set.
-        let expiries: Vec<Option<i64>> = stored.factors.iter().map(|f| f.expires_at_ms).collect();
+        let expiries: Vec<Option<i64>> = stored.iter().map(|f| f.expires_at_ms).collect();
         let last = if expiries.iter().any(Option::is_none) {
             None
         } else {
@@ -328,45 +431,77 @@ impl Engine {
             .copied()
             .filter(|&at| at > now && Some(at) != last)
             .min();
-        let written = self
-            .store
-            .publish(
-                &self.keys,
-                subject,
-                stored.version,
-                &writes,
-                ttl_ms,
-                self.clock.monotonic_us(),
-            )
-            .await?;
-        let outcome = if written { "written" } else { "superseded" };
-        metrics::counter!(names::MULTIPLIER_PUBLISHES_TOTAL, "outcome" => outcome).increment(1);
-        lock(&self.l1).remove(subject.as_str());
+        Plan {
+            writes,
+            ttl_ms,
+            published,
+            reasons,
+            last,
+            next_change,
+        }
+    }
+
+    /// After publishes (`written`: false if a newer change superseded it): forgets this
+    /// instance's cached views and records the changes (active index, due set, stream).
+    async fn published(
+        &self,
+        items: &[(&SubjectKey, &[Change])],
+        outcomes: Vec<(Plan, bool)>,
+        now: i64,
+    ) -> Result<(), Error> {
+        let mut changes = Vec::with_capacity(items.len());
+        {
+            let mut l1 = lock(&self.l1);
+            for ((subject, _), (plan, written)) in items.iter().zip(outcomes) {
+                let outcome = if written { "written" } else { "superseded" };
+                metrics::counter!(names::MULTIPLIER_PUBLISHES_TOTAL, "outcome" => outcome)
+                    .increment(1);
+                l1.remove(subject.as_str());
+                if !written {
+                    continue;
+                }
+                let Plan {
+                    published,
+                    reasons,
+                    last,
+                    next_change,
+                    ..
+                } = plan;
+                let active = (!published.is_empty()).then_some(last.unwrap_or(i64::MAX));
+                let change = DecisionChange {
+                    cursor: String::new(),
+                    kind: "multiplier".to_owned(),
+                    action: if published.is_empty() {
+                        "delete"
+                    } else {
+                        "set"
+                    }
+                    .to_owned(),
+                    subject: subject.to_string(),
+                    classes: published,
+                    expires_at_ms: last,
+                    reasons: reasons.into_iter().collect(),
+                    reference: None,
+                    list: None,
+                    at_ms: now,
+                };
+                changes.push((*subject, active, next_change, change));
+            }
+        }
         lock(&self.answers).clear();
-        if !written {
+        if changes.is_empty() {
             return Ok(());
         }
-        let change = DecisionChange {
-            cursor: String::new(),
-            kind: "multiplier".to_owned(),
-            action: if published.is_empty() {
-                "delete"
-            } else {
-                "set"
-            }
-            .to_owned(),
-            subject: subject.to_string(),
-            classes: published.clone(),
-            expires_at_ms: last,
-            reasons: reasons.into_iter().collect(),
-            reference: None,
-            list: None,
-            at_ms: now,
-        };
-        let active = (!published.is_empty()).then_some(last.unwrap_or(i64::MAX));
-        self.store
-            .record(&self.keys, subject, active, next_change, Some(&change))
-            .await?;
+        let records: Vec<Record<'_>> = changes
+            .iter()
+            .map(|(subject, active, due_ms, change)| Record {
+                subject,
+                active: *active,
+                due_ms: *due_ms,
+                change: Some(change),
+            })
+            .collect();
+        self.store.record(&self.keys, &records).await?;
         if let Some(hook) = self.on_publish.get() {
             (hook.0)();
         }

@@ -20,6 +20,9 @@ use crate::store::{Error, Hot, Keys, MemoryHot, RedisHot};
 const KEEP_MS: i64 = 86_400_000;
 /// Changes kept in the decision stream.
 pub const STREAM_LEN: usize = 100_000;
+/// Subjects per `factors_update.lua` call on a single Redis: a challenge is about 20 µs of
+/// Redis time, so a call holds other connections up for well under a millisecond.
+const SUBJECTS_PER_CALL: usize = 32;
 /// Most subjects returned by one due sweep.
 const DUE_BATCH: usize = 256;
 
@@ -39,6 +42,66 @@ pub struct Stored {
     pub version: u64,
     /// Live factors, sorted by id.
     pub factors: Vec<Factor>,
+}
+
+/// What [`FactorStore::update`] did.
+#[derive(Debug, Clone)]
+pub enum Updated {
+    /// The subject had nothing stored; the multipliers the caller gave for that case are
+    /// published.
+    Published,
+    /// The live factors, for the caller to publish.
+    Stored(Stored),
+}
+
+/// A multiplier key and the value to write there (None: delete it).
+pub type Write = (String, Option<f64>);
+
+/// One subject's changes for [`FactorStore::update`], and what to publish if it had nothing
+/// stored before (multiplier keys and values, their expiry).
+#[derive(Debug, Clone, Copy)]
+pub struct Update<'a> {
+    /// Whose factors.
+    pub subject: &'a SubjectKey,
+    /// Applied in order.
+    pub changes: &'a [Change],
+    /// Multiplier keys and values, and their expiry, for a subject with nothing stored before.
+    pub fresh: Option<(&'a [Write], Option<u64>)>,
+}
+
+/// One subject's bookkeeping for [`FactorStore::record`].
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    /// Whose multipliers were published.
+    pub subject: &'a SubjectKey,
+    /// `Some(expiry)` while it has published multipliers (`i64::MAX`: no expiry).
+    pub active: Option<i64>,
+    /// When its multipliers change next by themselves.
+    pub due_ms: Option<i64>,
+    /// The decision stream entry.
+    pub change: Option<&'a DecisionChange>,
+}
+
+/// One subject's reply of `factors_update.lua`.
+fn updated(reply: &[Value]) -> Result<Updated, Error> {
+    let [Value::Int(version), Value::Int(published), rest @ ..] = reply else {
+        return Err(bad_reply("factors_update.lua: no version"));
+    };
+    if *published == 1 {
+        return Ok(Updated::Published);
+    }
+    let mut factors: Vec<Factor> = rest
+        .chunks_exact(2)
+        .filter_map(|pair| {
+            let (id, payload) = (text(&pair[0])?, text(&pair[1])?);
+            decode(&id, &payload)
+        })
+        .collect();
+    factors.sort_by_key(Factor::id);
+    Ok(Updated::Stored(Stored {
+        version: u64::try_from(*version).unwrap_or(0),
+        factors,
+    }))
 }
 
 /// One entry of the decision stream: what changed, for enforcers that keep a local copy.
@@ -152,75 +215,104 @@ impl FactorStore {
         }
     }
 
-    /// Applies `changes` and reads the live factors back, with a new version.
+    /// Applies each subject's changes and reads its live factors back, with a new version.
+    ///
+    /// Each item's `fresh` is what the caller would publish (multiplier keys and values, one
+    /// expiry) if the subject had nothing stored before, so that its factors were its
+    /// changes' sets alone. On Redis, when that is so, the same call writes it and answers
+    /// [`Updated::Published`] (a challenge, one factor on an account with none, is one
+    /// script instead of two); the in-process store always answers [`Updated::Stored`]. On a
+    /// single Redis the subjects go [`SUBJECTS_PER_CALL`] to a call, the calls sent at once;
+    /// on a cluster one subject a call (its keys share one slot).
     pub async fn update(
         &self,
         keys: &Keys,
-        subject: &SubjectKey,
         now_ms: i64,
-        changes: &[Change],
-    ) -> Result<Stored, Error> {
+        items: &[Update<'_>],
+    ) -> Result<Vec<Updated>, Error> {
         match self {
             FactorStore::Memory(memory, _) => {
                 let mut subjects = lock(&memory.subjects);
-                if subjects.len() >= 1024 && subjects.len().is_power_of_two() {
-                    subjects.retain(|_, (_, factors)| {
-                        factors.retain(|_, f| !f.has_expired(now_ms));
-                        !factors.is_empty()
-                    });
-                }
-                let entry = subjects.entry(subject.as_str().to_owned()).or_default();
-                for change in changes {
-                    match change {
-                        Change::Set(factor) => {
-                            entry.1.insert(factor.id(), factor.clone());
-                        }
-                        Change::Delete(id) => {
-                            entry.1.remove(id);
+                let mut out = Vec::with_capacity(items.len());
+                for item in items {
+                    if subjects.len() >= 1024 && subjects.len().is_power_of_two() {
+                        subjects.retain(|_, (_, factors)| {
+                            factors.retain(|_, f| !f.has_expired(now_ms));
+                            !factors.is_empty()
+                        });
+                    }
+                    let entry = subjects
+                        .entry(item.subject.as_str().to_owned())
+                        .or_default();
+                    for change in item.changes {
+                        match change {
+                            Change::Set(factor) => {
+                                entry.1.insert(factor.id(), factor.clone());
+                            }
+                            Change::Delete(id) => {
+                                entry.1.remove(id);
+                            }
                         }
                     }
+                    entry.1.retain(|_, f| !f.has_expired(now_ms));
+                    entry.0 += 1;
+                    out.push(Updated::Stored(Stored {
+                        version: entry.0,
+                        factors: entry.1.values().cloned().collect(),
+                    }));
                 }
-                entry.1.retain(|_, f| !f.has_expired(now_ms));
-                entry.0 += 1;
-                Ok(Stored {
-                    version: entry.0,
-                    factors: entry.1.values().cloned().collect(),
-                })
+                Ok(out)
             }
             FactorStore::Redis(redis) => {
-                let mut args = vec![now_ms.to_string(), KEEP_MS.to_string()];
-                for change in changes {
-                    match change {
-                        Change::Set(factor) => {
-                            args.push(factor.id());
-                            args.push(serde_json::to_string(factor).unwrap_or_default());
-                            args.push(factor.expires_at_ms.unwrap_or(-1).to_string());
+                let per_call = if redis.is_cluster() {
+                    1
+                } else {
+                    SUBJECTS_PER_CALL
+                };
+                let calls = items.chunks(per_call).map(|part| async move {
+                    let mut redis_keys = Vec::new();
+                    let mut args = vec![now_ms.to_string(), KEEP_MS.to_string()];
+                    for item in part {
+                        redis_keys.push(keys.factors(item.subject));
+                        let writes = item.fresh.map_or(&[][..], |(writes, _)| writes);
+                        args.push(writes.len().to_string());
+                        args.push(item.changes.len().to_string());
+                        for change in item.changes {
+                            match change {
+                                Change::Set(factor) => {
+                                    args.push(factor.id());
+                                    args.push(serde_json::to_string(factor).unwrap_or_default());
+                                    args.push(factor.expires_at_ms.unwrap_or(-1).to_string());
+                                }
+                                Change::Delete(id) => {
+                                    args.push(id.clone());
+                                    args.push(String::new());
+                                    args.push("-1".to_owned());
+                                }
+                            }
                         }
-                        Change::Delete(id) => {
-                            args.push(id.clone());
-                            args.push(String::new());
-                            args.push("-1".to_owned());
+                        let ttl_ms = item.fresh.and_then(|(_, ttl_ms)| ttl_ms);
+                        for (key, value) in writes {
+                            redis_keys.push(key.clone());
+                            args.push(value.map(|v| v.to_string()).unwrap_or_default());
+                            args.push(ttl_ms.unwrap_or(0).to_string());
                         }
                     }
+                    let replies: Vec<Vec<Value>> =
+                        redis.eval(&FACTORS_UPDATE, &redis_keys, &args).await?;
+                    if replies.len() != part.len() {
+                        return Err(bad_reply("factors_update.lua: one reply per subject"));
+                    }
+                    replies
+                        .iter()
+                        .map(|reply| updated(reply))
+                        .collect::<Result<Vec<_>, _>>()
+                });
+                let mut out = Vec::with_capacity(items.len());
+                for part in futures_util::future::join_all(calls).await {
+                    out.extend(part?);
                 }
-                let reply: Vec<Value> = redis
-                    .eval(&FACTORS_UPDATE, &[keys.factors(subject)], &args)
-                    .await?;
-                let Some((Value::Int(version), rest)) = reply.split_first() else {
-                    return Err(bad_reply("factors_update.lua: no version"));
-                };
-                let mut factors: Vec<Factor> = rest
-                    .chunks_exact(2)
-                    .filter_map(|pair| {
-                        let (id, payload) = (text(&pair[0])?, text(&pair[1])?);
-                        decode(&id, &payload)
-                    })
-                    .collect();
-                factors.sort_by_key(Factor::id);
-                Ok(Stored {
-                    version: u64::try_from(*version).unwrap_or(0),
-                    factors,
-                })
+                Ok(out)
             }
         }
     }
@@ -308,69 +400,72 @@ impl FactorStore {
         }
     }
 
-    /// Deployment-wide bookkeeping after a publish: the active index (`Some(expiry)`: has
-    /// published multipliers until then, `i64::MAX` for none; None: has none), the due time
-    /// of its next change, and the stream entry.
-    pub async fn record(
-        &self,
-        keys: &Keys,
-        subject: &SubjectKey,
-        active: Option<i64>,
-        due_ms: Option<i64>,
-        change: Option<&DecisionChange>,
-    ) -> Result<(), Error> {
+    /// Deployment-wide bookkeeping after publishes, for each subject: the active index
+    /// (`Some(expiry)`: has published multipliers until then, `i64::MAX` for none; None: has
+    /// none), the due time of its next change, and the stream entry. On Redis one pipeline
+    /// (the three keys share the `{scoring}` slot).
+    pub async fn record(&self, keys: &Keys, records: &[Record<'_>]) -> Result<(), Error> {
         match self {
             FactorStore::Memory(memory, _) => {
-                match active {
-                    Some(until) => lock(&memory.active).insert(subject.as_str().to_owned(), until),
-                    None => lock(&memory.active).remove(subject.as_str()),
-                };
-                if let Some(at) = due_ms {
-                    lock(&memory.due).insert((at, subject.as_str().to_owned()));
-                }
-                if let Some(change) = change {
-                    self.append(keys, change).await?;
+                for record in records {
+                    let subject = record.subject.as_str();
+                    match record.active {
+                        Some(until) => lock(&memory.active).insert(subject.to_owned(), until),
+                        None => lock(&memory.active).remove(subject),
+                    };
+                    if let Some(at) = record.due_ms {
+                        lock(&memory.due).insert((at, subject.to_owned()));
+                    }
+                    if let Some(change) = record.change {
+                        self.append(keys, change).await?;
+                    }
                 }
                 Ok(())
             }
             FactorStore::Redis(redis) => {
-                let mut pipe = redis::pipe();
-                match active {
-                    Some(until) => {
-                        let score = if until == i64::MAX {
-                            "+inf".to_owned()
-                        } else {
-                            until.to_string()
-                        };
-                        pipe.cmd("ZADD")
-                            .arg(keys.scoring("active"))
-                            .arg(score)
-                            .arg(subject.as_str())
-                            .ignore()
-                    }
-                    None => pipe
-                        .cmd("ZREM")
-                        .arg(keys.scoring("active"))
-                        .arg(subject.as_str())
-                        .ignore(),
-                };
-                if let Some(at) = due_ms {
-                    pipe.cmd("ZADD")
-                        .arg(keys.scoring("due"))
-                        .arg(at)
-                        .arg(subject.as_str())
-                        .ignore();
+                if records.is_empty() {
+                    return Ok(());
                 }
-                if let Some(change) = change {
-                    pipe.cmd("XADD")
-                        .arg(keys.scoring("decisions"))
-                        .arg("MAXLEN")
-                        .arg("~")
-                        .arg(STREAM_LEN)
-                        .arg("*")
-                        .arg("d")
-                        .arg(serde_json::to_string(change).unwrap_or_default())
-                        .ignore();
+                let mut pipe = redis::pipe();
+                for record in records {
+                    let subject = record.subject.as_str();
+                    match record.active {
+                        Some(until) => {
+                            let score = if until == i64::MAX {
+                                "+inf".to_owned()
+                            } else {
+                                until.to_string()
+                            };
+                            pipe.cmd("ZADD")
+                                .arg(keys.scoring("active"))
+                                .arg(score)
+                                .arg(subject)
+                                .ignore()
+                        }
+                        None => pipe
+                            .cmd("ZREM")
+                            .arg(keys.scoring("active"))
+                            .arg(subject)
+                            .ignore(),
+                    };
+                    if let Some(at) = record.due_ms {
+                        pipe.cmd("ZADD")
+                            .arg(keys.scoring("due"))
+                            .arg(at)
+                            .arg(subject)
+                            .ignore();
+                    }
+                    if let Some(change) = record.change {
+                        pipe.cmd("XADD")
+                            .arg(keys.scoring("decisions"))
+                            .arg("MAXLEN")
+                            .arg("~")
+                            .arg(STREAM_LEN)
+                            .arg("*")
+                            .arg("d")
+                            .arg(serde_json::to_string(change).unwrap_or_default())
+                            .ignore();
+                    }
                 }
                 redis.query_pipeline::<()>(&pipe).await
             }

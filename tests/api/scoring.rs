@@ -26,6 +26,7 @@ on_both_backends!(
     telemetry_batches_are_validated_and_idempotent,
     dropping_an_app_frees_every_service,
     a_cached_multiplier_answer_never_outlives_a_change,
+    factors_asserted_together_publish_as_one_by_one,
 );
 
 const AWS: &[(&str, &str)] = &[(
@@ -848,4 +849,83 @@ async fn a_cached_multiplier_answer_never_outlives_a_change(app: TestApp) {
         let bad = app.get("/v1/multipliers?ip=nope", Some(ADMIN_TOKEN)).await;
         assert_envelope(bad, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
     }
+}
+
+/// Factors asserted on many subjects at once (a batch's challenges) are published as one by
+/// one would: on subjects with nothing stored before and on subjects with factors, over more
+/// subjects than one store call takes (32), and every change reaches the decision stream.
+async fn factors_asserted_together_publish_as_one_by_one(app: TestApp) {
+    let scoring = &app.app.scoring;
+    let name = |i: usize| format!("many{i}");
+    let users: Vec<palisade::model::SubjectKey> = (0..40)
+        .map(|i| palisade::model::SubjectKey::user(&name(i), 64).unwrap())
+        .collect();
+    for user in &users[..20] {
+        scoring
+            .assert(
+                user,
+                palisade::scoring::Factor::scale("test", "prior", 0.5, "prior")
+                    .on_classes(&["read"]),
+            )
+            .await
+            .unwrap();
+    }
+    let page: Value = app
+        .get("/v1/decisions", Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let cursor = page["next_cursor"].as_str().unwrap().to_owned();
+    let until = app.now_ms() + 60_000;
+    scoring
+        .assert_many(
+            users
+                .iter()
+                .map(|user| {
+                    let factor = palisade::scoring::Factor::scale("test", "now", 0.25, "now")
+                        .on_classes(&["auth"])
+                        .until(until);
+                    (user, factor)
+                })
+                .collect(),
+        )
+        .await
+        .unwrap();
+    for i in 0..users.len() {
+        let read = if i < 20 { 0.5 } else { 1.0 };
+        for (endpoint, method, expected) in
+            [("/v1/feed", "GET", read), ("/auth/login", "POST", 0.25)]
+        {
+            let check = json!({"endpoint": endpoint, "method": method, "ip": "192.0.2.1", "user_id": name(i), "consume": false});
+            let body: Value = app.limit_check(&check).await.json().await.unwrap();
+            assert_eq!(
+                body["multiplier"].as_f64(),
+                Some(expected),
+                "{} {endpoint}: {body}",
+                name(i)
+            );
+        }
+    }
+    let page: Value = app
+        .get(&format!("/v1/decisions?since={cursor}"), Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let mut changed: Vec<&str> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["reasons"]
+                .as_array()
+                .is_some_and(|r| r.contains(&json!("now")))
+        })
+        .map(|c| c["subject"].as_str().unwrap())
+        .collect();
+    changed.sort_unstable();
+    let mut expected: Vec<&str> = users.iter().map(|u| u.as_str()).collect();
+    expected.sort_unstable();
+    assert_eq!(changed, expected, "{page}");
 }
