@@ -141,7 +141,7 @@ pub struct LoginContext {
 pub struct Recorded {
     counts: WindowCounts,
     spans: Vec<std::ops::Range<usize>>,
-    locks: Vec<Option<(String, i64)>>,
+    locks: Vec<Option<velocity::Marker>>,
     now: i64,
 }
 
@@ -232,6 +232,9 @@ enum Consequence<'a> {
     /// The source (IP or device) failed on `spray_accounts` accounts or more.
     Spraying { distinct: u32 },
 }
+
+/// A lockout alert to raise: kind, subject, message, details.
+type LockAlert<'c> = (&'static str, &'c SubjectKey, String, serde_json::Value);
 
 /// Subjects whose consequences run at the same time (each is a few hot-store round trips,
 /// a lock also a few SQL statements on the pool).
@@ -383,7 +386,18 @@ impl Lockouts {
             mut locks,
             now,
         } = recorded;
-        let locking = self.consequences(events, &spans, &counts, now).await?;
+        // Accounts whose lockout was stored when their windows were recorded: their failures
+        // past the threshold lock nothing more (a lock would find that marker and stop), so
+        // they skip the marker's round trip (a locked account's every later failure made one).
+        let locked: HashSet<&SubjectKey> = latest
+            .iter()
+            .zip(&locks)
+            .filter(|(_, lock)| lock.as_ref().is_some_and(|(_, _, stored)| *stored))
+            .map(|(&i, _)| &events[i].context.account)
+            .collect();
+        let locking = self
+            .consequences(events, &spans, &counts, &locked, now)
+            .await?;
         let relock: Vec<usize> = (0..latest.len())
             .filter(|&k| locking.contains(&events[latest[k]].context.account))
             .collect();
@@ -458,7 +472,8 @@ impl Lockouts {
         let now = self.clock.now_ms();
         let (steps, spans) = self.event_steps(events, &[]);
         let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
-        self.consequences(events, &spans, &counts, now).await?;
+        self.consequences(events, &spans, &counts, &HashSet::new(), now)
+            .await?;
         Ok(())
     }
 
@@ -629,6 +644,7 @@ impl Lockouts {
         events: &[LoginEvent<'a>],
         spans: &[std::ops::Range<usize>],
         counts: &[(u32, Option<i64>)],
+        locked: &HashSet<&SubjectKey>,
         now: i64,
     ) -> Result<HashSet<&'a SubjectKey>, Error> {
         let mut planned = Vec::new();
@@ -647,7 +663,7 @@ impl Lockouts {
             std::collections::HashMap::new();
         for (subject, consequence) in planned {
             if let Consequence::Lock { context, failures } = consequence {
-                if locking.insert(subject) {
+                if !locked.contains(subject) && locking.insert(subject) {
                     locks.push((context, failures));
                 }
                 continue;
@@ -791,12 +807,9 @@ impl Lockouts {
             }
             return Err(err);
         }
-        let (alerts, failed) = at_most_lanes(&prepared, |(context, lockout, _)| {
-            self.announce_lock(context, lockout)
-        })
-        .await;
+        let (alerts, failed) = self.announce_locks(&prepared).await;
         // The announced lockouts' alerts in one statement, even when another announcement
-        // failed (the batch then fails; its retry finds these lockouts stored and announced).
+        // failed (the batch then fails; its retry finds these lockouts stored).
         self.scoring.alerts().raise_all(alerts).await?;
         failed.map_or(Ok(()), Err)
     }
@@ -921,32 +934,53 @@ impl Lockouts {
         (prepared, failed)
     }
 
-    /// The second half of a lock, once stored: the marker says so, the account's `auth`
-    /// multiplier goes to 0, a decision change goes out. Returns the alert to raise (the
-    /// caller raises a batch's together).
-    async fn announce_lock<'c>(
+    /// The second half of locks, once stored: each marker says so, each account's `auth`
+    /// multiplier goes to 0, a decision change goes out. Markers all at once, factors in a
+    /// few calls ([`crate::scoring::Engine::assert_many`]), the changes in one pipeline: a
+    /// batch that locked 500 accounts made a few round trips per account, 8 accounts at a
+    /// time. Returns the alerts to raise (the caller raises them together) of the lockouts
+    /// announced, and the first error.
+    async fn announce_locks<'c>(
         &self,
-        context: &'c LoginContext,
-        lockout: &Lockout,
-    ) -> Result<(&'static str, &'c SubjectKey, String, serde_json::Value), Error> {
-        let (id, failures, level) = (&lockout.id, lockout.failures, lockout.level);
-        let (now, until) = (lockout.created_at_ms, lockout.locked_until_ms);
-        // What `prepare_locks` added to `now` (a marker without a TTL: `i64::MAX`, saturated).
-        let duration_ms = until - now;
-        velocity::mark_stored(&self.hot, &self.keys, &context.account, id).await?;
-        let message = format!(
-            "locked after {failures} failed logins (level {level}) until {}",
-            crate::clock::rfc3339(until)
-        );
-        let mut factor = Factor::scale(SIGNAL, "lockout", 0.0, message.clone())
-            .on_classes(&["auth"])
-            .referring_to(id.clone());
-        if duration_ms < PERMANENT_MS {
-            factor = factor.until(until);
+        prepared: &[(&'c LoginContext, Lockout, Vec<String>)],
+    ) -> (Vec<LockAlert<'c>>, Option<Error>) {
+        let marks = prepared.iter().map(|(context, lockout, _)| {
+            velocity::mark_stored(&self.hot, &self.keys, &context.account, &lockout.id)
+        });
+        let mut failed = None;
+        let mut marked = Vec::with_capacity(prepared.len());
+        for ((context, lockout, _), outcome) in prepared
+            .iter()
+            .zip(futures_util::future::join_all(marks).await)
+        {
+            match outcome {
+                Ok(()) => marked.push((*context, lockout)),
+                Err(err) => {
+                    failed.get_or_insert(Error::from(err));
+                }
+            }
         }
-        self.scoring.assert(&context.account, factor).await?;
-        self.scoring
-            .record_change(DecisionChange {
+        let mut asserts = Vec::with_capacity(marked.len());
+        let mut changes = Vec::with_capacity(marked.len());
+        let mut alerts = Vec::with_capacity(marked.len());
+        for (context, lockout) in marked {
+            let (id, failures, level) = (&lockout.id, lockout.failures, lockout.level);
+            let (now, until) = (lockout.created_at_ms, lockout.locked_until_ms);
+            // What `prepare_locks` added to `now` (a marker without a TTL: `i64::MAX`,
+            // saturated).
+            let duration_ms = until - now;
+            let message = format!(
+                "locked after {failures} failed logins (level {level}) until {}",
+                crate::clock::rfc3339(until)
+            );
+            let mut factor = Factor::scale(SIGNAL, "lockout", 0.0, message.clone())
+                .on_classes(&["auth"])
+                .referring_to(id.clone());
+            if duration_ms < PERMANENT_MS {
+                factor = factor.until(until);
+            }
+            asserts.push((&context.account, factor));
+            changes.push(DecisionChange {
                 cursor: String::new(),
                 kind: "lockout".to_owned(),
                 action: "set".to_owned(),
@@ -957,18 +991,27 @@ impl Lockouts {
                 reference: Some(id.clone()),
                 list: None,
                 at_ms: now,
-            })
-            .await?;
-        tracing::info!(
-            lockout.id = %id, account.id = %context.account_name, lockout.level = level,
-            "locked account {} for {} s (level {level})", context.account_name, duration_ms / 1000
-        );
-        Ok((
-            "lockout",
-            &context.account,
-            format!("{}: {message}", context.account_name),
-            serde_json::json!({ "lockout_id": id, "failures": failures, "level": level, "locked_until_ms": until }),
-        ))
+            });
+            tracing::info!(
+                lockout.id = %id, account.id = %context.account_name, lockout.level = level,
+                "locked account {} for {} s (level {level})", context.account_name, duration_ms / 1000
+            );
+            alerts.push((
+                "lockout",
+                &context.account,
+                format!("{}: {message}", context.account_name),
+                serde_json::json!({ "lockout_id": id, "failures": failures, "level": level, "locked_until_ms": until }),
+            ));
+        }
+        let announced = async {
+            self.scoring.assert_many(asserts).await?;
+            self.scoring.record_changes(changes).await?;
+            Ok::<_, Error>(())
+        };
+        match announced.await {
+            Ok(()) => (alerts, failed),
+            Err(err) => (Vec::new(), failed.or(Some(err))),
+        }
     }
 
     /// Records a successful login: its IP and device become known to the account (the
@@ -1063,7 +1106,7 @@ impl Lockouts {
         hot: &Hot,
         contexts: &[&LoginContext],
         windows: Vec<WindowCounts>,
-        locks: Vec<Option<(String, i64)>>,
+        locks: Vec<Option<velocity::Marker>>,
         now: i64,
     ) -> Result<Vec<AccountStatus>, Error> {
         // Known contexts matter only where a lock stands: one call for all locked ones.
@@ -1079,6 +1122,7 @@ impl Lockouts {
             .zip(locks)
             .map(|(counts, lock)| {
                 let known = lock.is_some() && known.next().unwrap_or(false);
+                let lock = lock.map(|(id, ttl_ms, _)| (id, ttl_ms));
                 self.decide_status(&counts, lock, known, now)
             })
             .collect())

@@ -402,9 +402,12 @@ pub async fn lock_if_absent(
 /// character in `lua/lock_marker.lua`).
 const STORED: char = '!';
 
+/// A lock marker: lockout id, ms until it expires, and whether its lockout is stored.
+pub type Marker = (String, i64, bool);
+
 /// A marker read with its PTTL: lockout id, ms until it expires (`i64::MAX` without a TTL)
 /// and whether the lockout is stored; None when the key is gone (PTTL -2).
-fn marker(value: Option<String>, ttl: i64) -> Option<(String, i64, bool)> {
+fn marker(value: Option<String>, ttl: i64) -> Option<Marker> {
     let value = value.filter(|_| ttl != -2)?;
     let ttl = if ttl < 0 { i64::MAX } else { ttl };
     Some(match value.strip_suffix(STORED) {
@@ -474,7 +477,7 @@ pub async fn locks(
     keys: &Keys,
     accounts: &[&SubjectKey],
     now_ms: i64,
-) -> Result<Vec<Option<(String, i64)>>, Error> {
+) -> Result<Vec<Option<Marker>>, Error> {
     match hot {
         Hot::Redis(redis) if !redis.is_cluster() && accounts.len() > 1 => {
             // One MGET for every marker, then the TTL of those that exist (few: locked
@@ -496,13 +499,13 @@ pub async fn locks(
             Ok(values
                 .into_iter()
                 .zip(ttls)
-                .map(|(value, ttl)| marker(value, ttl).map(|(id, ttl, _)| (id, ttl)))
+                .map(|(value, ttl)| marker(value, ttl))
                 .collect())
         }
         _ => {
             let mut out = Vec::with_capacity(accounts.len());
             for account in accounts {
-                out.push(lock(hot, keys, account, now_ms).await?);
+                out.push(lock_marker(hot, keys, account, now_ms).await?);
             }
             Ok(out)
         }

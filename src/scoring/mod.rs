@@ -632,9 +632,17 @@ impl Engine {
     }
 
     /// Appends a lockout or list change to the decision stream.
-    pub async fn record_change(&self, mut change: DecisionChange) -> Result<(), Error> {
-        change.at_ms = self.clock.now_ms();
-        Ok(self.store.append(&self.keys, &change).await?)
+    pub async fn record_change(&self, change: DecisionChange) -> Result<(), Error> {
+        self.record_changes(vec![change]).await
+    }
+
+    /// [`Engine::record_change`] for several changes, in order (one pipeline on Redis).
+    pub async fn record_changes(&self, mut changes: Vec<DecisionChange>) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        for change in &mut changes {
+            change.at_ms = now;
+        }
+        Ok(self.store.append_all(&self.keys, &changes).await?)
     }
 
     /// Stream entries after `cursor` (None: none, only the current cursor), the next cursor,

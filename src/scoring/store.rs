@@ -474,28 +474,42 @@ impl FactorStore {
 
     /// Appends one entry to the decision stream.
     pub async fn append(&self, keys: &Keys, change: &DecisionChange) -> Result<(), Error> {
+        self.append_all(keys, std::slice::from_ref(change)).await
+    }
+
+    /// Appends entries to the decision stream, in order (on Redis one pipeline).
+    pub async fn append_all(&self, keys: &Keys, changes: &[DecisionChange]) -> Result<(), Error> {
         match self {
             FactorStore::Memory(memory, _) => {
                 let mut stream = lock(&memory.stream);
-                stream.0 += 1;
-                let mut change = change.clone();
-                change.cursor = stream.0.to_string();
-                stream.1.push_back(change);
+                for change in changes {
+                    stream.0 += 1;
+                    let mut change = change.clone();
+                    change.cursor = stream.0.to_string();
+                    stream.1.push_back(change);
+                }
                 while stream.1.len() > STREAM_LEN {
                     stream.1.pop_front();
                 }
                 Ok(())
             }
             FactorStore::Redis(redis) => {
-                let mut cmd = redis::cmd("XADD");
-                cmd.arg(keys.scoring("decisions"))
-                    .arg("MAXLEN")
-                    .arg("~")
-                    .arg(STREAM_LEN)
-                    .arg("*")
-                    .arg("d")
-                    .arg(serde_json::to_string(change).unwrap_or_default());
-                redis.query::<()>(&cmd).await
+                if changes.is_empty() {
+                    return Ok(());
+                }
+                let mut pipe = redis::pipe();
+                for change in changes {
+                    pipe.cmd("XADD")
+                        .arg(keys.scoring("decisions"))
+                        .arg("MAXLEN")
+                        .arg("~")
+                        .arg(STREAM_LEN)
+                        .arg("*")
+                        .arg("d")
+                        .arg(serde_json::to_string(change).unwrap_or_default())
+                        .ignore();
+                }
+                redis.query_pipeline::<()>(&pipe).await
             }
         }
     }

@@ -75,6 +75,10 @@ impl TestApp {
 
 /// Classic brute force: one account guessed from one IP.
 async fn brute_force_on_one_account_challenges_at_5_and_locks_at_10(app: TestApp) {
+    let cursor = app.admin_json("/v1/decisions").await["next_cursor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let answer = app.fail("bf-a", "alice", &["203.0.113.1"], 4).await;
     assert_eq!(answer["decisions"][0]["action"], "none");
     let answer = app.fail("bf-b", "alice", &["203.0.113.1"], 1).await;
@@ -99,6 +103,24 @@ async fn brute_force_on_one_account_challenges_at_5_and_locks_at_10(app: TestApp
         .unwrap();
     assert_eq!(detail["events"].as_array().unwrap().len(), 10);
     assert_eq!(detail["events"][0]["type"], "login_failure");
+    // Enforcers following the decision stream hear of it, with its id.
+    let stream = app
+        .admin_json(&format!("/v1/decisions?since={cursor}"))
+        .await;
+    let locked: Vec<&Value> = stream["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "lockout")
+        .collect();
+    assert_eq!(locked.len(), 1, "{stream}");
+    assert_eq!(
+        (
+            locked[0]["subject"].as_str(),
+            locked[0]["reference"].as_str()
+        ),
+        (Some("user:alice"), Some(id))
+    );
 
     // The locked account's auth budget is closed in the limiter too.
     let check = app
