@@ -82,6 +82,19 @@ pub struct Record<'a> {
     pub change: Option<&'a DecisionChange>,
 }
 
+/// Adds a decision stream entry (`XADD`, trimmed to about [`STREAM_LEN`]) to `pipe`.
+fn push_decision(pipe: &mut redis::Pipeline, keys: &Keys, change: &DecisionChange) {
+    pipe.cmd("XADD")
+        .arg(keys.scoring("decisions"))
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(STREAM_LEN)
+        .arg("*")
+        .arg("d")
+        .arg(serde_json::to_string(change).unwrap_or_default())
+        .ignore();
+}
+
 /// One subject's reply of `factors_update.lua`.
 fn updated(reply: &[Value]) -> Result<Updated, Error> {
     let [Value::Int(version), Value::Int(published), rest @ ..] = reply else {
@@ -456,15 +469,7 @@ impl FactorStore {
                             .ignore();
                     }
                     if let Some(change) = record.change {
-                        pipe.cmd("XADD")
-                            .arg(keys.scoring("decisions"))
-                            .arg("MAXLEN")
-                            .arg("~")
-                            .arg(STREAM_LEN)
-                            .arg("*")
-                            .arg("d")
-                            .arg(serde_json::to_string(change).unwrap_or_default())
-                            .ignore();
+                        push_decision(&mut pipe, keys, change);
                     }
                 }
                 redis.query_pipeline::<()>(&pipe).await
@@ -499,15 +504,7 @@ impl FactorStore {
                 }
                 let mut pipe = redis::pipe();
                 for change in changes {
-                    pipe.cmd("XADD")
-                        .arg(keys.scoring("decisions"))
-                        .arg("MAXLEN")
-                        .arg("~")
-                        .arg(STREAM_LEN)
-                        .arg("*")
-                        .arg("d")
-                        .arg(serde_json::to_string(change).unwrap_or_default())
-                        .ignore();
+                    push_decision(&mut pipe, keys, change);
                 }
                 redis.query_pipeline::<()>(&pipe).await
             }

@@ -870,13 +870,10 @@ async fn factors_asserted_together_publish_as_one_by_one(app: TestApp) {
             .await
             .unwrap();
     }
-    let page: Value = app
-        .get("/v1/decisions", Some(ADMIN_TOKEN))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let cursor = page["next_cursor"].as_str().unwrap().to_owned();
+    let cursor = app.admin_json("/v1/decisions").await["next_cursor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let until = app.now_ms() + 60_000;
     scoring
         .assert_many(
@@ -907,12 +904,9 @@ async fn factors_asserted_together_publish_as_one_by_one(app: TestApp) {
             );
         }
     }
-    let page: Value = app
-        .get(&format!("/v1/decisions?since={cursor}"), Some(ADMIN_TOKEN))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let page = app
+        .admin_json(&format!("/v1/decisions?since={cursor}"))
+        .await;
     let mut changed: Vec<&str> = page["items"]
         .as_array()
         .unwrap()
