@@ -1374,3 +1374,20 @@ async fn one_batch_locking_many_accounts_stores_each_lockout_with_its_own_events
     let alerts = app.admin_json("/v1/alerts?kind=lockout").await;
     assert_eq!(alerts["items"].as_array().unwrap().len(), accounts.len());
 }
+
+/// Brute force, challenge and lockout on a 3-master Redis Cluster (windows, markers, factors
+/// and the decision stream in different slots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brute_force_locks_on_a_cluster() {
+    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
+        return;
+    };
+    let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(cluster.url.clone())
+    })
+    .await
+    else {
+        return;
+    };
+    brute_force_on_one_account_challenges_at_5_and_locks_at_10(app).await;
+}

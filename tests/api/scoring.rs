@@ -923,3 +923,20 @@ async fn factors_asserted_together_publish_as_one_by_one(app: TestApp) {
     expected.sort_unstable();
     assert_eq!(changed, expected, "{page}");
 }
+
+/// The same on a 3-master Redis Cluster, where the subjects' factor hashes live in different
+/// slots: one subject per store call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn factors_asserted_together_publish_as_one_by_one_on_a_cluster() {
+    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
+        return;
+    };
+    let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(cluster.url.clone())
+    })
+    .await
+    else {
+        return;
+    };
+    factors_asserted_together_publish_as_one_by_one(app).await;
+}
