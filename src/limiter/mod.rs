@@ -538,6 +538,9 @@ impl Limiter {
 
     /// Publishes a multiplier for `subject`, for one endpoint class or (None) every class,
     /// read by the next bucket check on every instance. `ttl` None: until replaced.
+    ///
+    /// Written directly, beside scoring: scoring's publishes write (or delete) only the
+    /// classes its factors set, so a key written here for another class stays until its TTL.
     pub async fn publish_multiplier(
         &self,
         subject: &SubjectKey,
