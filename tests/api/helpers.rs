@@ -227,6 +227,17 @@ impl TestApp {
         Self::spawn_with(backend, |_| {}).await
     }
 
+    /// Spawns a production app (Postgres) whose hot store is a new local 3-master Redis
+    /// Cluster; None (a skip) where either is missing. Keep the cluster until the test ends.
+    pub async fn on_cluster() -> Option<(RedisCluster, TestApp)> {
+        let cluster = RedisCluster::start().await?;
+        let app = Self::spawn_with(Backend::Production, |settings| {
+            settings.redis_url = Some(cluster.url.clone())
+        })
+        .await?;
+        Some((cluster, app))
+    }
+
     /// Spawns an app after `adjust` has changed its settings.
     pub async fn spawn_with(
         backend: Backend,

@@ -793,14 +793,7 @@ async fn rate_limit_layer_protects_another_axum_service() {
 /// multiplier published next to its buckets is read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_keeps_every_budget() {
-    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
-        return;
-    };
-    let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
-        settings.redis_url = Some(cluster.url.clone())
-    })
-    .await
-    else {
+    let Some((_cluster, app)) = TestApp::on_cluster().await else {
         return;
     };
     assert_eq!(

@@ -1379,14 +1379,7 @@ async fn one_batch_locking_many_accounts_stores_each_lockout_with_its_own_events
 /// and the decision stream in different slots).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn brute_force_locks_on_a_cluster() {
-    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
-        return;
-    };
-    let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
-        settings.redis_url = Some(cluster.url.clone())
-    })
-    .await
-    else {
+    let Some((_cluster, app)) = TestApp::on_cluster().await else {
         return;
     };
     brute_force_on_one_account_challenges_at_5_and_locks_at_10(app).await;

@@ -928,14 +928,7 @@ async fn factors_asserted_together_publish_as_one_by_one(app: TestApp) {
 /// slots: one subject per store call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn factors_asserted_together_publish_as_one_by_one_on_a_cluster() {
-    let Some(cluster) = crate::helpers::RedisCluster::start().await else {
-        return;
-    };
-    let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
-        settings.redis_url = Some(cluster.url.clone())
-    })
-    .await
-    else {
+    let Some((_cluster, app)) = TestApp::on_cluster().await else {
         return;
     };
     factors_asserted_together_publish_as_one_by_one(app).await;
