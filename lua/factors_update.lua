@@ -1,17 +1,17 @@
 -- factors_update.lua: change subjects' stored factors and read them back, atomically per
 -- subject; for a subject that had nothing stored, publish its multipliers in the same call.
--- KEYS   per subject: its factor hash, pal:v1:{<subject>}:f, then optionally one multiplier
---        key per class (same {hash tag}; on a cluster, one subject per call)
+-- KEYS   per subject: its factor hash, pal:v1:{<subject>}:f, then the multiplier keys to
+--        write if it had nothing stored (same {hash tag}; on a cluster, one subject per call)
 -- ARGV   [1] now_ms, [2] keep_ms (how long a hash outlives its last factor, so its version
 --        never restarts while a publisher may still hold an old one), then per subject: the
 --        number of its multiplier keys, the number of its changes, per change: factor id,
---        payload ('' deletes), expires_ms (-1: none); then per multiplier key: value ('' for
---        none), px (0: no expiry): what the caller would publish if this call's sets were the
---        subject's only factors
+--        payload ('' deletes), expires_ms (-1: none); then per multiplier key: value, px (0:
+--        no expiry): what the caller would write if this call's sets were the subject's only
+--        factors (the keys to delete are left out: such a subject has none)
 -- State  field = factor id, value = '<expires_ms>|<json>'; field '_v' = version, bumped by
 --        every call, so a publisher can tell whether it saw the latest change.
--- Returns per subject: {version, 1} when its hash did not exist before this call (version 1)
---        and multiplier keys were given: they were written, as given (no key of the subject
+-- Returns per subject: {version, 1} when its hash did not exist before this call (version 1):
+--        the multiplier keys given were written, as given (no key of the subject
 --        existed to delete: its multiplier keys expire with its last factor, before the
 --        hash); otherwise {version, 0, id1, payload1, id2, payload2, …} of the factors still
 --        live, for the caller to publish (`multiplier_publish.lua`); expired ones are deleted.
@@ -53,7 +53,7 @@ local function update(k, nkeys, a, nchanges)
     end
   end
   local out = {version, 0}
-  if version == 1 and nkeys > 0 then
+  if version == 1 then
     -- Nothing was stored before: the factors are this call's sets, as the caller assumed.
     for _, expires in pairs(named) do
       if expires then
@@ -62,12 +62,10 @@ local function update(k, nkeys, a, nchanges)
     end
     for j = 1, nkeys do
       local value, px = ARGV[last + 2 * j - 1], tonumber(ARGV[last + 2 * j])
-      if value ~= '' then
-        if px > 0 then
-          call('SET', KEYS[k + j], value, 'PX', px)
-        else
-          call('SET', KEYS[k + j], value)
-        end
+      if px > 0 then
+        call('SET', KEYS[k + j], value, 'PX', px)
+      else
+        call('SET', KEYS[k + j], value)
       end
     end
     out[2] = 1

@@ -829,8 +829,9 @@ impl Lockouts {
 
     /// The first half of a batch's locks: an account is left out when another instance holds
     /// (or stored) its lockout; for the others the marker is this call's and the lockout,
-    /// with the failures in its window, is ready to store. Markers are read and set per
-    /// account (8 at a time); levels and events are one query each for the whole batch.
+    /// with the failures in its window, is ready to store. Markers are read (only where the
+    /// batch's own read found one, or made none) and set per account, 8 at a time; levels
+    /// and events are one query each for the whole batch.
     /// Returns those prepared and the first error (the caller then removes their markers).
     async fn prepare_locks<'c>(
         &self,

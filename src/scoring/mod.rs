@@ -39,7 +39,7 @@ use crate::store::{Hot, Keys, Stores};
 use crate::telemetry::metrics as names;
 use baseline::Baselines;
 use offenders::SpaceSaving;
-use store::{FactorStore, Record, Update, Updated};
+use store::{FactorStore, Record, Update, Updated, Write};
 
 /// Stored factors read for explanations are reused for at most this long (`/v1/multipliers`
 /// L1); also bounded by `limits.l1_ttl_ms`.
@@ -137,7 +137,7 @@ pub struct Engine {
 /// What one publish of a subject writes and records.
 struct Plan {
     /// Per class: its multiplier key and the value to write (None: delete).
-    writes: Vec<(String, Option<f64>)>,
+    writes: Vec<Write>,
     /// The keys' expiry: with the last stored factor (None: never).
     ttl_ms: Option<u64>,
     /// Per class, the multiplier in force (empty: nothing stored).
@@ -327,7 +327,7 @@ impl Engine {
             .map(|((subject, changes), plan)| Update {
                 subject,
                 changes,
-                fresh: Some((&plan.writes, plan.ttl_ms)),
+                fresh: (&plan.writes, plan.ttl_ms),
             })
             .collect();
         let updated = self.store.update(&self.keys, now, &updates).await?;
@@ -498,7 +498,7 @@ impl Engine {
                 subject,
                 active: *active,
                 due_ms: *due_ms,
-                change: Some(change),
+                change,
             })
             .collect();
         self.store.record(&self.keys, &records).await?;

@@ -66,7 +66,7 @@ pub struct Update<'a> {
     /// Applied in order.
     pub changes: &'a [Change],
     /// Multiplier keys and values, and their expiry, for a subject with nothing stored before.
-    pub fresh: Option<(&'a [Write], Option<u64>)>,
+    pub fresh: (&'a [Write], Option<u64>),
 }
 
 /// One subject's bookkeeping for [`FactorStore::record`].
@@ -79,7 +79,7 @@ pub struct Record<'a> {
     /// When its multipliers change next by themselves.
     pub due_ms: Option<i64>,
     /// The decision stream entry.
-    pub change: Option<&'a DecisionChange>,
+    pub change: &'a DecisionChange,
 }
 
 /// Adds a decision stream entry (`XADD`, trimmed to about [`STREAM_LEN`]) to `pipe`.
@@ -287,7 +287,13 @@ impl FactorStore {
                     let mut args = vec![now_ms.to_string(), KEEP_MS.to_string()];
                     for item in part {
                         redis_keys.push(keys.factors(item.subject));
-                        let writes = item.fresh.map_or(&[][..], |(writes, _)| writes);
+                        // Only the values to write: a subject with nothing stored has no key
+                        // to delete.
+                        let (writes, ttl_ms) = item.fresh;
+                        let writes: Vec<(&String, f64)> = writes
+                            .iter()
+                            .filter_map(|(key, value)| Some((key, (*value)?)))
+                            .collect();
                         args.push(writes.len().to_string());
                         args.push(item.changes.len().to_string());
                         for change in item.changes {
@@ -304,10 +310,9 @@ impl FactorStore {
                                 }
                             }
                         }
-                        let ttl_ms = item.fresh.and_then(|(_, ttl_ms)| ttl_ms);
                         for (key, value) in writes {
                             redis_keys.push(key.clone());
-                            args.push(value.map(|v| v.to_string()).unwrap_or_default());
+                            args.push(value.to_string());
                             args.push(ttl_ms.unwrap_or(0).to_string());
                         }
                     }
@@ -429,9 +434,7 @@ impl FactorStore {
                     if let Some(at) = record.due_ms {
                         lock(&memory.due).insert((at, subject.to_owned()));
                     }
-                    if let Some(change) = record.change {
-                        self.append(keys, change).await?;
-                    }
+                    self.append(keys, record.change).await?;
                 }
                 Ok(())
             }
@@ -468,9 +471,7 @@ impl FactorStore {
                             .arg(subject)
                             .ignore();
                     }
-                    if let Some(change) = record.change {
-                        push_decision(&mut pipe, keys, change);
-                    }
+                    push_decision(&mut pipe, keys, record.change);
                 }
                 redis.query_pipeline::<()>(&pipe).await
             }
