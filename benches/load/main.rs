@@ -17,7 +17,8 @@
 //!    `LOAD_WRK_THREADS=1` drives wrk from one thread, as redis-benchmark drives its own;
 //! 3. a hot blocked key with and without the L1 cache;
 //! 4. auth-event ingest vs a raw `COPY` of the same rows (`LOAD_ONLY=ingest` alone), once as
-//!    one transaction and once in committed batches of 500 from 4 `psql` processes;
+//!    one transaction and once in committed batches of 500 from 4 `psql` processes, and vs
+//!    `pgbench` inserting such rows 500 a transaction from 4 clients;
 //!    `LOAD_INGEST_ACCOUNTS=1` sends every failure to one account (distributed brute force),
 //!    `LOAD_INGEST_POSTERS=n` posts from n tasks (default 4), `LOAD_INGEST_RATE=N` paces
 //!    them to N events/s in all, `LOAD_INGEST_HOT=memory` keeps the windows in process
@@ -946,6 +947,7 @@ fn ingest_section(redis_port: u16, seconds: u64) {
     // connections do not set TCP_NODELAY, so its `CopyDone` waits for the delayed ACK of
     // the data before it (measured: 35–38k rows/s against 103k with psql on an idle machine).
     let batched_copy_rate = runtime.block_on(batched_copy(&database.url, events.max(50_000)));
+    let pgbench_rate = runtime.block_on(pgbench_insert(&database.url, seconds.clamp(3, 10)));
     let status: Arc<dyn Fn(&mut rand::rngs::ThreadRng) -> String + Send + Sync> = Arc::new(|rng| {
         let n: u32 = rng.random_range(0..100_000);
         format!(
@@ -990,6 +992,13 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         ),
         None => println!("| batches of 500 by `psql` | n/a (psql not on PATH) | |"),
     }
+    match pgbench_rate {
+        Some(rate) => println!(
+            "| `pgbench`: `INSERT` of such rows, 500 a transaction, 4 clients | {rate:.0} | {:.2} |",
+            ours / rate
+        ),
+        None => println!("| `pgbench` | n/a (pgbench not on PATH) | |"),
+    }
     println!(
         "\nRedis CPU in window scripts: {redis_us_per_event:.1} µs per event (`INFO commandstats`, EVALSHA usec)."
     );
@@ -1004,6 +1013,58 @@ fn ingest_section(redis_port: u16, seconds: u64) {
     println!("{single_line}\n");
     println!("{probe_line}\n");
     runtime.block_on(database.drop_it());
+}
+
+/// Rows per second `pgbench` inserts into a copy of `auth_events` for `seconds`: the issue's
+/// other named baseline, "the raw insert rate of the same rows". Each transaction is one
+/// `INSERT` of 500 literal rows shaped like the bench's events (ids made unique by the client
+/// and a random number per transaction, accounts spread over ~100k), from 4 clients as the 4
+/// posters; rows counted in the table afterwards. None without `pgbench`.
+async fn pgbench_insert(url: &str, seconds: u64) -> Option<f64> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.ok()?;
+    sqlx::query("CREATE TABLE pgbench_target (LIKE auth_events INCLUDING ALL)")
+        .execute(&mut conn)
+        .await
+        .ok()?;
+    let dir = tempfile::tempdir().ok()?;
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    // pgbench puts the variables' values into the text (in quotes too) before sending it.
+    let mut script = String::from(
+        "\\set b random(1, 1000000000000000)\n\\set a random(0, 199)\n\
+         INSERT INTO pgbench_target (event_id, kind, account, ip, device_id, endpoint, ts, received_at) VALUES\n",
+    );
+    for i in 0..500u64 {
+        if i > 0 {
+            script.push_str(",\n");
+        }
+        script.push_str(&format!(
+            "('ev-:client_id-:b-{i}','login_failure','acct:a{i}','10.:client_id.{}.{}',NULL,NULL,{now_ms},{now_ms})",
+            i >> 8 & 255,
+            i & 255
+        ));
+    }
+    script.push_str(";\n");
+    let path = dir.path().join("insert.sql");
+    std::fs::write(&path, script).ok()?;
+    let started = Instant::now();
+    let output = Command::new("pgbench")
+        .args(["-n", "-c", "4", "-j", "2", "-T", &seconds.to_string(), "-f"])
+        .arg(&path)
+        .arg(url)
+        .output()
+        .ok()?;
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(
+        output.status.success(),
+        "pgbench failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM pgbench_target")
+        .fetch_one(&mut conn)
+        .await
+        .ok()?;
+    Some(stored as f64 / elapsed)
 }
 
 /// Rows per second of `COPY`ing `rows` rows like the bench's events into a copy of
