@@ -154,6 +154,19 @@ pub(super) async fn insert_all(
 /// Accounts per statement of the batched queries below (one bind each).
 const ACCOUNTS_PER_STATEMENT: usize = 500;
 
+/// `(?, ?, …)`: one bind per item, on either database.
+fn push_list<DB: sqlx::Database>(builder: &mut sqlx::QueryBuilder<DB>, items: &[&str])
+where
+    for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    builder.push("(");
+    let mut list = builder.separated(", ");
+    for item in items {
+        list.push_bind(*item);
+    }
+    builder.push(")");
+}
+
 /// Per account (of `accounts`), the ids of its failures since `since_ms` and since its last
 /// release (a release clears the window), at most `limit` (the newest), oldest first: the
 /// events a new lockout refers to. One statement per 500 accounts (a lockout wave locks a
@@ -177,13 +190,10 @@ pub(super) async fn window_failures(
             builder.push_bind(since_ms);
             builder.push(
                 " AND e.ts >= COALESCE((SELECT MAX(l.released_at) FROM lockouts l \
-                 WHERE l.account = e.account), 0) AND e.account IN (",
+                 WHERE l.account = e.account), 0) AND e.account IN ",
             );
-            let mut list = builder.separated(", ");
-            for account in chunk {
-                list.push_bind(*account);
-            }
-            builder.push(")) w WHERE n <= ");
+            push_list(&mut builder, chunk);
+            builder.push(") w WHERE n <= ");
             builder.push_bind(limit);
             builder.push(" ORDER BY account, ts, event_id");
             builder.build_query_as().fetch_all(pool).await
@@ -209,12 +219,9 @@ pub(super) async fn recent_counts(
                 "SELECT account, COUNT(*) FROM lockouts WHERE created_at >= ",
             );
             builder.push_bind(since_ms);
-            builder.push(" AND account IN (");
-            let mut list = builder.separated(", ");
-            for account in chunk {
-                list.push_bind(*account);
-            }
-            builder.push(") GROUP BY account");
+            builder.push(" AND account IN ");
+            push_list(&mut builder, chunk);
+            builder.push(" GROUP BY account");
             builder.build_query_as().fetch_all(pool).await
         })?;
         out.extend(
