@@ -924,11 +924,10 @@ fn ingest_section(redis_port: u16, seconds: u64) {
 
     // The same rows by COPY into a copy of the table: the database's own ceiling here.
     let copy_rate = runtime.block_on(async {
-        use sqlx::Connection;
-        let mut conn = sqlx::PgConnection::connect(&database.url).await.unwrap();
-        sqlx::query("CREATE TABLE copy_target (LIKE auth_events INCLUDING ALL)").execute(&mut conn).await.unwrap();
+        let (mut conn, _dir, now_ms) = scratch_copy_of_auth_events(&database.url, "copy_target")
+            .await
+            .expect("a copy of auth_events for COPY");
         let rows = events.max(50_000);
-        let now_ms = chrono::Utc::now().timestamp_millis();
         let mut csv = String::with_capacity(rows as usize * 64);
         for i in 0..rows {
             csv.push_str(&format!(
@@ -1022,20 +1021,31 @@ fn ingest_section(redis_port: u16, seconds: u64) {
     runtime.block_on(database.drop_it());
 }
 
+/// A connection to the bench's database with an empty copy of `auth_events` named `table`,
+/// a scratch directory for the baseline's files, and the time to stamp its rows with.
+async fn scratch_copy_of_auth_events(
+    url: &str,
+    table: &'static str,
+) -> Option<(sqlx::PgConnection, tempfile::TempDir, i64)> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.ok()?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table} (LIKE auth_events INCLUDING ALL)"
+    )))
+    .execute(&mut conn)
+    .await
+    .ok()?;
+    let dir = tempfile::tempdir().ok()?;
+    Some((conn, dir, chrono::Utc::now().timestamp_millis()))
+}
+
 /// Rows per second `pgbench` inserts into a copy of `auth_events` for `seconds`: the issue's
 /// other named baseline, "the raw insert rate of the same rows". Each transaction is one
 /// `INSERT` of 500 literal rows shaped like the bench's events (ids made unique by the client
 /// and a random number per transaction, accounts spread over ~100k), from 4 clients as the 4
 /// posters; rows counted in the table afterwards. None without `pgbench`.
 async fn pgbench_insert(url: &str, seconds: u64) -> Option<f64> {
-    use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(url).await.ok()?;
-    sqlx::query("CREATE TABLE pgbench_target (LIKE auth_events INCLUDING ALL)")
-        .execute(&mut conn)
-        .await
-        .ok()?;
-    let dir = tempfile::tempdir().ok()?;
-    let now_ms = chrono::Utc::now().timestamp_millis();
+    let (mut conn, dir, now_ms) = scratch_copy_of_auth_events(url, "pgbench_target").await?;
     // pgbench puts the variables' values into the text (in quotes too) before sending it.
     let mut script = String::from(
         "\\set b random(1, 1000000000000000)\n\\set a random(0, 199)\n\
@@ -1078,14 +1088,7 @@ async fn pgbench_insert(url: &str, seconds: u64) -> Option<f64> {
 /// `auth_events` in batches of 500, each `COPY` its own committed transaction, from 4 `psql`
 /// processes at once (None without `psql`).
 async fn batched_copy(url: &str, rows: u64) -> Option<f64> {
-    use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(url).await.ok()?;
-    sqlx::query("CREATE TABLE copy_batched (LIKE auth_events INCLUDING ALL)")
-        .execute(&mut conn)
-        .await
-        .ok()?;
-    let dir = tempfile::tempdir().ok()?;
-    let now_ms = chrono::Utc::now().timestamp_millis();
+    let (mut conn, dir, now_ms) = scratch_copy_of_auth_events(url, "copy_batched").await?;
     let mut scripts = vec![String::new(); 4];
     for batch in 0..rows.div_ceil(500) {
         let mut csv = String::with_capacity(500 * 64);
