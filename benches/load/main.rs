@@ -18,7 +18,8 @@
 //! 3. a hot blocked key with and without the L1 cache;
 //! 4. auth-event ingest vs a raw `COPY` of the same rows (`LOAD_ONLY=ingest` alone), once as
 //!    one transaction and once in committed batches of 500 from 4 `psql` processes, and vs
-//!    `pgbench` inserting such rows 500 a transaction from 4 clients;
+//!    `pgbench` inserting such rows 500 a transaction from 4 clients; the CPU per event of
+//!    this process, Redis and Postgres over the run (steadier than events/s here);
 //!    `LOAD_INGEST_ACCOUNTS=1` sends every failure to one account (distributed brute force),
 //!    `LOAD_INGEST_POSTERS=n` posts from n tasks (default 4), `LOAD_INGEST_RATE=N` paces
 //!    them to N events/s in all, `LOAD_INGEST_HOT=memory` keeps the windows in process
@@ -800,6 +801,7 @@ fn ingest_section(redis_port: u16, seconds: u64) {
     let status_before = runtime
         .block_on(server_buckets(&base, status_route))
         .unwrap_or_default();
+    let cpu_before = runtime.block_on(CpuUse::now(&mut redis_conn));
     let ((events, elapsed), probe) = runtime.block_on(async {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(seconds);
@@ -897,6 +899,9 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         let elapsed = started.elapsed().as_secs_f64();
         ((total, elapsed), probe.await.unwrap())
     });
+    let cpu = runtime
+        .block_on(CpuUse::now(&mut redis_conn))
+        .since(&cpu_before, events);
     let status_during = runtime
         .block_on(server_buckets(&base, status_route))
         .unwrap_or_default();
@@ -1009,6 +1014,15 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         "\nRedis CPU in window scripts: {redis_us_per_event:.1} µs per event (`INFO commandstats`, EVALSHA usec)."
     );
     println!(
+        "\nCPU per event over the run (user + system, from `/proc` and Redis's `INFO cpu`): this process (the service with the bench's posters and probe) {:.1} µs, Redis {:.1} µs, Postgres (all its processes) {:.1} µs; {:.1} µs in all, a ceiling of {:.0} events/s on {} cores.",
+        cpu.service_us,
+        cpu.redis_us,
+        cpu.postgres_us,
+        cpu.total_us(),
+        cpu.ceiling(),
+        std::thread::available_parallelism().map_or(1, usize::from)
+    );
+    println!(
         "\n`GET /v1/accounts/{{a}}/status` right after, 50 connections: {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms (client side); server time p99 <= {} (request histogram)\n",
         status_run.rps(),
         status_run.percentile_ms(0.5),
@@ -1019,6 +1033,103 @@ fn ingest_section(redis_port: u16, seconds: u64) {
     println!("{single_line}\n");
     println!("{probe_line}\n");
     runtime.block_on(database.drop_it());
+}
+
+/// CPU seconds used so far by this process, the bench's Redis and every Postgres process.
+/// Per event it is steadier than events/s on a shared machine: it says where the cost is,
+/// not how long the run waited.
+struct CpuUse {
+    service: f64,
+    redis: f64,
+    postgres: f64,
+}
+
+/// [`CpuUse`] differences per event, in µs.
+struct CpuPerEvent {
+    service_us: f64,
+    redis_us: f64,
+    postgres_us: f64,
+}
+
+impl CpuPerEvent {
+    fn total_us(&self) -> f64 {
+        self.service_us + self.redis_us + self.postgres_us
+    }
+
+    /// Events/s if the cores did nothing but this work.
+    fn ceiling(&self) -> f64 {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+        cores * 1e6 / self.total_us().max(f64::MIN_POSITIVE)
+    }
+}
+
+impl CpuUse {
+    async fn now(redis: &mut redis::aio::MultiplexedConnection) -> CpuUse {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(redis)
+            .await
+            .unwrap_or_default();
+        let field = |name: &str| -> f64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        let own = proc_cpu_ticks(std::path::Path::new("/proc/self/stat")).map_or(0, |(_, t)| t);
+        CpuUse {
+            service: own as f64 / clock_ticks(),
+            redis: field("used_cpu_user:") + field("used_cpu_sys:"),
+            postgres: postgres_cpu_seconds(),
+        }
+    }
+
+    fn since(&self, before: &CpuUse, events: u64) -> CpuPerEvent {
+        let per = |now: f64, then: f64| (now - then).max(0.0) * 1e6 / events.max(1) as f64;
+        CpuPerEvent {
+            service_us: per(self.service, before.service),
+            redis_us: per(self.redis, before.redis),
+            postgres_us: per(self.postgres, before.postgres),
+        }
+    }
+}
+
+/// CPU seconds used so far by every process named `postgres` (the server and its backends;
+/// one that exits takes its time with it, so a run's figure leaves out backends that ended
+/// during it: pooled connections do not).
+fn postgres_cpu_seconds() -> f64 {
+    let ticks: u64 = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| proc_cpu_ticks(&entry.path().join("stat")))
+        .filter(|(comm, _)| comm == "postgres")
+        .map(|(_, t)| t)
+        .sum();
+    ticks as f64 / clock_ticks()
+}
+
+/// A process's `comm` and its user + system time in clock ticks, from `/proc/<pid>/stat`.
+fn proc_cpu_ticks(path: &std::path::Path) -> Option<(String, u64)> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let comm = stat.get(open + 1..close)?.to_owned();
+    // After the command: state is field 3 of the man page, utime 14 and stime 15.
+    let fields: Vec<&str> = stat.get(close + 2..)?.split(' ').collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((comm, utime + stime))
+}
+
+/// `/proc`'s clock ticks per second (`getconf CLK_TCK`; 100 if that fails).
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
 }
 
 /// A connection to the bench's database with an empty copy of `auth_events` named `table`,
