@@ -94,16 +94,25 @@ fn start_redis() -> Redis {
     Redis { child, port }
 }
 
-async fn used_memory(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+/// The fields of one `INFO` section that parse as `T`, looked up by name.
+async fn info_section<T: std::str::FromStr>(
+    conn: &mut redis::aio::MultiplexedConnection,
+    section: &str,
+) -> impl Fn(&str) -> Option<T> {
     let info: String = redis::cmd("INFO")
-        .arg("memory")
+        .arg(section)
         .query_async(conn)
         .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
+        .unwrap_or_default();
+    move |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+    }
+}
+
+async fn used_memory(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    info_section(conn, "memory").await("used_memory").expect("INFO memory has used_memory")
 }
 
 /// Fills `keys` buckets with `fill` (one pipelined batch at a time); returns bytes per key
@@ -1065,21 +1074,12 @@ impl CpuPerEvent {
 
 impl CpuUse {
     async fn now(redis: &mut redis::aio::MultiplexedConnection) -> CpuUse {
-        let info: String = redis::cmd("INFO")
-            .arg("cpu")
-            .query_async(redis)
-            .await
-            .unwrap_or_default();
-        let field = |name: &str| -> f64 {
-            info.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0.0)
-        };
+        let cpu = info_section::<f64>(redis, "cpu").await;
+        let field = |name: &str| cpu(name).unwrap_or(0.0);
         let own = proc_cpu_ticks(std::path::Path::new("/proc/self/stat")).map_or(0, |(_, t)| t);
         CpuUse {
             service: own as f64 / clock_ticks(),
-            redis: field("used_cpu_user:") + field("used_cpu_sys:"),
+            redis: field("used_cpu_user") + field("used_cpu_sys"),
             postgres: postgres_cpu_seconds(),
         }
     }
