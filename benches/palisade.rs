@@ -10,6 +10,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod attestation;
 mod limiter;
 mod reputation;
+mod velocity;
 
 criterion_group!(
     benches,
@@ -19,6 +20,7 @@ criterion_group!(
     reputation::lookups,
     reputation::asn_lookups,
     attestation::play_integrity,
-    attestation::app_attest_assertion
+    attestation::app_attest_assertion,
+    velocity::account_value_update
 );
 criterion_main!(benches);
