@@ -67,12 +67,39 @@ struct Shard {
     sweep_at: usize,
 }
 
-/// A sliding window: (score, member id) ordered by score.
+/// A sliding window: (score, member id) in ascending order.
+///
+/// A deque rather than a `BTreeSet`: entries arrive in time order nearly always (pushed at the
+/// back), age out at the front, and a value read from Redis is already sorted; one buffer,
+/// sized once when read, where the tree allocated nodes as it grew.
 #[derive(Debug, Default)]
 struct Window {
-    entries: std::collections::BTreeSet<(i64, u64)>,
+    entries: std::collections::VecDeque<(i64, u64)>,
     expires_ms: i64,
 }
+
+impl Window {
+    /// Drops the oldest entries while there are more than `keep`.
+    fn keep_newest(&mut self, keep: usize) {
+        let extra = self.entries.len().saturating_sub(keep);
+        self.entries.drain(..extra);
+    }
+
+    /// Adds an entry in order (after every smaller one), replacing the member's entry if it
+    /// has one.
+    fn insert(&mut self, entry: (i64, u64)) {
+        // A read-only scan, then a removal only when the member is there (rarely).
+        if let Some(at) = self.entries.iter().position(|(_, id)| *id == entry.1) {
+            self.entries.remove(at);
+        }
+        let at = self.entries.partition_point(|e| *e < entry);
+        self.entries.insert(at, entry);
+    }
+}
+
+/// A window's name (at most 17 bytes: a kind and 16 hex digits), kept inline: no allocation
+/// per window read or created.
+type WindowName = SmallVec<[u8; 24]>;
 
 /// Most live windows of one kind (the first byte of their names) a window value keeps after
 /// a call that created windows of that kind.
@@ -91,7 +118,11 @@ pub const MAX_WINDOWS_PER_KIND: usize = 128;
 /// ([`WindowValue::packed`]).
 #[derive(Debug, Default)]
 pub struct WindowValue {
-    windows: HashMap<String, Window, foldhash::fast::RandomState>,
+    /// By name, in no order. A list searched in order: most values hold a handful of windows
+    /// (an IP's two, an account's failures and a pair window per recent IP), where hashing
+    /// each name cost more than comparing it with every other; the most a value keeps is
+    /// [`MAX_WINDOWS_PER_KIND`] of each kind.
+    windows: Vec<(WindowName, Window)>,
     /// A step added an entry or deleted a window: the value must be written back.
     changed: bool,
     /// Kinds (first name byte) of the windows created since the last
@@ -100,13 +131,20 @@ pub struct WindowValue {
 }
 
 impl WindowValue {
+    fn position(&self, name: &[u8]) -> Option<usize> {
+        self.windows.iter().position(|(n, _)| n[..] == *name)
+    }
+
     /// One operation, as the script does it: a window past its expiry (last addition +
     /// window) is gone; entries before `now − window` are dropped; a member in range is added
     /// (an existing one takes the new score), at most `cap` kept; answers the count and the
     /// gap between the two newest scores (1 or 0 for [`WindowAction::Contains`]).
     pub fn step(&mut self, step: &WindowStep, now_ms: i64) -> (u32, Option<i64>) {
         if step.action == WindowAction::Delete {
-            self.changed |= self.windows.remove(&step.window).is_some();
+            if let Some(at) = self.position(step.window.as_bytes()) {
+                self.windows.swap_remove(at);
+                self.changed = true;
+            }
             return (0, None);
         }
         let cutoff = now_ms - step.window_ms;
@@ -115,31 +153,37 @@ impl WindowValue {
         // Looked up before inserting: a name is allocated only for a window that gets an
         // entry (counting an absent window leaves no empty one behind). An expired window is
         // absent, as in a value read from Redis.
-        let live = self
-            .windows
-            .get(&step.window)
-            .is_some_and(|w| w.expires_ms > now_ms);
-        if !live {
+        let name = step.window.as_bytes();
+        let found = self.position(name);
+        let live = found.is_some_and(|at| self.windows[at].1.expires_ms > now_ms);
+        let at = if live {
+            found.expect("live")
+        } else {
             if !adds {
                 return (0, None);
             }
-            let kind = (step.window.as_bytes().first().copied(), cutoff);
+            let kind = (name.first().copied(), cutoff);
             if !self.created.contains(&kind) {
                 self.created.push(kind);
             }
             // Replaces this window if it is there (expired).
-            self.windows.insert(step.window.clone(), Window::default());
-        }
-        let window = self.windows.get_mut(&step.window).expect("inserted above");
+            match found {
+                Some(at) => {
+                    self.windows[at].1 = Window::default();
+                    at
+                }
+                None => {
+                    self.windows
+                        .push((WindowName::from_slice(name), Window::default()));
+                    self.windows.len() - 1
+                }
+            }
+        };
+        let window = &mut self.windows[at].1;
         // Oldest first: dropping what aged out costs nothing per entry kept (a window holds
         // up to 1000, and a batch can step one 500 times).
-        while window
-            .entries
-            .first()
-            .is_some_and(|(score, _)| *score < cutoff)
-        {
-            window.entries.pop_first();
-        }
+        let aged = window.entries.partition_point(|(score, _)| *score < cutoff);
+        window.entries.drain(..aged);
         if step.action == WindowAction::Contains {
             let found = step
                 .member
@@ -148,14 +192,8 @@ impl WindowValue {
         }
         // An entry older than the window would not count: not added (as in Redis).
         if let Some(member) = step.member.filter(|_| adds) {
-            // A read-only scan, then a removal only when the member is there (rarely).
-            if let Some(&old) = window.entries.iter().find(|(_, id)| *id == member) {
-                window.entries.remove(&old);
-            }
-            window.entries.insert((step.score, member));
-            while window.entries.len() > step.cap {
-                window.entries.pop_first();
-            }
+            window.insert((step.score, member));
+            window.keep_newest(step.cap);
             window.expires_ms = now_ms + step.window_ms;
             self.changed = true;
         }
@@ -174,29 +212,28 @@ impl WindowValue {
     /// equal ones, the smallest name). `lua/velocity_batch.lua` does the same before writing.
     pub fn finish(&mut self, now_ms: i64) {
         for (kind, cutoff) in std::mem::take(&mut self.created) {
-            let same_kind = |name: &str| name.as_bytes().first().copied() == kind;
-            self.windows.retain(|name, w| {
+            let same_kind = |name: &[u8]| name.first().copied() == kind;
+            self.windows.retain(|(name, w)| {
                 !same_kind(name)
                     || (w.expires_ms > now_ms
-                        && w.entries.last().is_some_and(|(s, _)| *s >= cutoff))
+                        && w.entries.back().is_some_and(|(s, _)| *s >= cutoff))
             });
-            let mut live: Vec<(i64, &str)> = self
+            let count = self.windows.iter().filter(|(n, _)| same_kind(n)).count();
+            if count <= MAX_WINDOWS_PER_KIND {
+                continue;
+            }
+            let mut live: Vec<(i64, WindowName)> = self
                 .windows
                 .iter()
                 .filter(|(name, _)| same_kind(name))
-                .map(|(name, w)| (w.expires_ms, name.as_str()))
+                .map(|(name, w)| (w.expires_ms, name.clone()))
                 .collect();
-            if live.len() <= MAX_WINDOWS_PER_KIND {
-                continue;
-            }
             live.sort_unstable();
-            let gone: Vec<String> = live[..live.len() - MAX_WINDOWS_PER_KIND]
-                .iter()
-                .map(|(_, name)| (*name).to_owned())
-                .collect();
-            for name in gone {
-                self.windows.remove(&name);
-            }
+            // The first kept; every window of the kind ordered before it goes.
+            let (expires, first) = &live[count - MAX_WINDOWS_PER_KIND];
+            self.windows.retain(|(name, w)| {
+                !same_kind(name) || (w.expires_ms, &name[..]) >= (*expires, &first[..])
+            });
         }
     }
 
@@ -218,24 +255,41 @@ impl WindowValue {
             Some(f64::from_be_bytes(take(bytes, 8)?.try_into().ok()?) as i64)
         }
         let mut rest = bytes;
-        let mut value = WindowValue::default();
+        // Room for a few windows more than a fresh account has (its failures, a pair window
+        // per IP and device): no regrowth for most values.
+        let mut value = WindowValue {
+            windows: Vec::with_capacity(8),
+            ..WindowValue::default()
+        };
         while !rest.is_empty() {
             let name_len = usize::from(take(&mut rest, 1)?[0]);
-            let name = std::str::from_utf8(take(&mut rest, name_len)?)
-                .ok()?
-                .to_owned();
+            let name = take(&mut rest, name_len)?;
+            std::str::from_utf8(name).ok()?;
             let expires_ms = double(&mut rest)?;
             let n = u32::from_be_bytes(take(&mut rest, 4)?.try_into().ok()?) as usize;
+            let entries = take(&mut rest, n.checked_mul(16)?)?;
+            if expires_ms <= now_ms {
+                continue;
+            }
+            // One more slot: a window read is usually read to be added to.
             let mut window = Window {
                 expires_ms,
-                ..Window::default()
+                entries: std::collections::VecDeque::with_capacity(n + 1),
             };
-            for _ in 0..n {
-                let member = u64::from_be_bytes(take(&mut rest, 8)?.try_into().ok()?);
-                window.entries.insert((double(&mut rest)?, member));
+            for entry in entries.chunks_exact(16) {
+                let (member, score) = entry.split_at(8);
+                let member = u64::from_be_bytes(member.try_into().ok()?);
+                let score = f64::from_be_bytes(score.try_into().ok()?) as i64;
+                window.entries.push_back((score, member));
             }
-            if expires_ms > now_ms {
-                value.windows.insert(name, window);
+            // Written sorted; sorted again if not, as the ordered set did on insertion.
+            if !window.entries.iter().is_sorted() {
+                window.entries.make_contiguous().sort_unstable();
+            }
+            // A name written twice (not by this version) keeps its last window, as a map would.
+            match value.position(name) {
+                Some(at) => value.windows[at].1 = window,
+                None => value.windows.push((WindowName::from_slice(name), window)),
             }
         }
         Some(value)
@@ -245,15 +299,23 @@ impl WindowValue {
     /// count as big-endian double and u32, then 16-byte entries: member, score as a double)
     /// and its TTL in ms; None when no window holds an entry.
     pub fn packed(&self, now_ms: i64) -> Option<(Vec<u8>, i64)> {
-        let mut out = Vec::new();
+        let live = |window: &Window| !window.entries.is_empty() && window.expires_ms > now_ms;
+        // Sized once: a value is written for every ingested event's subjects.
+        let size = self
+            .windows
+            .iter()
+            .filter(|(_, window)| live(window))
+            .map(|(name, window)| 1 + name.len() + 12 + 16 * window.entries.len())
+            .sum();
+        let mut out = Vec::with_capacity(size);
         let mut latest = now_ms;
         for (name, window) in &self.windows {
-            if window.entries.is_empty() || window.expires_ms <= now_ms {
+            if !live(window) {
                 continue;
             }
             let name_len = u8::try_from(name.len()).expect("window names are short");
             out.push(name_len);
-            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(name);
             // Milliseconds since 1970 are exact in a double (the script's number type).
             out.extend_from_slice(&(window.expires_ms as f64).to_be_bytes());
             let n = u32::try_from(window.entries.len()).expect("windows are capped");
@@ -465,7 +527,7 @@ impl MemoryHot {
             .unwrap_or_else(PoisonError::into_inner);
         if values.len() >= MIN_SWEEP && values.len().is_power_of_two() {
             values.retain(|_, value| {
-                value.windows.retain(|_, w| w.expires_ms > now_ms);
+                value.windows.retain(|(_, w)| w.expires_ms > now_ms);
                 !value.windows.is_empty()
             });
         }
