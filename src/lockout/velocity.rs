@@ -109,7 +109,12 @@ async fn single_redis(
         return Ok(out);
     }
     let (order, by_key) = by_value(steps);
-    let read: Vec<Option<Vec<u8>>> = redis.query(redis::cmd("MGET").arg(&order)).await?;
+    let mut mget = redis::Cmd::with_capacity(
+        order.len() + 1,
+        order.iter().map(|k| k.len()).sum::<usize>() + 4,
+    );
+    mget.arg("MGET").arg(&order);
+    let read: Vec<Option<Vec<u8>>> = redis.query(&mget).await?;
     let answer = |out: &mut WindowCounts, key: &str, counts: Vec<(u32, Option<i64>)>| {
         for (&i, count) in by_key[key].iter().zip(counts) {
             out[i] = count;
@@ -157,7 +162,13 @@ async fn single_redis(
     // and status queries).
     let swap = async {
         let calls = swapped.chunks(VALUES_PER_CALL).map(|part| async move {
-            let mut cmd = RedisHot::evalsha(&WINDOW_CAS, part.len());
+            let bytes = part
+                .iter()
+                .map(|(key, old, new, _)| {
+                    key.len() + old.len() + new.as_ref().map_or(0, |(v, _)| v.len()) + 20
+                })
+                .sum();
+            let mut cmd = RedisHot::evalsha_sized(&WINDOW_CAS, part.len(), 4 * part.len(), bytes);
             for (key, ..) in part {
                 cmd.arg(*key);
             }

@@ -163,8 +163,19 @@ impl RedisHot {
     /// argument, as `redis::ScriptInvocation` makes), and runs it with
     /// [`RedisHot::run_script`].
     pub fn evalsha(script: &redis::Script, numkeys: usize) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(numkeys);
+        Self::evalsha_sized(script, numkeys, 0, 0)
+    }
+
+    /// [`RedisHot::evalsha`] with room for `args` more arguments of `bytes` in all, allocated
+    /// once (a batch's compare-and-set call carries tens of kilobytes).
+    pub fn evalsha_sized(
+        script: &redis::Script,
+        numkeys: usize,
+        args: usize,
+        bytes: usize,
+    ) -> redis::Cmd {
+        let mut cmd = redis::Cmd::with_capacity(args + 3, bytes + 64);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(numkeys);
         cmd
     }
 
