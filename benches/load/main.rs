@@ -1080,7 +1080,8 @@ fn ingest_section(redis_port: u16, seconds: u64) {
 struct CpuUse {
     service: f64,
     redis: f64,
-    postgres: f64,
+    /// Per `postgres` process (pid): CPU seconds so far.
+    postgres: std::collections::HashMap<u32, f64>,
 }
 
 /// [`CpuUse`] differences per event, in µs.
@@ -1119,24 +1120,33 @@ impl CpuUse {
         CpuPerEvent {
             service_us: per(self.service, before.service),
             redis_us: per(self.redis, before.redis),
-            postgres_us: per(self.postgres, before.postgres),
+            // Per process: a backend that ended between the two readings (the `pgbench`
+            // run's, just before) would otherwise count against the run.
+            postgres_us: per(
+                self.postgres
+                    .iter()
+                    .map(|(pid, now)| now - before.postgres.get(pid).copied().unwrap_or(0.0))
+                    .sum(),
+                0.0,
+            ),
         }
     }
 }
 
-/// CPU seconds used so far by every process named `postgres` (the server and its backends;
+/// CPU seconds used so far by each process named `postgres` (the server and its backends;
 /// one that exits takes its time with it, so a run's figure leaves out backends that ended
 /// during it: pooled connections do not).
-fn postgres_cpu_seconds() -> f64 {
-    let ticks: u64 = std::fs::read_dir("/proc")
+fn postgres_cpu_seconds() -> std::collections::HashMap<u32, f64> {
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|entry| proc_cpu_ticks(&entry.path().join("stat")))
-        .filter(|(comm, _)| comm == "postgres")
-        .map(|(_, t)| t)
-        .sum();
-    ticks as f64 / clock_ticks()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let (comm, ticks) = proc_cpu_ticks(&entry.path().join("stat"))?;
+            (comm == "postgres").then(|| (pid, ticks as f64 / clock_ticks()))
+        })
+        .collect()
 }
 
 /// A process's `comm` and its user + system time in clock ticks, from `/proc/<pid>/stat`.
