@@ -1108,10 +1108,12 @@ impl CpuUse {
         let cpu = info_section::<f64>(redis, "cpu").await;
         let field = |name: &str| cpu(name).unwrap_or(0.0);
         let own = proc_cpu_ticks(std::path::Path::new("/proc/self/stat")).map_or(0, |(_, t)| t);
+        // Asked once per reading (it runs `getconf`), not once per process read.
+        let ticks_per_s = clock_ticks();
         CpuUse {
-            service: own as f64 / clock_ticks(),
+            service: own as f64 / ticks_per_s,
             redis: field("used_cpu_user") + field("used_cpu_sys"),
-            postgres: postgres_cpu_seconds(),
+            postgres: postgres_cpu_seconds(ticks_per_s),
         }
     }
 
@@ -1136,7 +1138,7 @@ impl CpuUse {
 /// CPU seconds used so far by each process named `postgres` (the server and its backends;
 /// one that exits takes its time with it, so a run's figure leaves out backends that ended
 /// during it: pooled connections do not).
-fn postgres_cpu_seconds() -> std::collections::HashMap<u32, f64> {
+fn postgres_cpu_seconds(ticks_per_s: f64) -> std::collections::HashMap<u32, f64> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -1144,7 +1146,7 @@ fn postgres_cpu_seconds() -> std::collections::HashMap<u32, f64> {
         .filter_map(|entry| {
             let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
             let (comm, ticks) = proc_cpu_ticks(&entry.path().join("stat"))?;
-            (comm == "postgres").then(|| (pid, ticks as f64 / clock_ticks()))
+            (comm == "postgres").then(|| (pid, ticks as f64 / ticks_per_s))
         })
         .collect()
 }
