@@ -442,35 +442,43 @@ impl FactorStore {
                 if records.is_empty() {
                     return Ok(());
                 }
+                // Each index's changes in order, a run of adds (or removes) one command: a
+                // wave of challenges is hundreds of subjects, each a command of its own before.
                 let mut pipe = redis::pipe();
+                let (active, due) = (keys.scoring("active"), keys.scoring("due"));
+                let mut runs: Vec<(bool, redis::Cmd)> = Vec::new();
                 for record in records {
-                    let subject = record.subject.as_str();
-                    match record.active {
-                        Some(until) => {
-                            let score = if until == i64::MAX {
-                                "+inf".to_owned()
-                            } else {
-                                until.to_string()
-                            };
-                            pipe.cmd("ZADD")
-                                .arg(keys.scoring("active"))
-                                .arg(score)
-                                .arg(subject)
-                                .ignore()
-                        }
-                        None => pipe
-                            .cmd("ZREM")
-                            .arg(keys.scoring("active"))
-                            .arg(subject)
-                            .ignore(),
-                    };
-                    if let Some(at) = record.due_ms {
-                        pipe.cmd("ZADD")
-                            .arg(keys.scoring("due"))
-                            .arg(at)
-                            .arg(subject)
-                            .ignore();
+                    let adding = record.active.is_some();
+                    if runs.last().is_none_or(|(kind, _)| *kind != adding) {
+                        let mut cmd = redis::cmd(if adding { "ZADD" } else { "ZREM" });
+                        cmd.arg(&active);
+                        runs.push((adding, cmd));
                     }
+                    if let Some((_, cmd)) = runs.last_mut() {
+                        let subject = record.subject.as_str();
+                        match record.active {
+                            Some(i64::MAX) => cmd.arg("+inf").arg(subject),
+                            Some(until) => cmd.arg(until).arg(subject),
+                            None => cmd.arg(subject),
+                        };
+                    }
+                }
+                for (_, cmd) in runs {
+                    pipe.add_command(cmd).ignore();
+                }
+                let mut due_at = redis::cmd("ZADD");
+                due_at.arg(&due);
+                let mut dues = 0;
+                for record in records {
+                    if let Some(at) = record.due_ms {
+                        due_at.arg(at).arg(record.subject.as_str());
+                        dues += 1;
+                    }
+                }
+                if dues > 0 {
+                    pipe.add_command(due_at).ignore();
+                }
+                for record in records {
                     push_decision(&mut pipe, keys, record.change);
                 }
                 redis.query_pipeline::<()>(&pipe).await

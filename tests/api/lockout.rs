@@ -1384,3 +1384,81 @@ async fn brute_force_locks_on_a_cluster() {
     };
     brute_force_on_one_account_challenges_at_5_and_locks_at_10(app).await;
 }
+
+/// `lua/window_cas.lua` writes a value only if it is still as read: one changed meanwhile
+/// keeps its content, one deleted meanwhile stays deleted, and both are reported (for
+/// `velocity_batch.lua` to run their steps); an unchanged one takes the new value and TTL.
+#[tokio::test]
+async fn window_cas_writes_only_values_unchanged_since_read() {
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    let redis = redis::Client::open(app.settings.redis_url.clone().unwrap()).unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let key = |name: &str| format!("{}:cas-test:{name}", app.settings.store.redis_key_prefix);
+    let (same, changed, gone, deleted) = (key("same"), key("changed"), key("gone"), key("del"));
+    for (k, v) in [(&same, "a"), (&changed, "theirs"), (&deleted, "d")] {
+        let _: () = redis::cmd("SET")
+            .arg(k)
+            .arg(v)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(&gone)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let failed: Vec<usize> = redis::Script::new(include_str!("../../lua/window_cas.lua"))
+        .key(&same)
+        .key(&changed)
+        .key(&gone)
+        .key(&deleted)
+        .arg("a")
+        .arg("a2")
+        .arg(120_000)
+        .arg("mine")
+        .arg("mine2")
+        .arg(120_000)
+        .arg("was")
+        .arg("was2")
+        .arg(120_000)
+        .arg("d")
+        .arg("")
+        .arg(0)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        failed,
+        vec![2, 3],
+        "the changed and the deleted values conflict"
+    );
+    let values: Vec<Option<String>> = redis::cmd("MGET")
+        .arg(&same)
+        .arg(&changed)
+        .arg(&gone)
+        .arg(&deleted)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        values,
+        vec![Some("a2".to_owned()), Some("theirs".to_owned()), None, None]
+    );
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&same)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 60_000, "the written value has the new TTL ({ttl} ms)");
+    let _: () = redis::cmd("DEL")
+        .arg(&same)
+        .arg(&changed)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
