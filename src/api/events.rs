@@ -7,7 +7,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope, ErrorCode};
-use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, role};
+use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, JsonBody, role};
 use crate::app::AppState;
 use crate::clock::rfc3339;
 use crate::ingest::{self, Limits};
@@ -117,6 +117,23 @@ fn limits(app: &AppState) -> Limits {
     }
 }
 
+/// 1 to [`ingest::MAX_AUTH_BATCH`] events.
+fn check_batch_len(len: usize) -> Result<(), ApiError> {
+    if len == 0 {
+        return Err(ApiError::invalid("events must hold at least one event"));
+    }
+    if len > ingest::MAX_AUTH_BATCH {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "at most {} events per batch; got {len}",
+                ingest::MAX_AUTH_BATCH
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Posts a batch of login failures/successes (role `ingest`). Idempotent by `event_id`.
 ///
 /// A 2xx means every event is durably stored. A bad event rejects the batch with
@@ -131,30 +148,34 @@ fn limits(app: &AppState) -> Limits {
 async fn post_auth_events(
     _auth: Authorized<role::Ingest>,
     State(app): State<AppState>,
-    ApiJson(batch): ApiJson<AuthBatch>,
+    JsonBody(body): JsonBody,
 ) -> Result<Json<AuthAccepted>, ApiError> {
-    if batch.events.is_empty() {
-        return Err(ApiError::invalid("events must hold at least one event"));
-    }
-    if batch.events.len() > ingest::MAX_AUTH_BATCH {
-        return Err(ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            format!(
-                "at most {} events per batch; got {}",
-                ingest::MAX_AUTH_BATCH,
-                batch.events.len()
-            ),
-        ));
-    }
-    let events = ingest::parse_auth_batch(&batch.events, app.ingest.now_ms(), limits(&app))
-        .map_err(|errors| {
-            ApiError::invalid(format!(
-                "{} of {} events are invalid; nothing was stored",
-                errors.len(),
-                batch.events.len()
-            ))
-            .with_details(serde_json::json!({ "errors": errors }))
-        })?;
+    // One pass over the body when every event is well-formed (the usual case); otherwise
+    // the body again, event by event, so each malformed event is reported with its index.
+    // (The second pass alone scanned every body twice and kept a copy of each event.)
+    let (count, parsed) = match serde_json::from_slice::<ingest::RawAuthBatch>(&body) {
+        Ok(batch) => {
+            let count = batch.events.len();
+            check_batch_len(count)?;
+            let parsed =
+                ingest::validate_auth_batch(batch.events, app.ingest.now_ms(), limits(&app));
+            (count, parsed)
+        }
+        Err(_) => {
+            let axum::Json(batch) = axum::Json::<AuthBatch>::from_bytes(&body)?;
+            check_batch_len(batch.events.len())?;
+            let parsed = ingest::parse_auth_batch(&batch.events, app.ingest.now_ms(), limits(&app));
+            (batch.events.len(), parsed)
+        }
+    };
+    let events = parsed.map_err(|errors| {
+        ApiError::invalid(format!(
+            "{} of {} events are invalid; nothing was stored",
+            errors.len(),
+            count
+        ))
+        .with_details(serde_json::json!({ "errors": errors }))
+    })?;
     let outcome = app.ingest.auth_events(events).await?;
     Ok(Json(AuthAccepted {
         accepted: outcome.accepted,

@@ -26,6 +26,24 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<
         request: axum::extract::Request,
         state: &S,
     ) -> Result<Self, Self::Rejection> {
+        let JsonBody(bytes) = JsonBody::from_request(request, state).await?;
+        let axum::Json(value) = axum::Json::<T>::from_bytes(&bytes)?;
+        Ok(ApiJson(value))
+    }
+}
+
+/// The bytes of a JSON body, checked as [`ApiJson`] checks them (type, size, no NUL), for a
+/// handler that parses them itself.
+#[derive(Debug)]
+pub struct JsonBody(pub axum::body::Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
         let json_type = request
             .headers()
             .get(header::CONTENT_TYPE)
@@ -53,11 +71,12 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<
                     ApiError::invalid(format!("cannot read the body: {}", rejection.body_text()))
                 }
             })?;
-        if bytes.contains(&0) || bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000")) {
+        // JSON writes the escape `\u` in lower case only (serde refuses `\U`).
+        if memchr::memchr(0, &bytes).is_some() || memchr::memmem::find(&bytes, b"\\u0000").is_some()
+        {
             return Err(ApiError::invalid("NUL characters are not accepted"));
         }
-        let axum::Json(value) = axum::Json::<T>::from_bytes(&bytes)?;
-        Ok(ApiJson(value))
+        Ok(JsonBody(bytes))
     }
 }
 

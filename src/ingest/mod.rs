@@ -51,10 +51,18 @@ impl AuthKind {
     }
 }
 
+/// A batch of auth events as posted, every event well-formed.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuthBatch {
+    /// The events, not yet validated.
+    pub events: Vec<RawAuthEvent>,
+}
+
 /// An auth event as posted.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawAuthEvent {
+pub struct RawAuthEvent {
     event_id: String,
     #[serde(rename = "type")]
     kind: AuthKind,
@@ -131,6 +139,11 @@ fn parse_one(value: &RawValue, now_ms: i64, limits: Limits) -> Result<AuthEvent,
     // Straight from the event's own text: no intermediate `Value` tree (a map and a string
     // per field) to build, clone and drop for each of up to 1000 events.
     let raw: RawAuthEvent = serde_json::from_str(value.get()).map_err(|e| reason(&e))?;
+    validate(raw, now_ms, limits)
+}
+
+/// A well-formed event checked: lengths, IP, device, timestamp.
+fn validate(raw: RawAuthEvent, now_ms: i64, limits: Limits) -> Result<AuthEvent, String> {
     if raw.event_id.is_empty() || raw.event_id.len() > 128 || !printable(&raw.event_id) {
         return Err("event_id must be 1-128 printable characters".to_owned());
     }
@@ -173,7 +186,31 @@ fn parse_one(value: &RawValue, now_ms: i64, limits: Limits) -> Result<AuthEvent,
     })
 }
 
-/// Parses a batch; any bad event rejects the whole batch with every bad index and reason.
+/// Validates a batch parsed in one pass ([`RawAuthBatch`]: every event was well-formed);
+/// any bad event rejects the whole batch with every bad index and reason, as
+/// [`parse_auth_batch`] does.
+pub fn validate_auth_batch(
+    events: Vec<RawAuthEvent>,
+    now_ms: i64,
+    limits: Limits,
+) -> Result<Vec<AuthEvent>, Vec<EventError>> {
+    let mut valid = Vec::with_capacity(events.len());
+    let mut errors = Vec::new();
+    for (index, raw) in events.into_iter().enumerate() {
+        match validate(raw, now_ms, limits) {
+            Ok(event) => valid.push(event),
+            Err(reason) => errors.push(EventError { index, reason }),
+        }
+    }
+    if errors.is_empty() {
+        Ok(valid)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Parses a batch event by event; any bad event rejects the whole batch with every bad index
+/// and reason (a malformed event included, which a one-pass parse cannot place).
 pub fn parse_auth_batch(
     values: &[Box<RawValue>],
     now_ms: i64,

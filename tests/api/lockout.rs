@@ -414,6 +414,33 @@ async fn a_bad_event_rejects_the_whole_batch(app: TestApp) {
         .map(|e| e["index"].as_u64().unwrap())
         .collect();
     assert_eq!(indexes, vec![1, 2]);
+    // Malformed events (a field of the wrong type, an unknown type, an unknown field) are
+    // placed too, beside an event that is well-formed but invalid.
+    let malformed = json!({"events": [
+        failure("bad-3", "ivy", "192.0.2.80"),
+        {"event_id": "bad-4", "type": "login_failure", "account": 7, "ip": "192.0.2.80"},
+        {"event_id": "bad-5", "type": "login_maybe", "account": "ivy", "ip": "192.0.2.80"},
+        failure("bad-6", "ivy", "192.0.2.300"),
+        {"event_id": "bad-7", "type": "login_failure", "account": "ivy", "ip": "192.0.2.80", "extra": 1},
+    ]});
+    let response = app
+        .post("/v1/events/auth", Some(ADMIN_TOKEN), &malformed)
+        .await;
+    let body = assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    let errors = body["error"]["details"]["errors"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let indexes: Vec<u64> = errors
+        .iter()
+        .map(|e| e["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indexes, vec![1, 2, 3, 4], "{errors:?}");
+    let reason = |i: usize| errors[i]["reason"].as_str().unwrap().to_owned();
+    assert!(reason(0).contains("invalid type"), "{}", reason(0));
+    assert!(reason(1).contains("login_maybe"), "{}", reason(1));
+    assert!(reason(2).contains("not an IP address"), "{}", reason(2));
+    assert!(reason(3).contains("extra"), "{}", reason(3));
     assert_eq!(
         app.status("ivy", "192.0.2.80", None).await["failures_in_window"],
         0,
