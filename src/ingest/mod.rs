@@ -194,19 +194,7 @@ pub fn validate_auth_batch(
     now_ms: i64,
     limits: Limits,
 ) -> Result<Vec<AuthEvent>, Vec<EventError>> {
-    let mut valid = Vec::with_capacity(events.len());
-    let mut errors = Vec::new();
-    for (index, raw) in events.into_iter().enumerate() {
-        match validate(raw, now_ms, limits) {
-            Ok(event) => valid.push(event),
-            Err(reason) => errors.push(EventError { index, reason }),
-        }
-    }
-    if errors.is_empty() {
-        Ok(valid)
-    } else {
-        Err(errors)
-    }
+    gather(events.into_iter().map(|raw| validate(raw, now_ms, limits)))
 }
 
 /// Parses a batch event by event; any bad event rejects the whole batch with every bad index
@@ -216,10 +204,17 @@ pub fn parse_auth_batch(
     now_ms: i64,
     limits: Limits,
 ) -> Result<Vec<AuthEvent>, Vec<EventError>> {
-    let mut events = Vec::with_capacity(values.len());
+    gather(values.iter().map(|value| parse_one(value, now_ms, limits)))
+}
+
+/// The events, or every bad one's index and reason.
+fn gather(
+    results: impl ExactSizeIterator<Item = Result<AuthEvent, String>>,
+) -> Result<Vec<AuthEvent>, Vec<EventError>> {
+    let mut events = Vec::with_capacity(results.len());
     let mut errors = Vec::new();
-    for (index, value) in values.iter().enumerate() {
-        match parse_one(value, now_ms, limits) {
+    for (index, result) in results.enumerate() {
+        match result {
             Ok(event) => events.push(event),
             Err(reason) => errors.push(EventError { index, reason }),
         }
