@@ -343,9 +343,8 @@ impl Engine {
         let updated = self.store.update(&self.keys, now, &updates).await?;
         // Subjects that had nothing stored were published by the update, as planned; those
         // that had factors are published one by one, at once (each checks its version). Only
-        // the latter are futures: a wave of challenges is hundreds of the former, and a
-        // future each (boxed and woken by `join_all`) was a tenth of the service's time there.
-        // (The fresh plan of a subject that had factors is replaced below.)
+        // the latter are futures (a wave of challenges is hundreds of the former, which need
+        // no future of their own); the fresh plan of a subject that had factors is replaced.
         let mut published: Vec<(Plan, bool)> = fresh.into_iter().map(|p| (p, true)).collect();
         let stored_before =
             updated
@@ -355,7 +354,7 @@ impl Engine {
                     Updated::Published => None,
                     Updated::Stored(stored) => Some((i, stored)),
                 });
-        let publishes = stored_before.into_iter().map(|(i, stored)| {
+        let publishes = stored_before.map(|(i, stored)| {
             let (subject, defaults) = (items[i].0, &defaults[i]);
             async move {
                 let plan = self.plan(subject, &stored.factors, defaults, now);
