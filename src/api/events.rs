@@ -152,7 +152,8 @@ async fn post_auth_events(
 ) -> Result<Json<AuthAccepted>, ApiError> {
     // One pass over the body when every event is well-formed (the usual case); otherwise
     // the body again, event by event, so each malformed event is reported with its index.
-    // (The second pass alone scanned every body twice and kept a copy of each event.)
+    // (That event-by-event path, alone before, scanned every body twice and copied each
+    // event.)
     let (count, parsed) = match serde_json::from_slice::<ingest::RawAuthBatch>(&body) {
         Ok(batch) => {
             let count = batch.events.len();

@@ -155,27 +155,27 @@ impl WindowValue {
         // absent, as in a value read from Redis.
         let name = step.window.as_bytes();
         let found = self.position(name);
-        let live = found.is_some_and(|at| self.windows[at].1.expires_ms > now_ms);
-        let at = if live {
-            found.expect("live")
-        } else {
-            if !adds {
-                return (0, None);
-            }
-            let kind = (name.first().copied(), cutoff);
-            if !self.created.contains(&kind) {
-                self.created.push(kind);
-            }
-            // Replaces this window if it is there (expired).
-            match found {
-                Some(at) => {
-                    self.windows[at].1 = Window::default();
-                    at
+        let at = match found {
+            Some(at) if self.windows[at].1.expires_ms > now_ms => at,
+            _ => {
+                if !adds {
+                    return (0, None);
                 }
-                None => {
-                    self.windows
-                        .push((WindowName::from_slice(name), Window::default()));
-                    self.windows.len() - 1
+                let kind = (name.first().copied(), cutoff);
+                if !self.created.contains(&kind) {
+                    self.created.push(kind);
+                }
+                // Replaces this window if it is there (expired).
+                match found {
+                    Some(at) => {
+                        self.windows[at].1 = Window::default();
+                        at
+                    }
+                    None => {
+                        self.windows
+                            .push((WindowName::from_slice(name), Window::default()));
+                        self.windows.len() - 1
+                    }
                 }
             }
         };
