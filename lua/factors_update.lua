@@ -22,6 +22,7 @@
 --        the callers (and reported as RFC 3339). Token buckets never see it.
 
 local call = redis.call
+local FOREVER = 253402300799000 -- 9999-12-31, as FOREVER_MS in src/scoring/store.rs
 local now = tonumber(ARGV[1])
 local keep = tonumber(ARGV[2])
 
@@ -87,7 +88,9 @@ local function update(k, nkeys, a, nchanges)
     end
   end
   if forever then
-    call('PERSIST', key)
+    -- Far in the future rather than none: every hash has an expiry, so a transaction that
+    -- sets a factor can give a new hash its expiry with PEXPIREAT ... NX (store.rs).
+    call('PEXPIREAT', key, FOREVER)
   else
     call('PEXPIREAT', key, latest)
   end

@@ -852,20 +852,23 @@ async fn a_cached_multiplier_answer_never_outlives_a_change(app: TestApp) {
 }
 
 /// Factors asserted on many subjects at once (a batch's challenges) are published as one by
-/// one would: on subjects with nothing stored before and on subjects with factors, over more
-/// subjects than one store call takes (32), and every change reaches the decision stream.
+/// one would: on subjects with nothing stored before and on subjects with factors (on another
+/// class, or on the same class and never expiring), over more subjects than one store call
+/// takes (32), and every change reaches the decision stream.
 async fn factors_asserted_together_publish_as_one_by_one(app: TestApp) {
     let scoring = &app.app.scoring;
     let name = |i: usize| format!("many{i}");
     let users: Vec<palisade::model::SubjectKey> = (0..40)
         .map(|i| palisade::model::SubjectKey::user(&name(i), 64).unwrap())
         .collect();
-    for user in &users[..20] {
+    // 0..10 a factor on `read`, 10..20 one on `auth` (with no expiry), 20..40 nothing.
+    for (i, user) in users[..20].iter().enumerate() {
+        let class = if i < 10 { "read" } else { "auth" };
         scoring
             .assert(
                 user,
                 palisade::scoring::Factor::scale("test", "prior", 0.5, "prior")
-                    .on_classes(&["read"]),
+                    .on_classes(&[class]),
             )
             .await
             .unwrap();
@@ -880,7 +883,7 @@ async fn factors_asserted_together_publish_as_one_by_one(app: TestApp) {
             users
                 .iter()
                 .map(|user| {
-                    let factor = palisade::scoring::Factor::scale("test", "now", 0.25, "now")
+                    let factor = palisade::scoring::Factor::scale("test", "now", 0.5, "now")
                         .on_classes(&["auth"])
                         .until(until);
                     (user, factor)
@@ -890,9 +893,10 @@ async fn factors_asserted_together_publish_as_one_by_one(app: TestApp) {
         .await
         .unwrap();
     for i in 0..users.len() {
-        let read = if i < 20 { 0.5 } else { 1.0 };
+        let read = if i < 10 { 0.5 } else { 1.0 };
+        let auth = if (10..20).contains(&i) { 0.25 } else { 0.5 };
         for (endpoint, method, expected) in
-            [("/v1/feed", "GET", read), ("/auth/login", "POST", 0.25)]
+            [("/v1/feed", "GET", read), ("/auth/login", "POST", auth)]
         {
             let check = json!({"endpoint": endpoint, "method": method, "ip": "192.0.2.1", "user_id": name(i), "consume": false});
             let body: Value = app.limit_check(&check).await.json().await.unwrap();
@@ -932,4 +936,57 @@ async fn factors_asserted_together_publish_as_one_by_one_on_a_cluster() {
         return;
     };
     factors_asserted_together_publish_as_one_by_one(app).await;
+}
+
+/// On Redis a subject's factor hash always has an expiry: one past its last factor's by a
+/// day, or far in the future (not none) while a factor never expires, also after a factor is
+/// set on it among many (the transaction gives only a new hash its expiry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_factor_hash_outlives_its_factors_and_a_lasting_one_stays() {
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    let scoring = &app.app.scoring;
+    let lasting = palisade::model::SubjectKey::user("lasting", 64).unwrap();
+    let fresh = palisade::model::SubjectKey::user("fresh", 64).unwrap();
+    scoring
+        .assert(
+            &lasting,
+            palisade::scoring::Factor::scale("test", "prior", 0.5, "prior"),
+        )
+        .await
+        .unwrap();
+    let until = app.now_ms() + 60_000;
+    let factor = || {
+        palisade::scoring::Factor::scale("test", "now", 0.5, "now")
+            .on_classes(&["auth"])
+            .until(until)
+    };
+    scoring
+        .assert_many(vec![(&lasting, factor()), (&fresh, factor())])
+        .await
+        .unwrap();
+    let redis = redis::Client::open(app.settings.redis_url.clone().unwrap()).unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let day_ms = 86_400_000;
+    for (subject, at_least, at_most) in [
+        (&lasting, 100 * 365 * day_ms, i64::MAX),
+        (&fresh, day_ms, day_ms + 61_000),
+    ] {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(app.app.stores.keys.factors(subject))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!((at_least..=at_most).contains(&ttl), "{subject}: PTTL {ttl}");
+    }
+    let check = |user: &str| json!({"endpoint": "/auth/login", "method": "POST", "ip": "192.0.2.1", "user_id": user, "consume": false});
+    for (user, expected) in [("lasting", 0.25), ("fresh", 0.5)] {
+        let body: Value = app.limit_check(&check(user)).await.json().await.unwrap();
+        assert_eq!(
+            body["multiplier"].as_f64(),
+            Some(expected),
+            "{user}: {body}"
+        );
+    }
 }
