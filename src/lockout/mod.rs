@@ -621,11 +621,8 @@ impl Lockouts {
                 out.push((device, Consequence::Spraying { distinct }));
             }
         }
-        let counts = policy::Counts {
-            account: account_failures,
-            ..policy::Counts::default()
-        };
-        if policy::decide(counts, &self.settings).0 == Action::Lockout {
+        // The lock alone (`policy::decide` would also word every reason, then dropped).
+        if policy::locks(account_failures, &self.settings) {
             out.push((
                 &context.account,
                 Consequence::Lock {

@@ -30,11 +30,16 @@ pub struct Counts {
     pub too_fast: bool,
 }
 
+/// True when an account's failures in the window lock it.
+pub fn locks(account_failures: u32, settings: &LockoutSettings) -> bool {
+    account_failures >= settings.lockout_after
+}
+
 /// The action for a context without an existing lockout.
 pub fn decide(counts: Counts, settings: &LockoutSettings) -> (Action, Vec<Reason>) {
     let mut reasons = Vec::new();
     let window_min = settings.window_s / 60;
-    if counts.account >= settings.lockout_after {
+    if locks(counts.account, settings) {
         reasons.push(Reason::new(
             "account_failures",
             format!(

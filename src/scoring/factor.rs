@@ -215,14 +215,41 @@ fn fold(values: impl Iterator<Item = (Effect, f64)> + Clone, floor: f64, ceiling
     }
 }
 
+/// The live factors that apply to `class` at `now_ms`, each with whether it is shadow.
+fn applicable<'a>(
+    factors: &'a [Factor],
+    class: &'a str,
+    policy: &'a Policy,
+    now_ms: i64,
+) -> impl Iterator<Item = (&'a Factor, bool)> + Clone {
+    factors
+        .iter()
+        .filter(move |f| f.applies_to(class) && !f.has_expired(now_ms))
+        .map(|f| (f, policy.is_shadow(f)))
+}
+
+/// [`combine`]'s multiplier alone, and the codes of the enforced factors behind it: what a
+/// publish needs, without a contribution (messages, expiries as text) built per class.
+pub fn combine_multiplier<'a>(
+    factors: &'a [Factor],
+    class: &'a str,
+    policy: &'a Policy,
+    now_ms: i64,
+) -> (f64, impl Iterator<Item = &'a str>) {
+    let (floor, ceiling) = policy.bounds(class);
+    let enforced = applicable(factors, class, policy, now_ms).filter(|(_, shadow)| !shadow);
+    let multiplier = fold(
+        enforced.clone().map(|(f, _)| (f.effect, f.value_on(class))),
+        floor,
+        ceiling,
+    );
+    (multiplier, enforced.map(|(f, _)| f.code.as_str()))
+}
+
 /// Combines the live factors that apply to `class` at `now_ms`.
 pub fn combine(factors: &[Factor], class: &str, policy: &Policy, now_ms: i64) -> Combined {
     let (floor, ceiling) = policy.bounds(class);
-    let applicable: Vec<(&Factor, bool)> = factors
-        .iter()
-        .filter(|f| f.applies_to(class) && !f.has_expired(now_ms))
-        .map(|f| (f, policy.is_shadow(f)))
-        .collect();
+    let applicable: Vec<(&Factor, bool)> = applicable(factors, class, policy, now_ms).collect();
     let enforced = applicable
         .iter()
         .filter(|(_, shadow)| !shadow)
@@ -364,5 +391,36 @@ mod tests {
             Factor::scale("x", "neg", -3.0, ""),
         ];
         assert_eq!(combine(&factors, "read", &policy(&[]), 0).multiplier, 0.0);
+    }
+
+    #[test]
+    fn the_multiplier_alone_is_the_combination_and_its_enforced_codes() {
+        let factors = [
+            Factor::scale("reputation", "reputation_datacenter", 0.5, "dc"),
+            Factor::scale("velocity", "login_failures", 0.5, "5").on_classes(&["auth"]),
+            Factor::scale("anomaly", "rate", 0.25, "shadow"),
+            Factor::scale("x", "gone", 0.1, "expired").until(500),
+            Factor::pin("lists", "allow", "pinned").on_classes(&["write"]),
+        ];
+        let policy = policy(&["rate"]);
+        for class in ["auth", "read", "write"] {
+            let combined = combine(&factors, class, &policy, 1_000);
+            let (multiplier, codes) = combine_multiplier(&factors, class, &policy, 1_000);
+            assert_eq!(multiplier, combined.multiplier, "{class}");
+            if class != "write" {
+                // (On `write` the pin lifts both to 1.0.)
+                assert_ne!(
+                    multiplier, combined.would_be,
+                    "{class}: the shadow factor counts"
+                );
+            }
+            let enforced: Vec<&str> = combined
+                .contributions
+                .iter()
+                .filter(|c| !c.shadow)
+                .map(|c| c.code.as_str())
+                .collect();
+            assert_eq!(codes.collect::<Vec<_>>(), enforced, "{class}");
+        }
     }
 }

@@ -28,7 +28,7 @@ use arc_swap::ArcSwap;
 
 pub use alerts::{Alert, Alerts};
 pub use baseline::Anomaly;
-pub use factor::{Combined, Contribution, Effect, Factor, Policy, combine};
+pub use factor::{Combined, Contribution, Effect, Factor, Policy, combine, combine_multiplier};
 pub use store::{Change, DecisionChange};
 
 use crate::clock::Clock;
@@ -421,18 +421,16 @@ impl Engine {
                 writes.push((key, None));
                 continue;
             }
-            let combined = combine(&all, class, &self.policy, now);
-            reasons.extend(
-                combined
-                    .contributions
-                    .iter()
-                    .filter(|c| !c.shadow)
-                    .map(|c| c.code.clone()),
-            );
-            published.insert(class.clone(), combined.multiplier);
+            let (multiplier, codes) = combine_multiplier(&all, class, &self.policy, now);
+            for code in codes {
+                if !reasons.contains(code) {
+                    reasons.insert(code.to_owned());
+                }
+            }
+            published.insert(class.clone(), multiplier);
             let written = stored.iter().any(|f| f.applies_to(class))
-                || combined.multiplier != combine(defaults, class, &self.policy, now).multiplier;
-            writes.push((key, written.then_some(combined.multiplier)));
+                || multiplier != combine_multiplier(defaults, class, &self.policy, now).0;
+            writes.push((key, written.then_some(multiplier)));
         }
         // The keys fade with the last stored factor; intermediate changes are republished
         // from the due set.

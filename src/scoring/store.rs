@@ -118,12 +118,15 @@ fn updated(reply: &[Value]) -> Result<Updated, Error> {
 }
 
 /// The stored form of a factor in its subject's hash: `<expires_ms>|<json>` (-1: no expiry).
-fn stored_value(factor: &Factor) -> String {
-    format!(
-        "{}|{}",
-        factor.expires_at_ms.unwrap_or(-1),
-        serde_json::to_string(factor).unwrap_or_default()
-    )
+fn stored_value(factor: &Factor) -> Vec<u8> {
+    let mut out = factor.expires_at_ms.unwrap_or(-1).to_string().into_bytes();
+    out.push(b'|');
+    let head = out.len();
+    if serde_json::to_writer(&mut out, factor).is_err() {
+        // Stored as no payload, which readers skip (as the script path stores "").
+        out.truncate(head);
+    }
+    out
 }
 
 /// The expiry of a hash whose last factor never expires: far enough never to come (a hash
