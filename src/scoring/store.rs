@@ -20,8 +20,8 @@ use crate::store::{Error, Hot, Keys, MemoryHot, RedisHot};
 const KEEP_MS: i64 = 86_400_000;
 /// Changes kept in the decision stream.
 pub const STREAM_LEN: usize = 100_000;
-/// Subjects per `factors_update.lua` call on a single Redis: a challenge is about 20 µs of
-/// Redis time, so a call holds other connections up for well under a millisecond.
+/// Subjects per `factors_update.lua` call or `MULTI`/`EXEC` on a single Redis: a challenge is
+/// 10-20 µs of Redis time, so a call holds other connections up for well under a millisecond.
 const SUBJECTS_PER_CALL: usize = 32;
 /// Most subjects returned by one due sweep.
 const DUE_BATCH: usize = 256;
@@ -161,14 +161,13 @@ async fn transacted(
     redis: &RedisHot,
     keys: &Keys,
     now_ms: i64,
-    items: &[Update<'_>],
+    items: &[(Update<'_>, &Factor)],
 ) -> Result<Vec<Option<Updated>>, Error> {
     let calls = items.chunks(SUBJECTS_PER_CALL).map(|part| async move {
         let mut pipe = redis::pipe();
         pipe.atomic();
         let mut writes_of = Vec::with_capacity(part.len());
-        for item in part {
-            let factor = single_set(item, now_ms).ok_or_else(|| bad_reply("not one set"))?;
+        for (item, factor) in part {
             let hash = keys.factors(item.subject);
             let expires = factor
                 .expires_at_ms
@@ -446,9 +445,18 @@ impl FactorStore {
                 // A subject given one live factor to set goes in a transaction of plain
                 // commands; the rest, and those the transaction found had something stored,
                 // through the script.
-                let (quick, scripted_at): (Vec<usize>, Vec<usize>) =
-                    (0..items.len()).partition(|&i| single_set(&items[i], now_ms).is_some());
-                let quick_items: Vec<Update<'_>> = quick.iter().map(|&i| items[i]).collect();
+                let mut quick = Vec::new();
+                let mut quick_items = Vec::new();
+                let mut scripted_at = Vec::new();
+                for (i, item) in items.iter().enumerate() {
+                    match single_set(item, now_ms) {
+                        Some(factor) => {
+                            quick.push(i);
+                            quick_items.push((*item, factor));
+                        }
+                        None => scripted_at.push(i),
+                    }
+                }
                 let script_items: Vec<Update<'_>> = scripted_at.iter().map(|&i| items[i]).collect();
                 let (fast, slow) = tokio::join!(
                     transacted(redis, keys, now_ms, &quick_items),
