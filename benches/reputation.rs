@@ -1,5 +1,7 @@
 //! Reputation lookups: our range table vs `ip_network_table` vs a linear scan on the same
-//! shared lists (every CIDR/IP list, ~86k ranges), and the 515k-range IP→ASN table.
+//! lists (the ones shipped in `data/`, ~86k ranges), and the 515k-range IP→ASN table of
+//! `@ip-location-db/asn` (CC BY 4.0, not shipped: set `PALISADE_ASN_CSV_DIR` to the folder
+//! holding `ip-location-db-asn-ipv4.csv` and `-ipv6.csv`; without it that group is skipped).
 
 use std::hint::black_box;
 use std::net::IpAddr;
@@ -11,20 +13,37 @@ use palisade::reputation::parse::{parse_ranges, position};
 use palisade::reputation::table::RangeTable;
 use rand::{Rng, SeedableRng};
 
-fn shared(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data")
-        .join(rel)
+/// A list shipped in the repository's `data/ranges/`, decompressed.
+fn shipped(rel: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("data/ranges")
+        .join(rel);
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(&path).expect("shipped list")),
+        &mut text,
+    )
+    .expect("gzip");
+    text
+}
+
+/// The large IP→ASN CSVs, when `PALISADE_ASN_CSV_DIR` names their folder.
+fn asn_csvs() -> Option<[PathBuf; 2]> {
+    let dir = PathBuf::from(std::env::var_os("PALISADE_ASN_CSV_DIR")?);
+    Some([
+        dir.join("ip-location-db-asn-ipv4.csv"),
+        dir.join("ip-location-db-asn-ipv6.csv"),
+    ])
 }
 
 const LISTS: &[&str] = &[
-    "datacenter/x4bnet-datacenter-ipv4.txt",
-    "datacenter/x4bnet-datacenter-ipv6.txt",
-    "vpn/x4bnet-vpn-ipv4.txt",
-    "vpn/x4bnet-vpn-ipv6.txt",
-    "cloud/aws-ip-ranges.json",
-    "cloud/gcp-cloud.json",
-    "tor/tor-exit-relays.csv",
+    "datacenter/x4bnet-datacenter-ipv4.txt.gz",
+    "datacenter/x4bnet-datacenter-ipv6.txt.gz",
+    "vpn/x4bnet-vpn-ipv4.txt.gz",
+    "vpn/x4bnet-vpn-ipv6.txt.gz",
+    "datacenter/aws-ip-ranges.json.gz",
+    "datacenter/gcp-cloud.json.gz",
+    "tor/tor-exit-relays.csv.gz",
 ];
 
 fn queries() -> Vec<IpAddr> {
@@ -56,12 +75,12 @@ fn network(start: u128, end: u128) -> ip_network::IpNetwork {
     }
 }
 
-/// Lookups per second on one core over every shared CIDR/IP list loaded together.
+/// Lookups per second on one core over every shipped CIDR/IP list loaded together.
 pub fn lookups(c: &mut Criterion) {
     let started = Instant::now();
     let mut triples = Vec::new();
     for (source, list) in LISTS.iter().enumerate() {
-        let text = std::fs::read_to_string(shared(list)).expect("shared data");
+        let text = shipped(list);
         for (start, end) in parse_ranges(&text).expect("parses") {
             triples.push((start, end, source as u16));
         }
@@ -111,14 +130,16 @@ pub fn lookups(c: &mut Criterion) {
 
 /// IP→ASN over the 515k-range CSVs (the `asn/*.csv` source), through the whole verdict.
 pub fn asn_lookups(c: &mut Criterion) {
+    let Some(csvs) = asn_csvs() else {
+        eprintln!(
+            "SKIPPED asn_lookup: set PALISADE_ASN_CSV_DIR to the folder of the @ip-location-db/asn CSVs"
+        );
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("asn")).unwrap();
-    for file in ["ip-location-db-asn-ipv4.csv", "ip-location-db-asn-ipv6.csv"] {
-        std::fs::copy(
-            shared(&format!("asn/{file}")),
-            dir.path().join("asn").join(file),
-        )
-        .unwrap();
+    for file in &csvs {
+        std::fs::copy(file, dir.path().join("asn").join(file.file_name().unwrap())).unwrap();
     }
     let started = Instant::now();
     let snapshot = palisade::reputation::load(dir.path()).expect("asn csv loads");
@@ -142,10 +163,7 @@ pub fn asn_lookups(c: &mut Criterion) {
     // The same ranges written as a GeoLite2-ASN-format .mmdb (mmdb-writer), read by the
     // `maxminddb` crate through the same code path (`asn/*.mmdb` in the data dir).
     let started = Instant::now();
-    let (mmdb, networks) = mmdb_from_csvs(&[
-        shared("asn/ip-location-db-asn-ipv4.csv"),
-        shared("asn/ip-location-db-asn-ipv6.csv"),
-    ]);
+    let (mmdb, networks) = mmdb_from_csvs(&csvs);
     println!(
         "asn: {networks} networks written as a {} MiB .mmdb in {:.1} s",
         mmdb.len() / (1024 * 1024),

@@ -9,12 +9,7 @@ use palisade::attestation::app_attest::{verify_assertion, verify_attestation};
 use palisade::config::AppAttestEnvironment;
 
 static ROOT: LazyLock<Vec<u8>> = LazyLock::new(|| {
-    let pem = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/data/attestation/Apple_App_Attestation_Root_CA.pem"
-    ))
-    .expect("shared data beside the repo");
-    let text = String::from_utf8(pem).unwrap();
+    let text = std::str::from_utf8(palisade::attestation::APPLE_ROOT_PEM).unwrap();
     let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
     base64::Engine::decode(&base64::engine::general_purpose::STANDARD, body).unwrap()
 });

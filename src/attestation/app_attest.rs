@@ -319,7 +319,8 @@ mod tests {
     use base64::Engine as _;
     use base64::engine::general_purpose::STANDARD;
 
-    /// Apple's sample object (`../shared/data/attestation`), its fields decoded.
+    /// Apple's sample object (`tests/fixtures/attestation`), its fields decoded; the root is
+    /// the one built into the service.
     struct Sample {
         object: Vec<u8>,
         key_id: Vec<u8>,
@@ -332,15 +333,12 @@ mod tests {
     }
 
     fn sample() -> Sample {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/attestation");
-        let json: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(dir.join("apple-sample-attestation.json")).expect("shared data"),
-        )
-        .unwrap();
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/attestation/apple-sample-attestation.json");
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(file).expect("the fixture")).unwrap();
         let b64 = |field: &str| STANDARD.decode(json[field].as_str().unwrap()).unwrap();
-        let pem = std::fs::read(dir.join("Apple_App_Attestation_Root_CA.pem")).unwrap();
-        let (_, root) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+        let (_, root) = x509_parser::pem::parse_x509_pem(super::super::APPLE_ROOT_PEM).unwrap();
         Sample {
             object: b64("attestation_object_b64"),
             key_id: b64("key_id_b64"),

@@ -251,6 +251,21 @@ pub struct Verdict {
     pub expires_at_ms: i64,
 }
 
+/// Apple's App Attestation Root CA (public; SHA-256 fingerprint
+/// `1cb9823b…6242c932`, valid 2020-03-18 to 2045-03-15), used unless
+/// `attestation.app_attest.root_ca` names another file.
+pub const APPLE_ROOT_PEM: &[u8] =
+    include_bytes!("../../data/attestation/Apple_App_Attestation_Root_CA.pem");
+
+/// The DER of a PEM certificate.
+fn parse_root(pem: &[u8]) -> Result<Vec<u8>, String> {
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(pem).map_err(|e| format!("not a PEM certificate: {e}"))?;
+    pem.parse_x509()
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    Ok(pem.contents)
+}
+
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
 #[error("PALISADE_ATTESTATION__APP_ATTEST__ROOT_CA (attestation.app_attest.root_ca): {0}")]
@@ -266,13 +281,14 @@ pub struct Attestation {
     keys: Keys,
     clock: Arc<dyn Clock>,
     scoring: Arc<Engine>,
-    root_der: Option<Vec<u8>>,
+    root_der: Vec<u8>,
     play_keys: Option<play_integrity::Keys>,
     digests: Vec<Vec<u8>>,
 }
 
 impl Attestation {
-    /// The service; reads Apple's root CA from `attestation.app_attest.root_ca` if set.
+    /// The service; reads Apple's root CA from `attestation.app_attest.root_ca` if set, else
+    /// uses the copy built in ([`APPLE_ROOT_PEM`]).
     pub fn new(
         settings: &Settings,
         stores: &Stores,
@@ -280,22 +296,15 @@ impl Attestation {
         scoring: Arc<Engine>,
     ) -> Result<Self, LoadError> {
         let attestation = settings.attestation.clone();
-        let root_der = attestation
-            .app_attest
-            .root_ca
-            .as_ref()
-            .map(|path| {
+        let root_der = match &attestation.app_attest.root_ca {
+            Some(path) => {
                 let pem = std::fs::read(path)
                     .map_err(|e| LoadError(format!("{}: {e}", path.display())))?;
-                let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).map_err(|e| {
-                    LoadError(format!("{}: not a PEM certificate: {e}", path.display()))
-                })?;
-                pem.parse_x509().map_err(|e| {
-                    LoadError(format!("{}: not an X.509 certificate: {e}", path.display()))
-                })?;
-                Ok::<_, LoadError>(pem.contents.clone())
-            })
-            .transpose()?;
+                parse_root(&pem).map_err(|e| LoadError(format!("{}: {e}", path.display())))?
+            }
+            None => parse_root(APPLE_ROOT_PEM)
+                .map_err(|e| LoadError(format!("the built-in Apple root: {e}")))?,
+        };
         let play = &attestation.play_integrity;
         // Validated by the settings: both decode.
         let play_keys = match (&play.decryption_key, &play.verification_key) {
@@ -458,7 +467,7 @@ impl Attestation {
                 );
             }
             Submission::AppAttestAttestation { .. } | Submission::AppAttestAssertion { .. }
-                if app_ids.is_empty() || self.root_der.is_none() =>
+                if app_ids.is_empty() =>
             {
                 return Err(Rejection::NotConfigured("attestation.app_attest.app_ids").into());
             }
@@ -493,7 +502,7 @@ impl Attestation {
                 ),
             )?,
             Submission::AppAttestAttestation { object, key_id } => {
-                let root = self.root_der.as_deref().unwrap_or_default();
+                let root = &self.root_der;
                 let attested = app_attest::verify_attestation(
                     &object,
                     &key_id,

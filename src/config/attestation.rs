@@ -46,7 +46,8 @@ pub struct AppAttestSettings {
     /// `production` (aaguid `appattest` + 7 zero bytes) or `development`
     /// (`appattestdevelop`). Default `production`.
     pub environment: AppAttestEnvironment,
-    /// PEM file of Apple's App Attestation Root CA (configured, never fetched).
+    /// PEM file of the App Attestation Root CA to trust. Default: Apple's, built in (never
+    /// fetched).
     pub root_ca: Option<PathBuf>,
 }
 
@@ -187,12 +188,6 @@ impl AttestationSettings {
             ));
         }
         let apple = &self.app_attest;
-        if !apple.app_ids.is_empty() && apple.root_ca.is_none() {
-            return Err(SettingError::new(
-                setting_name("attestation.app_attest.root_ca"),
-                "must name Apple's App Attestation Root CA (PEM) when app_ids are set",
-            ));
-        }
         if let Some(bad) = apple.app_ids.iter().find(|id| {
             id.split_once('.')
                 .is_none_or(|(team, bundle)| team.len() != 10 || bundle.is_empty())

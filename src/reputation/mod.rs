@@ -118,12 +118,24 @@ fn relative(dir: &Path, path: &Path) -> String {
     path.strip_prefix(dir).unwrap_or(path).display().to_string()
 }
 
+/// A file's text; a `*.gz` file is decompressed first (the lists shipped in `data/` are).
 fn read(dir: &Path, path: &Path) -> Result<String, LoadError> {
-    std::fs::read_to_string(path).map_err(|e| LoadError {
+    let failed = |e: std::io::Error| LoadError {
         file: relative(dir, path),
         line: 0,
         reason: e.to_string(),
-    })
+    };
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gz"))
+    {
+        let file = std::fs::File::open(path).map_err(failed)?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(file), &mut text)
+            .map_err(failed)?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path).map_err(failed)
 }
 
 /// Files (or folders, with `folders`) directly in `dir`, sorted; none when it is missing.
@@ -191,7 +203,11 @@ pub fn load_with(
             let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             let format = sources
                 .iter()
-                .find(|s| s.class == class && s.name == file_name)
+                .find(|s| {
+                    s.class == class
+                        && (s.name == file_name
+                            || file_name.strip_suffix(".gz") == Some(s.name.as_str()))
+                })
                 .map_or(parse::RangeFormat::Auto, |s| s.format);
             let ranges = parse::parse_ranges_as(&text, format).map_err(|e| LoadError {
                 file: relative(dir, &path),
@@ -213,9 +229,12 @@ pub fn load_with(
         .into_iter()
         .filter(|p| !hidden(p))
     {
+        // `datacenter.txt` or `datacenter.txt.gz`: the class is the name before the first dot.
         let class = path
-            .file_stem()
+            .file_name()
             .and_then(|n| n.to_str())
+            .and_then(|n| n.split('.').next())
+            .filter(|n| !n.is_empty())
             .unwrap_or("other")
             .to_owned();
         let text = read(dir, &path)?;

@@ -428,17 +428,26 @@ pub async fn assert_envelope(
     body
 }
 
-/// Copies `files` (`(path under ../shared/data, path in dir)`) into `dir`.
+/// Copies `files` (`(path in the repository, path in dir)`) into `dir`; a `*.gz` source
+/// copied to a name without `.gz` is decompressed on the way.
 pub fn lay_out(dir: &std::path::Path, files: &[(&str, &str)]) {
     for (from, to) in files {
         let target = dir.join(to);
         std::fs::create_dir_all(target.parent().expect("a file path")).expect("create folder");
-        std::fs::copy(shared_data(from), &target).unwrap_or_else(|e| panic!("copy {from}: {e}"));
+        let source = repo_file(from);
+        if from.ends_with(".gz") && !to.ends_with(".gz") {
+            let mut decoder =
+                flate2::read::GzDecoder::new(std::fs::File::open(&source).expect("open fixture"));
+            let mut out = std::fs::File::create(&target).expect("create target");
+            std::io::copy(&mut decoder, &mut out).unwrap_or_else(|e| panic!("gunzip {from}: {e}"));
+        } else {
+            std::fs::copy(&source, &target).unwrap_or_else(|e| panic!("copy {from}: {e}"));
+        }
     }
 }
 
 impl TestApp {
-    /// Lays shared data files out in this app's data dir and reloads it.
+    /// Lays repository data files out in this app's data dir and reloads it.
     pub async fn load_data(&self, files: &[(&str, &str)]) {
         lay_out(&self.settings.data_dir, files);
         let reloaded = self
@@ -452,11 +461,9 @@ impl TestApp {
     }
 }
 
-/// A file under `../shared/data` (real public lists, never copied into the repo).
-pub fn shared_data(relative: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data")
-        .join(relative)
+/// A file of the repository (the shipped lists in `data/`, fixtures in `tests/fixtures/`).
+pub fn repo_file(relative: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
 }
 
 fn init_test_logging() {

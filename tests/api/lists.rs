@@ -124,8 +124,11 @@ async fn denied_ip_is_blocked_and_shown_in_reputation(app: TestApp) {
 }
 
 async fn allow_wins_over_range_classes_and_deny_over_allow(app: TestApp) {
-    app.load_data(&[("tor/tor-exit-relays.csv", "ranges/tor/exits.csv")])
-        .await;
+    app.load_data(&[(
+        "data/ranges/tor/tor-exit-relays.csv.gz",
+        "ranges/tor/exits.csv",
+    )])
+    .await;
     assert_eq!(reputation(&app, "204.8.96.141").await["multiplier"], 0.25);
     add(
         &app,
@@ -146,8 +149,11 @@ async fn allow_wins_over_range_classes_and_deny_over_allow(app: TestApp) {
 }
 
 async fn denied_asn_covers_its_addresses(app: TestApp) {
-    app.load_data(&[("mmdb/test-data/GeoLite2-ASN-Test.mmdb", "asn/test.mmdb")])
-        .await;
+    app.load_data(&[(
+        "tests/fixtures/mmdb/GeoLite2-ASN-Test.mmdb",
+        "asn/test.mmdb",
+    )])
+    .await;
     let entry = add(&app, "deny", json!({"value": "as1221", "reason": "test"})).await;
     assert_eq!(
         (entry["kind"].as_str(), entry["value"].as_str()),

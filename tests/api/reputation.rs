@@ -1,5 +1,5 @@
-//! Reputation on the real public lists in `../shared/data` (copied into a temporary data dir
-//! for each test, never into the repo).
+//! Reputation on the real public lists shipped in `data/` (copied into a temporary data dir
+//! for each test).
 
 use std::path::Path;
 
@@ -11,34 +11,43 @@ use crate::on_both_backends;
 
 const REAL_LISTS: &[(&str, &str)] = &[
     (
-        "datacenter/x4bnet-datacenter-ipv4.txt",
+        "data/ranges/datacenter/x4bnet-datacenter-ipv4.txt.gz",
         "ranges/datacenter/x4bnet-datacenter-ipv4.txt",
     ),
     (
-        "datacenter/x4bnet-datacenter-ipv6.txt",
+        "data/ranges/datacenter/x4bnet-datacenter-ipv6.txt.gz",
         "ranges/datacenter/x4bnet-datacenter-ipv6.txt",
     ),
     (
-        "datacenter/ipcat-datacenters.csv",
+        "data/ranges/datacenter/ipcat-datacenters.csv.gz",
         "ranges/datacenter/ipcat-datacenters.csv",
     ),
     (
-        "cloud/aws-ip-ranges.json",
+        "data/ranges/datacenter/aws-ip-ranges.json.gz",
         "ranges/datacenter/aws-ip-ranges.json",
     ),
-    ("cloud/gcp-cloud.json", "ranges/datacenter/gcp-cloud.json"),
-    ("vpn/x4bnet-vpn-ipv4.txt", "ranges/vpn/x4bnet-vpn-ipv4.txt"),
-    ("tor/tor-exit-relays.csv", "ranges/tor/tor-exit-relays.csv"),
     (
-        "tor/tor-exit-nodes-2024-02.lst",
+        "data/ranges/datacenter/gcp-cloud.json.gz",
+        "ranges/datacenter/gcp-cloud.json",
+    ),
+    (
+        "data/ranges/vpn/x4bnet-vpn-ipv4.txt.gz",
+        "ranges/vpn/x4bnet-vpn-ipv4.txt",
+    ),
+    (
+        "data/ranges/tor/tor-exit-relays.csv.gz",
+        "ranges/tor/tor-exit-relays.csv",
+    ),
+    (
+        "data/ranges/tor/tor-exit-nodes-2024-02.lst.gz",
         "ranges/tor/tor-exit-nodes-2024-02.lst",
     ),
     (
-        "proxy/monosans-open-proxies.txt",
+        "data/ranges/proxy/monosans-open-proxies.txt.gz",
         "ranges/proxy/monosans-open-proxies.txt",
     ),
     (
-        "mmdb/test-data/GeoLite2-ASN-Test.mmdb",
+        "tests/fixtures/mmdb/GeoLite2-ASN-Test.mmdb",
         "asn/GeoLite2-ASN-Test.mmdb",
     ),
 ];
@@ -131,7 +140,10 @@ fn asn_lists_classify_every_address_of_the_asn() {
     let dir = tempfile::tempdir().unwrap();
     lay_out(
         dir.path(),
-        &[("mmdb/test-data/GeoLite2-ASN-Test.mmdb", "asn/test.mmdb")],
+        &[(
+            "tests/fixtures/mmdb/GeoLite2-ASN-Test.mmdb",
+            "asn/test.mmdb",
+        )],
     );
     std::fs::create_dir_all(dir.path().join("asns")).unwrap();
     std::fs::write(
@@ -183,7 +195,7 @@ fn broken_files_are_named_with_file_line_and_reason() {
     lay_out(
         dir.path(),
         &[(
-            "mmdb/test-data/MaxMind-DB-test-broken-search-tree-24.mmdb",
+            "tests/fixtures/mmdb/MaxMind-DB-test-broken-search-tree-24.mmdb",
             "asn/broken.mmdb",
         )],
     );
@@ -201,7 +213,10 @@ async fn reputation_route_answers_and_reload_swaps_or_keeps(app: TestApp) {
     let data = app.settings.data_dir.clone();
     lay_out(
         &data,
-        &[("tor/tor-exit-relays.csv", "ranges/tor/exits.csv")],
+        &[(
+            "data/ranges/tor/tor-exit-relays.csv.gz",
+            "ranges/tor/exits.csv",
+        )],
     );
     let (_, ingest) = app.create_token("ingest", "auth-svc").await;
     assert_envelope(
@@ -313,8 +328,14 @@ fn configured_formats_are_enforced_with_file_and_line() {
     lay_out(
         dir.path(),
         &[
-            ("cloud/aws-ip-ranges.json", "ranges/datacenter/aws.json"),
-            ("tor/tor-exit-relays.csv", "ranges/tor/exits.csv"),
+            (
+                "data/ranges/datacenter/aws-ip-ranges.json.gz",
+                "ranges/datacenter/aws.json",
+            ),
+            (
+                "data/ranges/tor/tor-exit-relays.csv.gz",
+                "ranges/tor/exits.csv",
+            ),
         ],
     );
     let source = |name: &str, class: &str, format| SourceSettings {
@@ -336,4 +357,29 @@ fn configured_formats_are_enforced_with_file_and_line() {
     assert!(err.line >= 1 && err.reason.contains("cidr"), "{err:?}");
     // Undeclared, the same file is detected as CSV.
     assert!(palisade::reputation::load(dir.path()).is_ok());
+}
+
+/// A fresh checkout's default data dir (`data/`, as shipped) recognises well-known
+/// datacenter, VPN, proxy and Tor addresses with no download.
+#[test]
+fn the_shipped_data_dir_classifies_well_known_addresses() {
+    let snapshot = palisade::reputation::load(&crate::helpers::repo_file("data"))
+        .expect("the shipped data loads");
+    assert!(snapshot.ranges > 80_000, "{} ranges", snapshot.ranges);
+    assert!(
+        snapshot
+            .sources()
+            .iter()
+            .any(|s| s.file == "ranges/datacenter/aws-ip-ranges.json.gz" && s.entries > 10_000)
+    );
+    assert_eq!(verdict(&snapshot, "3.5.140.1").classes, vec!["datacenter"]);
+    assert_eq!(verdict(&snapshot, "204.8.96.141").classes, vec!["tor"]);
+    assert_eq!(verdict(&snapshot, "144.31.222.106").classes, vec!["proxy"]);
+    assert!(verdict(&snapshot, "192.0.2.1").classes.is_empty());
+    // iCloud Private Relay egress is left out of the shipped VPN list (see data/SOURCES.md).
+    assert!(
+        !verdict(&snapshot, "104.28.28.1")
+            .classes
+            .contains(&"vpn".to_owned())
+    );
 }

@@ -30,7 +30,7 @@ on_both_backends!(
 );
 
 const AWS: &[(&str, &str)] = &[(
-    "cloud/aws-ip-ranges.json",
+    "data/ranges/datacenter/aws-ip-ranges.json.gz",
     "ranges/datacenter/aws-ip-ranges.json",
 )];
 /// An AWS address (datacenter in the shared lists).
