@@ -125,7 +125,7 @@ impl App {
             clock.clone(),
             Arc::downgrade(&scoring),
             audit.clone(),
-            settings.http.max_key_length,
+            settings.http.identifiers(),
             settings.limits.ipv6_prefix_len,
         ));
         let attestation = Attestation::new(&settings, &stores, clock.clone(), scoring.clone())?;

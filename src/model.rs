@@ -64,14 +64,140 @@ pub struct SubjectKey {
     text: std::sync::Arc<str>,
 }
 
-/// An id that is empty or longer than allowed.
+/// An id that cannot name a subject.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field} must be 1-{max} characters")]
+#[error("{field} {problem}")]
 pub struct InvalidId {
     /// Which field.
     pub field: &'static str,
-    /// The limit.
-    pub max: usize,
+    /// What is wrong with it.
+    pub problem: IdProblem,
+}
+
+/// What is wrong with an id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IdProblem {
+    /// Empty (after trimming) or longer than allowed.
+    #[error("must be 1-{0} characters")]
+    Length(usize),
+    /// A control character (C0, DEL, C1).
+    #[error("must not contain control characters")]
+    Control,
+    /// An invisible character (Unicode Default_Ignorable_Code_Point: zero-width spaces and
+    /// joiners, soft hyphen, variation selectors, bidi controls, …).
+    #[error("must not contain invisible characters (zero-width, bidi controls, …)")]
+    Invisible,
+}
+
+/// How account (and user) ids are compared. Setting `http.account_ids`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccountIds {
+    /// `Alice@Example.com`, `alice@example.com` and fullwidth `ａｌｉｃｅ@…` are one
+    /// account: surrounding whitespace is trimmed, then NFKC, full Unicode case folding and
+    /// NFKC again (the compatibility caseless form of UAX #15 / Unicode §3.13).
+    #[default]
+    CaseInsensitive,
+    /// Opaque ids, compared byte for byte (nothing trimmed or folded).
+    Exact,
+}
+
+/// The identifier profile: how account and device ids that enter Palisade (ingest, status,
+/// limit checks, gateways, lists, analyst searches) become the one canonical id each
+/// subject is known by.
+///
+/// Every profile refuses control characters and invisible ones
+/// (Default_Ignorable_Code_Point): `ali\u{200b}ce` is not a way to get a fresh account.
+/// Device ids are trimmed and checked but otherwise kept exactly (they are opaque).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identifiers {
+    /// How account ids compare.
+    pub accounts: AccountIds,
+    /// Longest id in characters (after canonicalisation).
+    pub max_len: usize,
+}
+
+fn check_characters(field: &'static str, id: &str) -> Result<(), InvalidId> {
+    use icu_properties::props::DefaultIgnorableCodePoint;
+    let invalid = |problem| InvalidId { field, problem };
+    if id.chars().any(char::is_control) {
+        return Err(invalid(IdProblem::Control));
+    }
+    let ignorable = icu_properties::CodePointSetData::new::<DefaultIgnorableCodePoint>();
+    if !id.is_ascii() && id.chars().any(|ch| ignorable.contains(ch)) {
+        return Err(invalid(IdProblem::Invisible));
+    }
+    Ok(())
+}
+
+fn check_length(field: &'static str, id: &str, max: usize) -> Result<(), InvalidId> {
+    let count = id.chars().count();
+    if count == 0 || count > max {
+        return Err(InvalidId {
+            field,
+            problem: IdProblem::Length(max),
+        });
+    }
+    Ok(())
+}
+
+impl Identifiers {
+    /// The canonical form of an account id sent in `field`.
+    pub fn account(&self, field: &'static str, raw: &str) -> Result<String, InvalidId> {
+        let id = match self.accounts {
+            AccountIds::Exact => {
+                check_characters(field, raw)?;
+                raw.to_owned()
+            }
+            AccountIds::CaseInsensitive => {
+                use unicode_normalization::UnicodeNormalization;
+                let trimmed = raw.trim();
+                check_characters(field, trimmed)?;
+                if trimmed.is_ascii() {
+                    // NFKC leaves ASCII alone, and folding ASCII is lower-casing it.
+                    trimmed.to_ascii_lowercase()
+                } else {
+                    // NFKC, fold, NFKC; repeated until it holds still (for a few characters
+                    // one round is not yet stable), so a canonical id is its own canonical id.
+                    let mut id = trimmed.to_owned();
+                    for _ in 0..3 {
+                        let nfkc: String = id.nfkc().collect();
+                        let folded = caseless::default_case_fold_str(&nfkc);
+                        let next = folded.nfkc().collect::<String>().trim().to_owned();
+                        if next == id {
+                            break;
+                        }
+                        id = next;
+                    }
+                    // Normalisation may map a visible character to an invisible one (the
+                    // halfwidth Hangul filler): checked again.
+                    check_characters(field, &id)?;
+                    id
+                }
+            }
+        };
+        check_length(field, &id, self.max_len)?;
+        Ok(id)
+    }
+
+    /// The `user:` subject of an account or user id sent in `field`.
+    pub fn user_key(&self, field: &'static str, raw: &str) -> Result<SubjectKey, InvalidId> {
+        let id = self.account(field, raw)?;
+        SubjectKey::user(&id, usize::MAX)
+    }
+
+    /// A device id as kept: surrounding whitespace trimmed, checked, otherwise exact.
+    pub fn device<'a>(&self, raw: &'a str) -> Result<&'a str, InvalidId> {
+        let id = raw.trim();
+        check_characters("device_id", id)?;
+        check_length("device_id", id, self.max_len)?;
+        Ok(id)
+    }
+
+    /// The `device:` subject of a device id.
+    pub fn device_key(&self, raw: &str) -> Result<SubjectKey, InvalidId> {
+        SubjectKey::device(self.device(raw)?, usize::MAX)
+    }
 }
 
 fn encode(id: &str) -> std::borrow::Cow<'_, str> {
@@ -119,12 +245,14 @@ impl SubjectKey {
         Self::with_id(SubjectKind::Ip, &ip.key_text())
     }
 
-    /// A user id of at most `max_len` characters.
+    /// A user id of at most `max_len` characters, taken as it is: ids from outside come
+    /// through [`Identifiers::user_key`], which makes them canonical first.
     pub fn user(id: &str, max_len: usize) -> Result<Self, InvalidId> {
         Self::bounded(SubjectKind::User, "user_id", id, max_len)
     }
 
-    /// A device id of at most `max_len` characters.
+    /// A device id of at most `max_len` characters, taken as it is (ids from outside come
+    /// through [`Identifiers::device_key`]).
     pub fn device(id: &str, max_len: usize) -> Result<Self, InvalidId> {
         Self::bounded(SubjectKind::Device, "device_id", id, max_len)
     }
@@ -140,13 +268,7 @@ impl SubjectKey {
         id: &str,
         max_len: usize,
     ) -> Result<Self, InvalidId> {
-        let count = id.chars().count();
-        if count == 0 || count > max_len {
-            return Err(InvalidId {
-                field,
-                max: max_len,
-            });
-        }
+        check_length(field, id, max_len)?;
         Ok(Self::with_id(kind, &encode(id)))
     }
 
@@ -291,6 +413,86 @@ mod tests {
             "device:dev-1"
         );
         assert_eq!(SubjectKey::global().to_string(), "global");
+    }
+
+    const IDS: Identifiers = Identifiers {
+        accounts: AccountIds::CaseInsensitive,
+        max_len: 64,
+    };
+
+    #[test]
+    fn spellings_of_one_account_are_one_account() {
+        for spelling in [
+            "alice@example.com",
+            "Alice@Example.com",
+            "ALICE@EXAMPLE.COM",
+            "  alice@example.com\t",
+            "\u{ff41}\u{ff4c}\u{ff49}\u{ff43}\u{ff45}@example.com",
+            "\u{ff21}LICE@example.com",
+        ] {
+            assert_eq!(
+                IDS.account("account", spelling).unwrap(),
+                "alice@example.com",
+                "{spelling:?}"
+            );
+        }
+        // Full case folding (not lower-casing): ß and ẞ are ss, K (Kelvin) is k.
+        assert_eq!(IDS.account("account", "STRASSE").unwrap(), "strasse");
+        assert_eq!(IDS.account("account", "Straße").unwrap(), "strasse");
+        assert_eq!(IDS.account("account", "\u{212a}im").unwrap(), "kim");
+        // Composed and decomposed accents are one account.
+        assert_eq!(
+            IDS.account("account", "Jose\u{301}").unwrap(),
+            IDS.account("account", "jos\u{e9}").unwrap()
+        );
+    }
+
+    #[test]
+    fn invisible_and_control_characters_are_refused() {
+        for (spelling, problem) in [
+            ("ali\u{200b}ce", IdProblem::Invisible),
+            ("ali\u{200d}ce", IdProblem::Invisible),
+            ("ali\u{ad}ce", IdProblem::Invisible),
+            ("alice\u{fe0f}", IdProblem::Invisible),
+            ("\u{202e}ecila", IdProblem::Invisible),
+            ("ali\u{0}ce", IdProblem::Control),
+            ("ali\nce", IdProblem::Control),
+            ("ali\u{85}ce", IdProblem::Control),
+            ("", IdProblem::Length(64)),
+            ("   ", IdProblem::Length(64)),
+        ] {
+            assert_eq!(
+                IDS.account("account", spelling),
+                Err(InvalidId {
+                    field: "account",
+                    problem
+                }),
+                "{spelling:?}"
+            );
+        }
+        assert_eq!(
+            IDS.device("dev\u{200b}1").unwrap_err().problem,
+            IdProblem::Invisible
+        );
+    }
+
+    #[test]
+    fn exact_ids_are_kept_byte_for_byte_and_devices_keep_case() {
+        let exact = Identifiers {
+            accounts: AccountIds::Exact,
+            ..IDS
+        };
+        assert_eq!(exact.account("account", "Alice ").unwrap(), "Alice ");
+        assert!(exact.account("account", "a\u{200b}").is_err());
+        assert_eq!(IDS.device(" Dev-ABC ").unwrap(), "Dev-ABC");
+        assert_eq!(
+            IDS.device_key("Dev-ABC").unwrap().to_string(),
+            "device:Dev-ABC"
+        );
+        assert_eq!(
+            IDS.user_key("user_id", "Bob").unwrap(),
+            SubjectKey::user("bob", 8).unwrap()
+        );
     }
 
     #[test]

@@ -45,12 +45,10 @@ pub struct ChallengeView {
 }
 
 fn device(app: &AppState, id: &str) -> Result<SubjectKey, ApiError> {
-    if id.chars().any(char::is_control) {
-        return Err(ApiError::invalid(
-            "device_id must not contain control characters",
-        ));
-    }
-    SubjectKey::device(id, app.settings.http.max_key_length)
+    app.settings
+        .http
+        .identifiers()
+        .device_key(id)
         .map_err(|e| ApiError::invalid(e.to_string()))
 }
 

@@ -112,7 +112,7 @@ pub struct AuthAccepted {
 
 fn limits(app: &AppState) -> Limits {
     Limits {
-        max_key_length: app.settings.http.max_key_length,
+        ids: app.settings.http.identifiers(),
         ipv6_prefix_len: app.settings.limits.ipv6_prefix_len,
     }
 }
@@ -326,16 +326,20 @@ async fn account_status(
     let limits = limits(&app);
     let ip = ClientIp::parse(&params.ip, limits.ipv6_prefix_len)
         .ok_or_else(|| ApiError::invalid(format!("ip {:.64?} is not an IP address", params.ip)))?;
+    let account = limits
+        .ids
+        .account("account", &account)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let context = LoginContext {
-        account: SubjectKey::user(&account, limits.max_key_length)
-            .map_err(|e| ApiError::invalid(format!("account: {e}")))?,
+        account: SubjectKey::user(&account, usize::MAX)
+            .map_err(|e| ApiError::invalid(e.to_string()))?,
         account_name: account.clone(),
         ip_key: SubjectKey::ip(&ip),
         ip,
         device: params
             .device_id
             .as_deref()
-            .map(|d| SubjectKey::device(d, limits.max_key_length))
+            .map(|d| limits.ids.device_key(d))
             .transpose()
             .map_err(|e| ApiError::invalid(e.to_string()))?,
     };

@@ -11,7 +11,7 @@ use super::error::{ApiError, Envelope, ErrorCode};
 use super::extract::{ApiJson, Authorized, role};
 use crate::app::AppState;
 use crate::limiter::{self, Decision, LimitRequest, layer};
-use crate::model::{ClientIp, SubjectKey};
+use crate::model::ClientIp;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(check))
@@ -21,8 +21,11 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitCheck {
-    /// Path of the protected request, e.g. `/auth/login` (a query string is ignored).
-    #[schema(pattern = "^/", max_length = 2048)]
+    /// Path of the protected request, e.g. `/auth/login`, as the client sent it: it is
+    /// canonicalised before classification (query dropped, decoded, dot segments resolved,
+    /// slashes collapsed, `;` parameters and a trailing slash dropped, case ignored). At
+    /// most 2048 bytes before the query; NUL and control characters are refused.
+    #[schema(pattern = "^/")]
     pub endpoint: String,
     /// HTTP method of the protected request; default `GET`.
     #[serde(default)]
@@ -80,12 +83,8 @@ pub struct LimitAllowed {
 
 pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, ApiError> {
     let limits = &app.settings.limits;
-    let max_len = app.settings.http.max_key_length;
-    if body.endpoint.is_empty() || body.endpoint.len() > 2048 || !body.endpoint.starts_with('/') {
-        return Err(ApiError::invalid(
-            "endpoint must be a path starting with '/', at most 2048 bytes",
-        ));
-    }
+    let ids = app.settings.http.identifiers();
+    limiter::target::validate(&body.endpoint).map_err(|e| ApiError::invalid(e.to_string()))?;
     let method = body
         .method
         .unwrap_or_else(|| "GET".to_owned())
@@ -103,12 +102,12 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
     })?;
     let user = body
         .user_id
-        .map(|id| SubjectKey::user(&id, max_len))
+        .map(|id| ids.user_key("user_id", &id))
         .transpose()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     let device = body
         .device_id
-        .map(|id| SubjectKey::device(&id, max_len))
+        .map(|id| ids.device_key(&id))
         .transpose()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     let cost = body.cost.unwrap_or(1);

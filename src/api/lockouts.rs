@@ -113,18 +113,18 @@ async fn list_lockouts(
     let limit = parse_limit(params.limit, 100, 500)?;
     let before = parse_cursor(params.cursor.as_deref())?;
     let since_ms = parse_since(params.since.as_deref())?;
-    if params
+    // The canonical id: a search for `Alice@Example.com` finds `alice@example.com`.
+    let account = params
         .account
-        .as_ref()
-        .is_some_and(|a| a.chars().count() > app.settings.http.max_key_length)
-    {
-        return Err(ApiError::invalid("account is too long"));
-    }
+        .as_deref()
+        .map(|a| app.settings.http.identifiers().account("account", a))
+        .transpose()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let (items, next_cursor) = app
         .lockouts
         .list(&Query {
             status: params.status.unwrap_or(Status::Active),
-            account: params.account,
+            account,
             since_ms,
             before,
             limit,
@@ -144,8 +144,11 @@ pub struct EventView {
     /// `login_failure` or `login_success`.
     #[serde(rename = "type")]
     pub kind: String,
-    /// Account.
+    /// Account (canonical id, as every search and lockout names it).
     pub account: String,
+    /// The account as the auth service spelled it, when that differs from `account`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account_received: Option<String>,
     /// IP.
     pub ip: String,
     /// Device.
@@ -194,6 +197,7 @@ async fn get_lockout(
                 event_id: e.event_id,
                 kind: e.kind,
                 account: e.account,
+                account_received: e.account_received,
                 ip: e.ip,
                 device_id: e.device_id,
                 endpoint: e.endpoint,

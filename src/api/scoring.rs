@@ -117,7 +117,7 @@ async fn explain_multipliers(
     app: &AppState,
     params: MultiplierParams,
 ) -> Result<MultipliersView, ApiError> {
-    let max_len = app.settings.http.max_key_length;
+    let ids = app.settings.http.identifiers();
     let mut subjects = Vec::new();
     if let Some(ip) = &params.ip {
         let client = ClientIp::parse(ip, app.settings.limits.ipv6_prefix_len)
@@ -130,13 +130,14 @@ async fn explain_multipliers(
     let user = params
         .user_id
         .as_deref()
-        .map(|u| SubjectKey::user(u, max_len))
+        .map(|u| ids.user_key("user_id", u))
         .transpose()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     subjects.extend(user.clone().map(|u| (u, None)));
     if let Some(device) = &params.device_id {
-        let key =
-            SubjectKey::device(device, max_len).map_err(|e| ApiError::invalid(e.to_string()))?;
+        let key = ids
+            .device_key(device)
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
         subjects.push((key, None));
     }
     if subjects.is_empty() {

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{SettingError, setting_name};
+use crate::model::{AccountIds, Identifiers};
 
 /// HTTP server limits.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -21,6 +22,22 @@ pub struct HttpSettings {
     ///
     /// TOML `http.max_key_length`, env `PALISADE_HTTP__MAX_KEY_LENGTH`; default 256.
     pub max_key_length: usize,
+    /// How account and user ids compare: `case_insensitive` (trimmed, NFKC, case-folded:
+    /// `Alice@Example.com` is `alice@example.com`) or `exact` (opaque ids, byte for byte).
+    /// Control and invisible characters are refused either way.
+    ///
+    /// TOML `http.account_ids`, env `PALISADE_HTTP__ACCOUNT_IDS`; default `case_insensitive`.
+    pub account_ids: AccountIds,
+}
+
+impl HttpSettings {
+    /// The identifier profile these settings describe.
+    pub fn identifiers(&self) -> Identifiers {
+        Identifiers {
+            accounts: self.account_ids,
+            max_len: self.max_key_length,
+        }
+    }
 }
 
 impl Default for HttpSettings {
@@ -29,6 +46,7 @@ impl Default for HttpSettings {
             body_limit_bytes: 2 * 1024 * 1024,
             request_timeout_ms: 10_000,
             max_key_length: 256,
+            account_ids: AccountIds::CaseInsensitive,
         }
     }
 }

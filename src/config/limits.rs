@@ -157,6 +157,11 @@ pub struct LimitSettings {
     pub coalesce_in_flight: u8,
     /// Largest `cost` of one check. TOML `limits.max_cost`; default 1000.
     pub max_cost: u32,
+    /// Match request paths against class patterns ignoring ASCII case (`/Login` is
+    /// `/login`), as most backends route them. TOML `limits.case_insensitive_paths`, env
+    /// `PALISADE_LIMITS__CASE_INSENSITIVE_PATHS`; default true. Turn off only when the
+    /// backend routes by exact case.
+    pub case_insensitive_paths: bool,
     /// Endpoint classes by name. `read` and `write` must exist (they are the fallbacks).
     pub classes: BTreeMap<String, ClassSettings>,
     /// Every budget. TOML `[[limits.budgets]]`; giving any replaces the whole default list.
@@ -283,6 +288,7 @@ impl Default for LimitSettings {
             coalesce: true,
             coalesce_in_flight: 4,
             max_cost: 1000,
+            case_insensitive_paths: true,
             classes,
             budgets,
         }

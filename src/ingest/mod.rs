@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 
 use crate::clock::Clock;
 use crate::lockout::{AccountStatus, Lockouts, LoginContext, LoginEvent};
-use crate::model::{ClientIp, SubjectKey};
+use crate::model::{ClientIp, Identifiers, SubjectKey};
 use crate::scoring::Engine;
 use crate::store::Durable;
 use crate::telemetry::metrics as names;
@@ -83,9 +83,12 @@ pub struct AuthEvent {
     pub event_id: String,
     /// Failure or success.
     pub kind: AuthKind,
-    /// Subjects of the attempt.
+    /// Subjects of the attempt (the account by its canonical id).
     pub context: LoginContext,
-    /// Device id as sent.
+    /// The account as the auth service spelled it, when that differs from the canonical id
+    /// (kept with the event for analysts).
+    pub account_received: Option<String>,
+    /// Device id (trimmed; otherwise as sent).
     pub device_id: Option<String>,
     /// Endpoint, at most 2048 bytes.
     pub endpoint: Option<String>,
@@ -105,8 +108,8 @@ pub struct EventError {
 /// Limits that apply when parsing.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Longest account / device id.
-    pub max_key_length: usize,
+    /// How account and device ids become canonical (and their longest length).
+    pub ids: Identifiers,
     /// IPv6 prefix for IP subjects.
     pub ipv6_prefix_len: u8,
 }
@@ -147,19 +150,24 @@ fn validate(raw: RawAuthEvent, now_ms: i64, limits: Limits) -> Result<AuthEvent,
     if raw.event_id.is_empty() || raw.event_id.len() > 128 || !printable(&raw.event_id) {
         return Err("event_id must be 1-128 printable characters".to_owned());
     }
-    if !printable(&raw.account) {
-        return Err("account must not contain control characters".to_owned());
-    }
-    let account = SubjectKey::user(&raw.account, limits.max_key_length)
-        .map_err(|_| format!("account must be 1-{} characters", limits.max_key_length))?;
+    let account_name = limits
+        .ids
+        .account("account", &raw.account)
+        .map_err(|e| e.to_string())?;
+    let account = SubjectKey::user(&account_name, usize::MAX).map_err(|e| e.to_string())?;
     let ip = ClientIp::parse(&raw.ip, limits.ipv6_prefix_len)
         .ok_or_else(|| format!("ip {:.64?} is not an IP address", raw.ip))?;
-    let device = raw
+    let device_id = raw
         .device_id
         .as_deref()
-        .map(|d| SubjectKey::device(d, limits.max_key_length))
+        .map(|d| limits.ids.device(d).map(str::to_owned))
         .transpose()
-        .map_err(|_| format!("device_id must be 1-{} characters", limits.max_key_length))?;
+        .map_err(|e| e.to_string())?;
+    let device = device_id
+        .as_deref()
+        .map(|d| SubjectKey::device(d, usize::MAX))
+        .transpose()
+        .map_err(|e| e.to_string())?;
     if raw.endpoint.as_ref().is_some_and(|e| e.len() > 2048) {
         return Err("endpoint is longer than 2048 bytes".to_owned());
     }
@@ -173,14 +181,15 @@ fn validate(raw: RawAuthEvent, now_ms: i64, limits: Limits) -> Result<AuthEvent,
     Ok(AuthEvent {
         event_id: raw.event_id,
         kind: raw.kind,
+        account_received: (account_name != raw.account).then_some(raw.account),
         context: LoginContext {
             account,
-            account_name: raw.account,
+            account_name,
             ip_key: SubjectKey::ip(&ip),
             ip,
             device,
         },
-        device_id: raw.device_id,
+        device_id,
         endpoint: raw.endpoint,
         ts_ms,
     })
@@ -425,7 +434,10 @@ mod tests {
     }
 
     const LIMITS: Limits = Limits {
-        max_key_length: 64,
+        ids: Identifiers {
+            accounts: crate::model::AccountIds::CaseInsensitive,
+            max_len: 64,
+        },
         ipv6_prefix_len: 64,
     };
 

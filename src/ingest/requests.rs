@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::{Limits, MAX_AGE_MS, MAX_FUTURE_MS, parse_ts, printable};
+use super::{Limits, MAX_AGE_MS, MAX_FUTURE_MS, parse_ts};
 use crate::model::{ClientIp, SubjectKey};
 
 /// Largest request-telemetry batch.
@@ -49,24 +49,19 @@ fn parse_one(
     let raw = RawRequestEvent::deserialize(value).map_err(|e| e.to_string())?;
     let ip = ClientIp::parse(&raw.ip, limits.ipv6_prefix_len)
         .ok_or_else(|| format!("ip {:.64?} is not an IP address", raw.ip))?;
-    let bounded =
-        |id: Option<&str>,
-         field: &str,
-         make: fn(&str, usize) -> Result<SubjectKey, crate::model::InvalidId>| {
-            id.map(|id| {
-                if !printable(id) {
-                    return Err(format!("{field} must not contain control characters"));
-                }
-                make(id, limits.max_key_length)
-                    .map_err(|_| format!("{field} must be 1-{} characters", limits.max_key_length))
-            })
-            .transpose()
-        };
-    let user = bounded(raw.user_id.as_deref(), "user_id", SubjectKey::user)?;
-    let device = bounded(raw.device_id.as_deref(), "device_id", SubjectKey::device)?;
-    if raw.endpoint.is_empty() || raw.endpoint.len() > 2048 || !raw.endpoint.starts_with('/') {
-        return Err("endpoint must be a path starting with '/', at most 2048 bytes".to_owned());
-    }
+    let user = raw
+        .user_id
+        .as_deref()
+        .map(|id| limits.ids.user_key("user_id", id))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let device = raw
+        .device_id
+        .as_deref()
+        .map(|id| limits.ids.device_key(id))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    crate::limiter::target::validate(&raw.endpoint).map_err(|e| e.to_string())?;
     if !(100..=599).contains(&raw.status) {
         return Err(format!(
             "status {} is not an HTTP status (100-599)",
@@ -117,7 +112,10 @@ mod tests {
     use serde_json::json;
 
     const LIMITS: Limits = Limits {
-        max_key_length: 16,
+        ids: crate::model::Identifiers {
+            accounts: crate::model::AccountIds::CaseInsensitive,
+            max_len: 16,
+        },
         ipv6_prefix_len: 64,
     };
 

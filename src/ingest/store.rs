@@ -8,24 +8,24 @@ use crate::with_pool;
 
 const PRUNE: &str = "DELETE FROM auth_events WHERE ts < $1";
 
-/// Rows per SQLite INSERT statement: 8 parameters each stays under its 32766 limit.
+/// Rows per SQLite INSERT statement: 9 parameters each stays under its 32766 limit.
 const ROWS_PER_STATEMENT: usize = 1000;
 
-/// Postgres takes a batch as one array per column: one statement with eight parameters
-/// whatever the batch size (a multi-row VALUES list has 8 per row to send, parse and bind).
+/// Postgres takes a batch as one array per column: one statement with nine parameters
+/// whatever the batch size (a multi-row VALUES list has 9 per row to send, parse and bind).
 ///
 /// A batch is first inserted as is: a batch that is not a retry holds only new ids, and a
 /// plain insert costs Postgres about two thirds of one with `ON CONFLICT` (one index probe
 /// less per row; 100k rows: 1.44 s against 2.11 s). If any id was stored before, that
 /// statement fails as a whole and the batch goes again with `ON CONFLICT DO NOTHING`.
 const INSERT_AUTH_PG: &str = "INSERT INTO auth_events \
-    (event_id, kind, account, ip, device_id, endpoint, ts, received_at) \
-    SELECT e.*, $8 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-    $6::text[], $7::int8[]) AS e";
+    (event_id, kind, account, ip, device_id, endpoint, ts, account_received, received_at) \
+    SELECT e.*, $9 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+    $6::text[], $7::int8[], $8::text[]) AS e";
 const INSERT_AUTH_PG_RETRY: &str = "INSERT INTO auth_events \
-    (event_id, kind, account, ip, device_id, endpoint, ts, received_at) \
-    SELECT e.*, $8 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-    $6::text[], $7::int8[]) AS e ON CONFLICT (event_id) DO NOTHING";
+    (event_id, kind, account, ip, device_id, endpoint, ts, account_received, received_at) \
+    SELECT e.*, $9 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+    $6::text[], $7::int8[], $8::text[]) AS e ON CONFLICT (event_id) DO NOTHING";
 
 /// Inserts the events in one statement (Postgres) or one transaction (SQLite), skipping ids
 /// already stored; returns how many rows were new. The database decides duplicates.
@@ -53,9 +53,10 @@ pub(super) async fn insert_auth(
                 column(|e| e.kind.as_str()),
                 column(|e| &e.context.account_name),
             );
-            let (devices, endpoints) = (
+            let (devices, endpoints, spellings) = (
                 optional(|e| e.device_id.as_deref()),
                 optional(|e| e.endpoint.as_deref()),
+                optional(|e| e.account_received.as_deref()),
             );
             let insert = |sql| {
                 sqlx::query(sql)
@@ -66,6 +67,7 @@ pub(super) async fn insert_auth(
                     .bind(&devices[..])
                     .bind(&endpoints[..])
                     .bind(&ts[..])
+                    .bind(&spellings[..])
                     .bind(received_at)
                     .execute(pool)
             };
@@ -82,7 +84,7 @@ pub(super) async fn insert_auth(
             let mut inserted = 0u64;
             for chunk in events.chunks(ROWS_PER_STATEMENT) {
                 let mut builder = QueryBuilder::new(
-                    "INSERT INTO auth_events (event_id, kind, account, ip, device_id, endpoint, ts, received_at) ",
+                    "INSERT INTO auth_events (event_id, kind, account, ip, device_id, endpoint, ts, account_received, received_at) ",
                 );
                 builder.push_values(chunk, |mut row, event| {
                     row.push_bind(event.event_id.as_str())
@@ -92,6 +94,7 @@ pub(super) async fn insert_auth(
                         .push_bind(event.device_id.as_deref())
                         .push_bind(event.endpoint.as_deref())
                         .push_bind(event.ts_ms)
+                        .push_bind(event.account_received.as_deref())
                         .push_bind(received_at);
                 });
                 builder.push(" ON CONFLICT (event_id) DO NOTHING");

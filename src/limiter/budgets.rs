@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::target;
 use crate::config::{BudgetSettings, FailMode, LimitSettings, ScopeKind, When};
 
 /// One configured class, ready for matching.
@@ -32,6 +33,10 @@ pub struct Budgets {
     pub names: Vec<Arc<str>>,
     read: usize,
     write: usize,
+    /// Class indexes from the strictest: fail-closed classes first, then by priority.
+    strictest_first: Vec<usize>,
+    /// Paths are matched lower-cased (`limits.case_insensitive_paths`).
+    case_insensitive: bool,
 }
 
 /// A path pattern: `*` matches any run of characters (including `/`); everything else
@@ -92,7 +97,12 @@ impl Budgets {
                     class.priority,
                     Class {
                         name: name.as_str().into(),
-                        patterns: class.paths.iter().map(|p| Pattern::new(p)).collect(),
+                        patterns: class
+                            .paths
+                            .iter()
+                            .flat_map(|p| target::pattern_forms(p, settings.case_insensitive_paths))
+                            .map(|p| Pattern::new(&p))
+                            .collect(),
                         pattern_text: class.paths.clone(),
                         methods: class.methods.clone(),
                         fail: class.fail,
@@ -106,6 +116,9 @@ impl Budgets {
         let classes: Vec<Class> = classes.into_iter().map(|(_, c)| c).collect();
         let position = |name: &str| classes.iter().position(|c| &*c.name == name).unwrap_or(0);
         let (read, write) = (position("read"), position("write"));
+        // `classes` is in priority order already: a stable sort by failure mode keeps it.
+        let mut strictest_first: Vec<usize> = (0..classes.len()).collect();
+        strictest_first.sort_by_key(|&i| classes[i].fail == FailMode::Open);
         Self {
             classes,
             budgets: settings.budgets.clone(),
@@ -116,13 +129,30 @@ impl Budgets {
                 .collect(),
             read,
             write,
+            strictest_first,
+            case_insensitive: settings.case_insensitive_paths,
         }
     }
 
-    /// The class of a request: the first class whose pattern matches; otherwise `read` for
-    /// GET/HEAD and `write` for other methods. The query string is ignored.
+    /// The class of a request: the first class whose pattern matches its canonical path
+    /// ([`target::canonical`]); otherwise `read` for GET/HEAD and `write` for other methods.
+    ///
+    /// An ambiguous spelling is classified under each reading and gets the strictest of
+    /// their classes ([`Budgets::stricter`]); a target that is not a valid path at all gets
+    /// the strictest class there is (the HTTP edge refuses those with 400 before asking).
     pub fn classify(&self, method: &str, endpoint: &str) -> usize {
-        let path = endpoint.split(['?', '#']).next().unwrap_or(endpoint);
+        match target::canonical(endpoint, self.case_insensitive) {
+            Ok(target) => target
+                .readings()
+                .map(|path| self.classify_path(method, path))
+                .reduce(|a, b| self.stricter(a, b))
+                .unwrap_or(self.write),
+            Err(_) => self.strictest_first[0],
+        }
+    }
+
+    /// The class of a canonical path.
+    fn classify_path(&self, method: &str, path: &str) -> usize {
         for (index, class) in self.classes.iter().enumerate() {
             let method_ok = class.methods.is_empty()
                 || class.methods.iter().any(|m| m.eq_ignore_ascii_case(method));
@@ -135,6 +165,13 @@ impl Budgets {
         } else {
             self.write
         }
+    }
+
+    /// The stricter of two classes: one that fails closed is stricter than one that fails
+    /// open; otherwise the one tried first (lower `priority`, then name).
+    pub fn stricter(&self, a: usize, b: usize) -> usize {
+        let rank = |class: usize| self.strictest_first.iter().position(|&c| c == class);
+        if rank(b) < rank(a) { b } else { a }
     }
 
     /// The budgets that apply to a request of class `class`.
@@ -276,6 +313,122 @@ mod tests {
         assert_eq!(name("GET", "/v1/feed"), "read");
         assert_eq!(name("HEAD", "/v1/feed"), "read");
         assert_eq!(name("DELETE", "/v1/feed/1"), "write");
+    }
+
+    #[test]
+    fn spellings_of_a_class_path_keep_its_class() {
+        let budgets = Budgets::from_settings(&LimitSettings::default());
+        let name = |m, p| budgets.classes[budgets.classify(m, p)].name.to_string();
+        for spelling in [
+            "/Login",
+            "/login/",
+            "//login",
+            "/%6cogin",
+            "/login;jsessionid=1",
+            "/./login",
+            "/static/../login",
+            "/oauth/token/",
+            "/auth//login",
+            "/AUTH/Login",
+            "/auth/",
+            "/auth",
+            "/static/..;/login",
+        ] {
+            assert_eq!(name("POST", spelling), "auth", "{spelling}");
+        }
+        // Readings that servers disagree on: the strictest class of any reading.
+        assert_eq!(name("POST", "/auth%2flogin"), "auth");
+        assert_eq!(name("POST", "/x%2f..%2flogin"), "auth");
+        assert_eq!(name("POST", "/%256cogin"), "auth");
+        assert_eq!(name("POST", "/static\\..\\login"), "auth");
+        // Not a path at all (the HTTP edge refuses it first): the strictest class.
+        assert_eq!(name("GET", "/a\0b"), "auth");
+        assert_eq!(name("GET", "no-slash"), "auth");
+    }
+
+    #[test]
+    fn case_sensitive_matching_keeps_case() {
+        let settings = LimitSettings {
+            case_insensitive_paths: false,
+            ..LimitSettings::default()
+        };
+        let budgets = Budgets::from_settings(&settings);
+        let name = |m, p| budgets.classes[budgets.classify(m, p)].name.to_string();
+        assert_eq!(name("POST", "/Login"), "write");
+        assert_eq!(name("POST", "/login/"), "auth");
+    }
+
+    mod spellings {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A concrete path of a pattern: each `*` becomes `fill`.
+        fn instance(pattern: &str, fill: &str) -> String {
+            pattern.replace('*', fill)
+        }
+
+        /// One way of spelling a segment separator or character that a lenient server
+        /// reads as the same path.
+        fn respell(path: &str, choices: &[u8]) -> String {
+            let mut out = String::new();
+            for (i, ch) in path.chars().enumerate() {
+                let choice = choices.get(i % choices.len().max(1)).copied().unwrap_or(0);
+                match (ch, choice % 12) {
+                    ('/', 1) => out.push_str("//"),
+                    ('/', 2) => out.push_str("/./"),
+                    ('/', 3) => out.push_str("/zz/../"),
+                    ('/', 4) if i > 0 => out.push_str(";p=1/"),
+                    ('/', 5) if i > 0 => out.push_str("%2F"),
+                    ('/', 6) if i > 0 => out.push('\\'),
+                    ('/', 7) => out.push_str("/zz/..;/"),
+                    (c, 8) if c.is_ascii_alphabetic() => out.push(c.to_ascii_uppercase()),
+                    (c, 9) if c.is_ascii_alphanumeric() => {
+                        out.push_str(&format!("%{:02x}", c as u32));
+                    }
+                    (c, 10) if c.is_ascii_alphanumeric() => {
+                        out.push_str(&format!("%25{:02X}", c as u32));
+                    }
+                    (c, _) => out.push(c),
+                }
+            }
+            if choices.first().is_some_and(|c| c % 2 == 1) {
+                out.push('/');
+            }
+            out
+        }
+
+        proptest! {
+            /// For generated spellings of every configured pattern, the class of the spelling
+            /// is at least as strict as the class of its canonical form.
+            #[test]
+            fn a_spelling_is_never_in_a_laxer_class(
+                fill in "[a-z0-9]{1,6}(/[a-z0-9]{1,6}){0,2}",
+                choices in proptest::collection::vec(any::<u8>(), 1..24),
+                method in prop::sample::select(vec!["GET", "POST", "PUT", "DELETE"]),
+            ) {
+                let budgets = Budgets::from_settings(&LimitSettings::default());
+                let patterns: Vec<String> = LimitSettings::default()
+                    .classes
+                    .values()
+                    .flat_map(|c| c.paths.clone())
+                    .collect();
+                for pattern in &patterns {
+                    let plain = instance(pattern, &fill);
+                    let spelled = respell(&plain, &choices);
+                    let canonical = budgets.classify(method, &plain);
+                    let class = budgets.classify(method, &spelled);
+                    prop_assert_eq!(
+                        budgets.stricter(class, canonical),
+                        class,
+                        "{} is {} but {} is {}",
+                        spelled,
+                        budgets.classes[class].name,
+                        plain,
+                        budgets.classes[canonical].name
+                    );
+                }
+            }
+        }
     }
 
     #[test]

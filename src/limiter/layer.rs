@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCo
 use ipnetwork::IpNetwork;
 
 use super::{Decision, Error, LimitRequest, Limiter};
-use crate::model::{ClientIp, SubjectKey};
+use crate::model::ClientIp;
 
 /// `X-Palisade-Degraded: redis-unavailable`: the decision was made without the hot store.
 pub const DEGRADED_HEADER: &str = "x-palisade-degraded";
@@ -201,8 +201,8 @@ pub struct LayerConfig {
     pub trusted_proxies: Vec<IpNetwork>,
     /// IPv6 prefix length for IP keys.
     pub ipv6_prefix_len: u8,
-    /// Longest user/device id.
-    pub max_key_length: usize,
+    /// How user and device ids become canonical (`Settings::http.identifiers()`).
+    pub ids: crate::model::Identifiers,
 }
 
 /// `tower::Layer` enforcing Palisade's buckets in front of any axum service.
@@ -316,10 +316,10 @@ where
                 ip: ClientIp::new(ip, config.ipv6_prefix_len),
                 user: identity
                     .user_id
-                    .and_then(|id| SubjectKey::user(&id, config.max_key_length).ok()),
+                    .and_then(|id| config.ids.user_key("user_id", &id).ok()),
                 device: identity
                     .device_id
-                    .and_then(|id| SubjectKey::device(&id, config.max_key_length).ok()),
+                    .and_then(|id| config.ids.device_key(&id).ok()),
                 cost: 1,
                 consume: true,
             };

@@ -11,6 +11,7 @@ mod l1;
 pub mod layer;
 
 mod redis_backend;
+pub mod target;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -64,8 +64,10 @@ pub struct LockoutEvent {
     pub event_id: String,
     /// `login_failure` or `login_success`.
     pub kind: String,
-    /// Account.
+    /// Account (canonical id).
     pub account: String,
+    /// The account as the auth service spelled it, when different.
+    pub account_received: Option<String>,
     /// Client IP.
     pub ip: String,
     /// Device, if sent.

@@ -26,7 +26,8 @@ const LIST: &str = "SELECT id, account, scope, reason, failures, level, created_
     ORDER BY id DESC LIMIT $6";
 const RELEASE: &str = "UPDATE lockouts SET released_at = $2, released_by = $3, release_reason = $4 \
     WHERE id = $1 AND released_at IS NULL";
-const EVENTS: &str = "SELECT e.event_id, e.kind, e.account, e.ip, e.device_id, e.endpoint, e.ts \
+const EVENTS: &str = "SELECT e.event_id, e.kind, e.account, e.account_received, e.ip, \
+    e.device_id, e.endpoint, e.ts \
     FROM lockout_events l JOIN auth_events e ON e.event_id = l.event_id \
     WHERE l.lockout_id = $1 ORDER BY e.ts";
 
@@ -288,6 +289,7 @@ struct EventRow {
     event_id: String,
     kind: String,
     account: String,
+    account_received: Option<String>,
     ip: String,
     device_id: Option<String>,
     endpoint: Option<String>,
@@ -305,6 +307,7 @@ pub(super) async fn events(durable: &Durable, id: &str) -> Result<Vec<LockoutEve
             event_id: r.event_id,
             kind: r.kind,
             account: r.account,
+            account_received: r.account_received,
             ip: r.ip,
             device_id: r.device_id,
             endpoint: r.endpoint,

@@ -20,7 +20,7 @@ use super::table::RangeTable;
 use crate::audit::{Actor, Audit};
 use crate::clock::Clock;
 use crate::model::Reason;
-use crate::model::{ClientIp, SubjectKey};
+use crate::model::{ClientIp, Identifiers, SubjectKey};
 use crate::scoring::{DecisionChange, Engine, Factor, Signal, Subject};
 use crate::store::{Durable, Hot, Stores};
 use crate::with_pool;
@@ -140,7 +140,7 @@ struct Live {
 }
 
 impl Live {
-    fn build(entries: Vec<Entry>, max_key_length: usize) -> Self {
+    fn build(entries: Vec<Entry>, ids: Identifiers) -> Self {
         let mut ranges = Vec::new();
         let mut asns: HashMap<u32, Vec<u16>> = HashMap::new();
         let mut subjects: HashMap<String, Vec<u16>> = HashMap::new();
@@ -161,9 +161,9 @@ impl Live {
                 }
                 EntryKind::Account | EntryKind::Device => {
                     let key = if entry.kind == EntryKind::Account {
-                        SubjectKey::user(&entry.value, max_key_length)
+                        ids.user_key("value", &entry.value)
                     } else {
-                        SubjectKey::device(&entry.value, max_key_length)
+                        ids.device_key(&entry.value)
                     };
                     if let Ok(key) = key {
                         subjects.entry(key.to_string()).or_default().push(index);
@@ -237,7 +237,7 @@ pub struct Lists {
     /// Weak: the engine holds the lists as a signal; a strong link both ways would leak both.
     scoring: std::sync::Weak<Engine>,
     audit: Audit,
-    max_key_length: usize,
+    ids: Identifiers,
     ipv6_prefix_len: u8,
     live: ArcSwap<Live>,
     seen_version: std::sync::atomic::AtomicI64,
@@ -251,7 +251,7 @@ impl Lists {
         clock: Arc<dyn Clock>,
         scoring: std::sync::Weak<Engine>,
         audit: Audit,
-        max_key_length: usize,
+        ids: Identifiers,
         ipv6_prefix_len: u8,
     ) -> Self {
         Self {
@@ -261,7 +261,7 @@ impl Lists {
             clock,
             scoring,
             audit,
-            max_key_length,
+            ids,
             ipv6_prefix_len,
             live: ArcSwap::from_pointee(Live::default()),
             seen_version: std::sync::atomic::AtomicI64::new(-1),
@@ -310,18 +310,16 @@ impl Lists {
                     .map_err(|_| Error::Invalid(format!("{value:.32?} is not an AS number")))?;
                 format!("AS{asn}")
             }
-            EntryKind::Account | EntryKind::Device => {
-                let count = value.chars().count();
-                if count == 0 || count > self.max_key_length || value.chars().any(char::is_control)
-                {
-                    return Err(Error::Invalid(format!(
-                        "{} must be 1-{} printable characters",
-                        kind.as_str(),
-                        self.max_key_length
-                    )));
-                }
-                value.to_owned()
-            }
+            // The canonical id, as every other entry point makes it.
+            EntryKind::Account => self
+                .ids
+                .account("value", value)
+                .map_err(|e| Error::Invalid(format!("account {e}")))?,
+            EntryKind::Device => self
+                .ids
+                .device(value)
+                .map_err(|e| Error::Invalid(e.to_string()))?
+                .to_owned(),
         };
         Ok((kind, normalized))
     }
@@ -330,8 +328,8 @@ impl Lists {
     /// subject's factor, shared by every instance at once).
     pub fn subject(&self, entry: &Entry) -> Option<SubjectKey> {
         match entry.kind {
-            EntryKind::Account => SubjectKey::user(&entry.value, self.max_key_length).ok(),
-            EntryKind::Device => SubjectKey::device(&entry.value, self.max_key_length).ok(),
+            EntryKind::Account => self.ids.user_key("value", &entry.value).ok(),
+            EntryKind::Device => self.ids.device_key(&entry.value).ok(),
             EntryKind::Asn => None,
             EntryKind::Cidr => {
                 let (ip, len) = entry.value.split_once('/')?;
@@ -552,7 +550,7 @@ impl Lists {
         .map_err(crate::store::Error::from)?;
         self.live.store(Arc::new(Live::build(
             rows.into_iter().filter_map(Row::entry).collect(),
-            self.max_key_length,
+            self.ids,
         )));
         if let Some(scoring) = self.scoring.upgrade() {
             scoring.invalidate();

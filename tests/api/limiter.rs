@@ -721,7 +721,7 @@ async fn rate_limit_layer_protects_another_axum_service() {
             LayerConfig {
                 trusted_proxies: trusted,
                 ipv6_prefix_len: 64,
-                max_key_length: 64,
+                ids: app.settings.http.identifiers(),
             },
         );
         async move {

@@ -17,3 +17,4 @@ mod reputation;
 mod scaleout;
 mod scoring;
 mod security;
+mod trust;

@@ -1,0 +1,400 @@
+//! One canonical request target: the path that classification sees, however the request
+//! spelled it.
+//!
+//! A backend serves `/Login`, `//login`, `/%6cogin`, `/login;jsessionid=1`, `/./login` and
+//! `/static/../login` as `/login`; a limiter that matched the raw string put them in a laxer
+//! class. [`canonical`] applies RFC 3986 normalisation and the usual server leniencies:
+//!
+//! 1. the query and fragment are dropped;
+//! 2. percent-escapes of unreserved characters are decoded (§6.2.2.2), other escapes keep
+//!    their bytes with upper-case hex (§6.2.2.1);
+//! 3. `;` path parameters are dropped from every segment (`/login;jsessionid=1`, `/..;/x`);
+//! 4. empty segments are dropped (repeated slashes collapse, a trailing slash is ignored) and
+//!    dot segments are resolved (§5.2.4; `..` never climbs above the root);
+//! 5. ASCII letters are lower-cased unless matching is case-sensitive
+//!    (`limits.case_insensitive_paths = false`).
+//!
+//! Spellings that servers disagree about (an encoded `/` or `\`, a raw `\`, a double
+//! encoding such as `%256c`, a malformed escape) are **ambiguous**: [`Canonical::readings`]
+//! then also holds the most-decoded reading, and the caller classifies every reading and keeps
+//! the strictest class. NUL and control characters (raw or encoded), and paths over
+//! [`MAX_TARGET_BYTES`], are [`Invalid`].
+
+use std::borrow::Cow;
+
+/// Longest path (after the query is dropped) that is classified.
+pub const MAX_TARGET_BYTES: usize = 2048;
+
+/// Why a request target cannot be classified at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    /// Empty, or not starting with `/`.
+    #[error("the endpoint must be a path starting with '/'")]
+    NotAPath,
+    /// Longer than [`MAX_TARGET_BYTES`].
+    #[error("the endpoint path is longer than {MAX_TARGET_BYTES} bytes")]
+    TooLong,
+    /// A NUL or control character, raw or percent-encoded.
+    #[error("the endpoint holds a NUL or control character")]
+    Control,
+}
+
+/// A request target as classification sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Canonical<'a> {
+    /// The canonical path (RFC 3986 reading).
+    pub path: Cow<'a, str>,
+    /// For an ambiguous spelling, the most-decoded reading (every escape decoded until none
+    /// is left, `\` read as `/`), canonicalised the same way; None otherwise.
+    pub decoded: Option<String>,
+}
+
+impl Canonical<'_> {
+    /// Every reading to classify: the canonical path, then the decoded one if ambiguous.
+    pub fn readings(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(&*self.path).chain(self.decoded.as_deref())
+    }
+
+    /// True when servers may read the spelling differently.
+    pub fn is_ambiguous(&self) -> bool {
+        self.decoded.is_some()
+    }
+}
+
+fn is_unreserved(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~')
+}
+
+fn hex(byte: u8) -> Option<u8> {
+    match byte {
+        b'0'..=b'9' => Some(byte - b'0'),
+        b'a'..=b'f' => Some(byte - b'a' + 10),
+        b'A'..=b'F' => Some(byte - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// The escape at `bytes[at]` (which is `%`), if two hex digits follow.
+fn escape_at(bytes: &[u8], at: usize) -> Option<u8> {
+    let high = hex(*bytes.get(at + 1)?)?;
+    let low = hex(*bytes.get(at + 2)?)?;
+    Some(high << 4 | low)
+}
+
+/// Checks a target without normalising it: what `/v1/limit/check` and forward-auth refuse
+/// with 400.
+pub fn validate(target: &str) -> Result<(), Invalid> {
+    canonical(target, false).map(|_| ())
+}
+
+/// The canonical form of `target` (a path, optionally with a query and fragment).
+pub fn canonical(target: &str, case_insensitive: bool) -> Result<Canonical<'_>, Invalid> {
+    let path = target.split(['?', '#']).next().unwrap_or("");
+    if !path.starts_with('/') {
+        return Err(Invalid::NotAPath);
+    }
+    if path.len() > MAX_TARGET_BYTES {
+        return Err(Invalid::TooLong);
+    }
+    let bytes = path.as_bytes();
+    if bytes.iter().any(|&b| b < 0x20 || b == 0x7f) {
+        return Err(Invalid::Control);
+    }
+    if is_plain(bytes, case_insensitive) {
+        return Ok(Canonical {
+            path: Cow::Borrowed(path),
+            decoded: None,
+        });
+    }
+    // First pass: RFC 3986 decoding of unreserved escapes, noting ambiguity.
+    let mut text = Vec::with_capacity(bytes.len());
+    let mut ambiguous = false;
+    let mut at = 0;
+    while at < bytes.len() {
+        let byte = bytes[at];
+        match byte {
+            b'%' => match escape_at(bytes, at) {
+                Some(value) if value < 0x20 || value == 0x7f => return Err(Invalid::Control),
+                Some(value) if is_unreserved(value) => {
+                    text.push(value);
+                    at += 3;
+                    continue;
+                }
+                Some(value) => {
+                    // `/`, `\` and `%` itself (a double encoding) decode to something a
+                    // server may act on.
+                    ambiguous |= matches!(value, b'/' | b'\\' | b'%');
+                    text.extend_from_slice(&[
+                        b'%',
+                        HEX[usize::from(value >> 4)],
+                        HEX[usize::from(value & 15)],
+                    ]);
+                    at += 3;
+                    continue;
+                }
+                None => {
+                    // A malformed escape: kept as the literal `%` it is.
+                    ambiguous = true;
+                    text.extend_from_slice(b"%25");
+                }
+            },
+            b'\\' => {
+                ambiguous = true;
+                text.extend_from_slice(b"%5C");
+            }
+            _ => text.push(byte),
+        }
+        at += 1;
+    }
+    let decoded = if ambiguous {
+        Some(normalise(&most_decoded(bytes)?, case_insensitive))
+    } else {
+        None
+    };
+    Ok(Canonical {
+        path: Cow::Owned(normalise(&text, case_insensitive)),
+        decoded,
+    })
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+/// True when `bytes` is already canonical: no escapes, backslashes or path parameters, no
+/// empty or dot segments, no trailing slash, and no upper case when matching ignores case.
+fn is_plain(bytes: &[u8], case_insensitive: bool) -> bool {
+    let special = bytes
+        .iter()
+        .any(|&b| matches!(b, b'%' | b'\\' | b';') || (case_insensitive && b.is_ascii_uppercase()));
+    if special || (bytes.len() > 1 && bytes.ends_with(b"/")) {
+        return false;
+    }
+    !bytes[1..]
+        .split(|&b| b == b'/')
+        .any(|segment| matches!(segment, b"" | b"." | b"..") && bytes.len() > 1)
+}
+
+/// Every escape decoded, again and again until none is left (at most four rounds: `%25`
+/// nests), and `\` read as `/`: the reading of the most lenient server.
+fn most_decoded(bytes: &[u8]) -> Result<Vec<u8>, Invalid> {
+    let mut current = bytes.to_vec();
+    for _ in 0..4 {
+        let mut next = Vec::with_capacity(current.len());
+        let mut changed = false;
+        let mut at = 0;
+        while at < current.len() {
+            if current[at] == b'%'
+                && let Some(value) = escape_at(&current, at)
+            {
+                if value < 0x20 || value == 0x7f {
+                    return Err(Invalid::Control);
+                }
+                next.push(value);
+                changed = true;
+                at += 3;
+                continue;
+            }
+            next.push(current[at]);
+            at += 1;
+        }
+        current = next;
+        if !changed {
+            break;
+        }
+    }
+    for byte in &mut current {
+        if *byte == b'\\' {
+            *byte = b'/';
+        }
+    }
+    Ok(current)
+}
+
+/// Steps 3-5 on decoded bytes: path parameters, empty and dot segments, case.
+fn normalise(bytes: &[u8], case_insensitive: bool) -> String {
+    let mut segments: Vec<&[u8]> = Vec::new();
+    for segment in bytes.split(|&b| b == b'/') {
+        let segment = match segment.iter().position(|&b| b == b';') {
+            Some(at) => &segment[..at],
+            None => segment,
+        };
+        match segment {
+            b"" | b"." => {}
+            b".." => {
+                segments.pop();
+            }
+            other => segments.push(other),
+        }
+    }
+    let mut out = Vec::with_capacity(bytes.len() + 1);
+    for segment in &segments {
+        out.push(b'/');
+        out.extend_from_slice(segment);
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+    if case_insensitive {
+        out.make_ascii_lowercase();
+    }
+    // Only whole UTF-8 sequences were copied (escapes stay escaped), so this never replaces.
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The forms a configured path pattern is matched in.
+///
+/// Case as the paths are, repeated slashes collapsed, one trailing slash dropped. A pattern
+/// ending in `/*` also matches its prefix exactly (the request `/auth/` is canonical `/auth`,
+/// which `/auth/*` must still cover): returned as a second pattern.
+pub fn pattern_forms(pattern: &str, case_insensitive: bool) -> Vec<String> {
+    let mut text = String::with_capacity(pattern.len());
+    for ch in pattern.chars() {
+        if ch == '/' && text.ends_with('/') {
+            continue;
+        }
+        text.push(if case_insensitive {
+            ch.to_ascii_lowercase()
+        } else {
+            ch
+        });
+    }
+    if text.len() > 1 && text.ends_with('/') {
+        text.pop();
+    }
+    let mut forms = vec![text.clone()];
+    if let Some(prefix) = text.strip_suffix("/*")
+        && !prefix.is_empty()
+    {
+        forms.push(prefix.to_owned());
+    }
+    forms
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(target: &str) -> String {
+        canonical(target, true).unwrap().path.into_owned()
+    }
+
+    #[test]
+    fn spellings_of_login_are_login() {
+        for spelling in [
+            "/login",
+            "/Login",
+            "/LOGIN",
+            "/login/",
+            "//login",
+            "/%6cogin",
+            "/%6Cogin",
+            "/login;jsessionid=1",
+            "/./login",
+            "/static/../login",
+            "/static/..;/login",
+            "/a/b/../../login",
+            "/../login",
+            "/login?next=/",
+            "/login#frag",
+            "/%2e/login",
+            "/%2E%2E/login",
+        ] {
+            assert_eq!(path(spelling), "/login", "{spelling}");
+        }
+        assert_eq!(path("/oauth/token/"), "/oauth/token");
+        assert_eq!(path("/auth//login"), "/auth/login");
+        assert_eq!(path("/"), "/");
+        assert_eq!(path("//"), "/");
+        assert_eq!(path("/.."), "/");
+    }
+
+    #[test]
+    fn other_escapes_keep_their_bytes_in_one_case() {
+        assert_eq!(path("/a%20b"), "/a%20b");
+        assert_eq!(
+            canonical("/a%c3%a9", false).unwrap().path,
+            "/a%C3%A9",
+            "hex is upper case"
+        );
+        assert!(!canonical("/a%20b", true).unwrap().is_ambiguous());
+    }
+
+    #[test]
+    fn case_is_kept_when_matching_is_case_sensitive() {
+        assert_eq!(canonical("/Login/", false).unwrap().path, "/Login");
+    }
+
+    #[test]
+    fn ambiguous_spellings_carry_the_most_decoded_reading() {
+        let cases = [
+            ("/auth%2flogin", "/auth%2Flogin", "/auth/login"),
+            ("/auth%5Clogin", "/auth%5Clogin", "/auth/login"),
+            ("/auth\\login", "/auth%5Clogin", "/auth/login"),
+            ("/%256cogin", "/%256cogin", "/login"),
+            ("/log%zzin", "/log%25zzin", "/log%zzin"),
+            ("/login%", "/login%25", "/login%"),
+        ];
+        for (spelling, canonical_path, decoded) in cases {
+            let target = canonical(spelling, true).unwrap();
+            assert_eq!(
+                target.path,
+                canonical_path.to_ascii_lowercase(),
+                "{spelling}"
+            );
+            assert_eq!(target.decoded.as_deref(), Some(decoded), "{spelling}");
+        }
+    }
+
+    #[test]
+    fn control_characters_and_bad_shapes_are_invalid() {
+        assert_eq!(canonical("/a\0b", true), Err(Invalid::Control));
+        assert_eq!(canonical("/a%00b", true), Err(Invalid::Control));
+        assert_eq!(canonical("/a%0ab", true), Err(Invalid::Control));
+        assert_eq!(canonical("/a%25%30%30", true), Err(Invalid::Control));
+        assert_eq!(canonical("login", true), Err(Invalid::NotAPath));
+        assert_eq!(canonical("", true), Err(Invalid::NotAPath));
+        assert_eq!(canonical("?x", true), Err(Invalid::NotAPath));
+        let long = format!("/{}", "a".repeat(MAX_TARGET_BYTES));
+        assert_eq!(canonical(&long, true), Err(Invalid::TooLong));
+        // The query does not count towards the length.
+        let query = format!("/a?{}", "q".repeat(10 * MAX_TARGET_BYTES));
+        assert_eq!(path(&query), "/a");
+    }
+
+    #[test]
+    fn plain_paths_are_borrowed() {
+        assert!(matches!(
+            canonical("/v1/feed", true).unwrap().path,
+            Cow::Borrowed("/v1/feed")
+        ));
+        assert!(matches!(
+            canonical("/v1/feed", true).unwrap().path,
+            Cow::Borrowed(_)
+        ));
+        assert!(matches!(
+            canonical("/v1/Feed", true).unwrap().path,
+            Cow::Owned(_)
+        ));
+        assert!(matches!(
+            canonical("/v1/Feed", false).unwrap().path,
+            Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn canonical_is_idempotent() {
+        for spelling in ["/A//b/./c/../d;x/", "/%41%2fB", "/x\\..\\y", "/%25%32%66"] {
+            let once = canonical(spelling, true).unwrap();
+            let twice = canonical(&once.path, true).unwrap();
+            assert_eq!(once.path, twice.path, "{spelling}");
+        }
+    }
+
+    #[test]
+    fn patterns_take_the_same_form() {
+        assert_eq!(pattern_forms("/Auth/*", true), vec!["/auth/*", "/auth"]);
+        assert_eq!(pattern_forms("/token/", true), vec!["/token"]);
+        assert_eq!(pattern_forms("//a//b", false), vec!["/a/b"]);
+        assert_eq!(pattern_forms("*", true), vec!["*"]);
+        assert_eq!(pattern_forms("/*", true), vec!["/*"]);
+    }
+}

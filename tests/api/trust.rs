@@ -1,0 +1,266 @@
+//! The trust rules at the enforcement edge, tried as an attacker would: spellings of a
+//! request target and of an account, on both backends.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{ADMIN_TOKEN, TestApp, assert_envelope};
+use crate::on_both_backends;
+
+on_both_backends!(
+    request_spellings_share_one_auth_budget,
+    forward_auth_canonicalises_the_original_uri,
+    account_spellings_are_one_account_everywhere,
+    invisible_and_control_characters_in_ids_are_refused,
+);
+
+fn check(endpoint: &str, user: &str, ip: &str) -> Value {
+    json!({"endpoint": endpoint, "method": "POST", "ip": ip, "user_id": user})
+}
+
+/// Path rotation: the attacker spells `/login` every way a backend still serves as `/login`,
+/// hoping each spelling lands in a laxer class with fresh buckets. Every spelling is the
+/// auth class and draws on the one per-account auth budget (5 a minute).
+async fn request_spellings_share_one_auth_budget(app: TestApp) {
+    let spellings = [
+        "/Login",
+        "/login/",
+        "//login",
+        "/%6cogin",
+        "/login;jsessionid=1",
+        "/./login",
+        "/static/../login",
+        "/LOGIN?next=/",
+        "/static/..;/login",
+        "/auth%2f..%2f..%2flogin",
+        "/%256cogin",
+        "/x\\..\\login",
+    ];
+    let mut allowed = 0;
+    for spelling in spellings {
+        let response = app
+            .limit_check(&check(spelling, "victim", "203.0.113.9"))
+            .await;
+        match response.status() {
+            StatusCode::OK => {
+                let body: Value = response.json().await.unwrap();
+                assert_eq!(body["class"], "auth", "{spelling}");
+                assert_eq!(body["budget"], "auth-account", "{spelling}");
+                allowed += 1;
+            }
+            StatusCode::TOO_MANY_REQUESTS => {
+                let body =
+                    assert_envelope(response, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+                assert_eq!(
+                    body["error"]["details"]["scope"], "endpoint_user",
+                    "{spelling}"
+                );
+            }
+            other => panic!("{spelling}: {other}"),
+        }
+    }
+    assert_eq!(
+        allowed, 5,
+        "the account's auth budget, whatever the spelling"
+    );
+    // Spellings of other auth paths are auth too.
+    for spelling in [
+        "/oauth/token/",
+        "/auth//login",
+        "/Password/Reset",
+        "/OTP/verify/",
+    ] {
+        let body: Value = app
+            .limit_check(&check(spelling, "someone-else", "198.51.100.3"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(body["class"], "auth", "{spelling}");
+    }
+    // Not a path a server would serve: refused, never classified leniently.
+    for bad in ["/login%00", "/log\u{1}in", "login", ""] {
+        let response = app
+            .limit_check(&check(bad, "someone-else", "198.51.100.3"))
+            .await;
+        assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    }
+}
+
+/// The same rotation through a gateway: forward-auth reads the original URI the proxy saw.
+async fn forward_auth_canonicalises_the_original_uri(app: TestApp) {
+    let mut allowed = 0;
+    for spelling in [
+        "/Login",
+        "//login/",
+        "/%6Cogin;x=1",
+        "/a/../login",
+        "/LOGIN",
+        "/login",
+    ] {
+        let response = app
+            .client
+            .get(app.url("/v1/forward-auth"))
+            .bearer_auth(ADMIN_TOKEN)
+            .header("x-forwarded-method", "POST")
+            .header("x-forwarded-uri", spelling)
+            .header("x-forwarded-for", "198.51.100.77")
+            .header("x-user-id", "gatekept")
+            .send()
+            .await
+            .unwrap();
+        if response.status() == StatusCode::OK {
+            allowed += 1;
+            assert_eq!(response.headers()["x-ratelimit-limit"], "5", "{spelling}");
+        } else {
+            assert_eq!(
+                response.status(),
+                StatusCode::TOO_MANY_REQUESTS,
+                "{spelling}"
+            );
+        }
+    }
+    assert_eq!(allowed, 5);
+}
+
+async fn post_events(app: &TestApp, events: Value) -> reqwest::Response {
+    app.post(
+        "/v1/events/auth",
+        Some(ADMIN_TOKEN),
+        &json!({ "events": events }),
+    )
+    .await
+}
+
+/// Account rotation: the attacker spells the victim's address with other cases, fullwidth
+/// letters and surrounding spaces to reset its failure counter. They are one account: it
+/// locks at its tenth failure, whatever the spellings, and an analyst searching any spelling
+/// finds it, with the spelling each event arrived in.
+async fn account_spellings_are_one_account_everywhere(app: TestApp) {
+    let spellings = [
+        "alice@example.com",
+        "Alice@Example.com",
+        "ALICE@EXAMPLE.COM",
+        " alice@example.com ",
+        "\u{ff41}\u{ff4c}\u{ff49}\u{ff43}\u{ff45}@example.com",
+    ];
+    let events: Vec<Value> = (0..10)
+        .map(|i| {
+            json!({"event_id": format!("sp-{i}"), "type": "login_failure",
+                   "account": spellings[i % spellings.len()], "ip": "203.0.113.50"})
+        })
+        .collect();
+    let response = post_events(&app, Value::Array(events)).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: Value = response.json().await.unwrap();
+    let decisions = body["decisions"].as_array().unwrap();
+    assert_eq!(decisions.len(), 1, "one account: {body}");
+    assert_eq!(decisions[0]["account"], "alice@example.com");
+    assert_eq!(decisions[0]["action"], "lockout");
+    // The status of any spelling is the lockout.
+    for spelling in ["ALICE@example.com", "%EF%BD%81lice@example.com"] {
+        let status: Value = app
+            .get(
+                &format!("/v1/accounts/{spelling}/status?ip=198.51.100.1"),
+                Some(ADMIN_TOKEN),
+            )
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(status["action"], "lockout", "{spelling}: {status}");
+        assert_eq!(status["account"], "alice@example.com");
+    }
+    // The limiter's auth budget of the account is blocked for a stranger, whatever the case.
+    let blocked = app
+        .limit_check(&check("/login", "Alice@EXAMPLE.com", "198.51.100.1"))
+        .await;
+    assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The analyst searches by any spelling and sees the spelling each event came in.
+    let page: Value = app
+        .get(
+            "/v1/lockouts?account=ALICE%40Example.COM",
+            Some(ADMIN_TOKEN),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let items = page["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{page}");
+    assert_eq!(items[0]["account"], "alice@example.com");
+    let id = items[0]["id"].as_str().unwrap();
+    let detail: Value = app
+        .get(&format!("/v1/lockouts/{id}"), Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let events = detail["events"].as_array().unwrap();
+    assert_eq!(events.len(), 10);
+    assert!(events.iter().all(|e| e["account"] == "alice@example.com"));
+    let received: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["account_received"].as_str())
+        .collect();
+    assert_eq!(
+        received.len(),
+        8,
+        "the two canonical spellings carry none: {detail}"
+    );
+    assert!(received.contains(&"ALICE@EXAMPLE.COM"));
+    // A list entry for an account is stored by its canonical id.
+    let entry = app
+        .post(
+            "/v1/lists/deny",
+            Some(ADMIN_TOKEN),
+            &json!({"value": "Mallory@Example.com", "kind": "account", "reason": "fraud ring"}),
+        )
+        .await;
+    assert_eq!(entry.status(), StatusCode::CREATED);
+    let entry: Value = entry.json().await.unwrap();
+    assert_eq!(entry["value"], "mallory@example.com");
+    let denied = app
+        .limit_check(&json!({"endpoint": "/v1/feed", "ip": "198.51.100.2", "user_id": "MALLORY@example.com"}))
+        .await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// Zero-width characters, bidi controls and control characters make an id that looks like
+/// the victim's but counts apart: refused with 400 at every entry point.
+async fn invisible_and_control_characters_in_ids_are_refused(app: TestApp) {
+    for account in [
+        "ali\u{200b}ce",
+        "\u{202e}ecila",
+        "ali\u{ad}ce",
+        "ali\u{7}ce",
+    ] {
+        let response = post_events(
+            &app,
+            json!([{"event_id": "inv-1", "type": "login_failure", "account": account, "ip": "203.0.113.1"}]),
+        )
+        .await;
+        let body = assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+        assert!(
+            body["error"]["details"].to_string().contains("account"),
+            "{account:?}: {body}"
+        );
+        let response = app
+            .limit_check(&check("/login", account, "203.0.113.1"))
+            .await;
+        assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    }
+    let response = app
+        .limit_check(
+            &json!({"endpoint": "/login", "ip": "203.0.113.1", "device_id": "dev\u{200d}1"}),
+        )
+        .await;
+    assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    let response = app
+        .get(
+            "/v1/accounts/ali%E2%80%8Bce/status?ip=203.0.113.1",
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+    assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+}
