@@ -6,7 +6,8 @@
 -- ARGV   [1] number of requests; then per request: cost, consume (1|0), number of scopes n,
 --        then per scope: capacity, refill per second, enforce (1) or shadow (0), the
 --        multiplier to use when none is published (scoring's local default: reputation,
---        attestation)
+--        attestation), or '=' and the multiplier to use whatever is published (a locked
+--        account's owner in a context the account knows: the lockout-DoS rule)
 -- State  a bucket is one 8-byte double, struct 'd': the theoretical arrival time (GCRA) in µs,
 --        i.e. when the bucket is full again. Written with PSETEX <time until full> <value>,
 --        one command per bucket per call, integer milliseconds, so an idle key disappears
@@ -28,7 +29,7 @@
 --        (docs/benchmarks.md); TIME + MGET + 4 PSETEX alone cost about 41 µs there. A
 --        coalesced call shares TIME, one MGET and one PSETEX per distinct bucket.
 
-local call, floor, ceil = redis.call, math.floor, math.ceil
+local call, floor, ceil, byte, sub = redis.call, math.floor, math.ceil, string.byte, string.sub
 local pack, unpack_struct = struct.pack, struct.unpack
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -61,7 +62,13 @@ for _ = 1, tonumber(ARGV[1]) do
     local capacity = tonumber(ARGV[b])
     local refill = tonumber(ARGV[b + 1])
     local enforce = ARGV[b + 2] == '1'
-    local m = tonumber(values[k + 2 * i]) or tonumber(ARGV[b + 3])
+    local given = ARGV[b + 3]
+    local m
+    if byte(given, 1) == 61 then -- '='
+      m = tonumber(sub(given, 2)) or 0
+    else
+      m = tonumber(values[k + 2 * i]) or tonumber(given)
+    end
     if m < 0 then m = 0 end
     local limit = capacity * m
     local rate = refill * m / 1e6

@@ -78,6 +78,53 @@ impl Deref for AppState {
     }
 }
 
+/// The lockout-DoS rule as the limiter asks it: a locked account's request from a context
+/// the account knows is checked without the lockout, and answered with a challenge.
+#[derive(Debug)]
+struct LockoutRule(Arc<Lockouts>);
+
+impl crate::limiter::Exemptions for LockoutRule {
+    fn exemption<'a>(
+        &'a self,
+        class: &'a str,
+        request: &'a crate::limiter::LimitRequest,
+    ) -> futures_util::future::BoxFuture<
+        'a,
+        Result<Option<crate::limiter::Challenge>, crate::store::Error>,
+    > {
+        Box::pin(async move {
+            let Some(account) = &request.user else {
+                return Ok(None);
+            };
+            let context = crate::lockout::LoginContext {
+                account: account.clone(),
+                account_name: String::new(),
+                ip: request.ip,
+                ip_key: crate::model::SubjectKey::ip(&request.ip),
+                device: request.device.clone(),
+            };
+            let exemption = match self.0.exemption(&context, class).await {
+                Ok(exemption) => exemption,
+                Err(crate::lockout::Error::Store(store)) => return Err(store),
+                Err(other) => {
+                    return Err(crate::store::Error::Unavailable {
+                        store: "hot",
+                        source: other.to_string().into(),
+                    });
+                }
+            };
+            Ok(exemption.map(|e| crate::limiter::Challenge {
+                multiplier: e.multiplier,
+                reason: crate::model::Reason::new(
+                    "known_context",
+                    "the account is locked, but it knows this context: ask for a step-up",
+                ),
+                lockout_id: e.lockout_id,
+            }))
+        })
+    }
+}
+
 impl App {
     /// Opens the stores (applying migrations) and builds every service with the real clock.
     pub async fn build(settings: Settings) -> Result<App, BuildError> {
@@ -142,6 +189,8 @@ impl App {
             Arc::new(attestation.unverified_signal()),
         ]);
         limiter.set_defaults(scoring.clone());
+        lockouts.set_attested(Arc::new(attestation.attested_devices()));
+        limiter.set_exemptions(Arc::new(LockoutRule(lockouts.clone())));
         // Weak: the limiter holds the engine, the engine must not hold the limiter.
         let weak = Arc::downgrade(&limiter);
         scoring.on_publish(move || {

@@ -366,6 +366,22 @@ impl ClientIp {
         self.addr
     }
 
+    /// The network a household or a carrier's pool shares: an IPv4 address's /24, an IPv6
+    /// address's /64 (`net:203.0.113.0/24`, `net:2001:db8:1:2::/64`). A login from one
+    /// address of it makes the others familiar to the account (the lockout-DoS rule).
+    pub fn network_text(&self) -> String {
+        match self.addr {
+            IpAddr::V4(v4) => {
+                let [a, b, c, _] = v4.octets();
+                format!("net:{a}.{b}.{c}.0/24")
+            }
+            IpAddr::V6(v6) => {
+                let bits = u128::from(v6) & (u128::MAX << 64);
+                format!("net:{}/64", Ipv6Addr::from(bits))
+            }
+        }
+    }
+
     /// `203.0.113.7` or `2001:db8:1:2::/64`.
     fn key_text(&self) -> String {
         match self.addr {
@@ -392,6 +408,14 @@ mod tests {
         assert_eq!(SubjectKey::ip(&a).to_string(), "ip:2001:db8:1:2::/64");
         let other = ClientIp::parse("2001:db8:1:3::1", 64).unwrap();
         assert_ne!(SubjectKey::ip(&a), SubjectKey::ip(&other));
+    }
+
+    #[test]
+    fn networks_are_the_slash_24_and_the_slash_64() {
+        let v4 = ClientIp::parse("203.0.113.77", 64).unwrap();
+        assert_eq!(v4.network_text(), "net:203.0.113.0/24");
+        let v6 = ClientIp::parse("2001:db8:1:2:aaaa::1", 128).unwrap();
+        assert_eq!(v6.network_text(), "net:2001:db8:1:2::/64");
     }
 
     #[test]

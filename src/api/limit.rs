@@ -79,6 +79,23 @@ pub struct LimitAllowed {
     /// Shadow budgets that would have blocked this request.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shadow_blocked: Vec<String>,
+    /// Present when the account is locked but knows this context (a recent login from this
+    /// device, IP or network, or an attested device): the request passes under the account's
+    /// budget without the lockout, and the gateway should ask for a step-up. Also sent as
+    /// `X-Palisade-Challenge`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub challenge: Option<ChallengeView>,
+}
+
+/// Why an allowed request should be challenged.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ChallengeView {
+    /// `known_context`.
+    pub code: String,
+    /// A sentence.
+    pub message: String,
+    /// The lockout the context is exempt from.
+    pub lockout_id: String,
 }
 
 pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, ApiError> {
@@ -194,6 +211,11 @@ pub(super) fn respond(decision: &Decision) -> Result<(HeaderMap, Json<LimitAllow
                 .iter()
                 .map(|&i| decision.scopes[i].budget.to_string())
                 .collect(),
+            challenge: decision.challenge.as_ref().map(|c| ChallengeView {
+                code: c.reason.code.clone(),
+                message: c.reason.message.clone(),
+                lockout_id: c.lockout_id.clone(),
+            }),
         }),
     ))
 }

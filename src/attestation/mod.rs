@@ -342,6 +342,15 @@ impl Attestation {
         }
     }
 
+    /// Which devices count as attested (a fresh verdict of device integrity or better), for
+    /// the lockout-DoS rule.
+    pub fn attested_devices(&self) -> AttestedDevices {
+        AttestedDevices {
+            scoring: self.scoring.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+
     /// Issues a single-use challenge for `device`; returns it and its expiry (Unix ms).
     pub async fn challenge(&self, device: &SubjectKey) -> Result<(String, i64), Error> {
         use base64::Engine as _;
@@ -659,6 +668,33 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
     (0..text.len() / 2)
         .map(|i| u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok())
         .collect()
+}
+
+/// Devices holding an unexpired `strong` or `device` verdict (read from the device's stored
+/// factors, which every instance shares): a known context for the lockout-DoS rule.
+#[derive(Debug)]
+pub struct AttestedDevices {
+    scoring: Arc<Engine>,
+    clock: Arc<dyn Clock>,
+}
+
+impl crate::lockout::AttestedDevices for AttestedDevices {
+    fn is_attested<'a>(
+        &'a self,
+        device: &'a SubjectKey,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>> {
+        Box::pin(async move {
+            let now = self.clock.now_ms();
+            let factors = self.scoring.stored(device).await.map_err(|err| match err {
+                crate::scoring::Error::Store(store) => store,
+            })?;
+            Ok(factors.iter().any(|f| {
+                f.signal == SIGNAL
+                    && matches!(f.code.as_str(), "attestation_strong" | "attestation_device")
+                    && f.expires_at_ms.is_none_or(|at| at > now)
+            }))
+        })
+    }
 }
 
 /// Devices without a valid verdict are `unverified` (a pull signal: no write per device).

@@ -25,6 +25,9 @@ use crate::model::ClientIp;
 pub const DEGRADED_HEADER: &str = "x-palisade-degraded";
 /// `X-Palisade-Shadow`: shadow budgets that would have blocked (comma-separated names).
 pub const SHADOW_HEADER: &str = "x-palisade-shadow";
+/// `X-Palisade-Challenge: known_context`: the account is locked but knows this context; the
+/// request passes and the gateway should ask for a step-up (the lockout-DoS rule).
+pub const CHALLENGE_HEADER: &str = "x-palisade-challenge";
 
 fn value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
@@ -96,6 +99,9 @@ pub fn headers(decision: &Decision) -> HeaderMap {
             DEGRADED_HEADER,
             HeaderValue::from_static("redis-unavailable"),
         );
+    }
+    if let Some(challenge) = &decision.challenge {
+        headers.insert(CHALLENGE_HEADER, value(&challenge.reason.code));
     }
     if !decision.shadow_blocked.is_empty() {
         let names: Vec<&str> = decision

@@ -61,6 +61,30 @@ pub trait DefaultMultipliers: Send + Sync + std::fmt::Debug {
     fn defaults(&self, class: &str, request: &LimitRequest) -> Defaults;
 }
 
+/// A locked account's request from a context the account knows (the lockout-DoS rule): it
+/// is checked without the lockout and answered with a challenge for the gateway to ask.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Challenge {
+    /// The user's multiplier on the class without the lockout.
+    pub multiplier: f64,
+    /// Why (`known_context`).
+    pub reason: crate::model::Reason,
+    /// The lockout the context is exempt from.
+    pub lockout_id: String,
+}
+
+/// The socket the lockout-DoS rule plugs into (the limiter never imports lockout; `app`
+/// wires it): asked only for a request whose user's multiplier blocks it.
+pub trait Exemptions: Send + Sync + std::fmt::Debug {
+    /// A challenge instead of the block when a lockout is what blocks the request's user and
+    /// the account knows the request's context; None when the block stands.
+    fn exemption<'a>(
+        &'a self,
+        class: &'a str,
+        request: &'a LimitRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<Option<Challenge>, crate::store::Error>>;
+}
+
 /// One limit check, already parsed and normalised.
 #[derive(Debug, Clone)]
 pub struct LimitRequest {
@@ -127,6 +151,9 @@ pub struct Decision {
     pub shadow_blocked: Vec<usize>,
     /// Answered from the L1 cache of blocked buckets.
     pub cached: bool,
+    /// The account is locked but knows this context: allowed as if not locked, and the
+    /// gateway should ask for a step-up (the lockout-DoS rule).
+    pub challenge: Option<Challenge>,
     /// Wall time of the decision, Unix ms (for `reset` in seconds).
     pub now_ms: i64,
 }
@@ -173,6 +200,8 @@ struct Scope {
     enforced: bool,
     /// Multiplier used when none is published for the subject.
     default_multiplier: f64,
+    /// Multiplier used whatever is published (a known context of a locked account).
+    multiplier_override: Option<f64>,
 }
 
 /// The limiter service.
@@ -185,6 +214,7 @@ pub struct Limiter {
     l1: l1::L1,
     coalescer: redis_backend::Coalescer,
     defaults: std::sync::OnceLock<Arc<dyn DefaultMultipliers>>,
+    exemptions: std::sync::OnceLock<Arc<dyn Exemptions>>,
 }
 
 impl Limiter {
@@ -201,7 +231,13 @@ impl Limiter {
                 settings.coalesce_in_flight.into(),
             ),
             defaults: std::sync::OnceLock::new(),
+            exemptions: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Installs the lockout-DoS rule (once; later calls are ignored).
+    pub fn set_exemptions(&self, exemptions: Arc<dyn Exemptions>) {
+        let _ = self.exemptions.set(exemptions);
     }
 
     /// Installs the source of default multipliers (once; later calls are ignored).
@@ -251,6 +287,7 @@ impl Limiter {
                     },
                     enforced: !(budget.shadow || class_info.shadow),
                     default_multiplier: sanitized(default_multiplier),
+                    multiplier_override: None,
                 })
             })
             .collect()
@@ -286,21 +323,35 @@ impl Limiter {
             return Ok(self.decide(class_name, outcomes, now_ms, false, true));
         }
 
-        let evaluated = match &self.hot {
-            Hot::Memory(memory) => Ok(self.evaluate_memory(memory, &scopes, request, now_us)),
-            Hot::Redis(redis) => {
-                let started = std::time::Instant::now();
-                let result =
-                    redis_backend::evaluate(redis, &self.coalescer, &scopes, request).await;
-                metrics::histogram!(names::REDIS_LATENCY_SECONDS, "op" => "token_bucket")
-                    .record(started.elapsed().as_secs_f64());
-                result
-            }
-        };
-        let outcomes = match evaluated {
+        let mut scopes = scopes;
+        let mut outcomes = match self.evaluate(&scopes, request, now_us).await {
             Ok(outcomes) => outcomes,
             Err(source) => return self.degraded(class, class_name, &scopes, now_ms, source),
         };
+        let mut challenge = None;
+        if let Some(exemptions) = self.exemptions.get()
+            && blocked_only_by_user_multiplier(&scopes, &outcomes)
+        {
+            match exemptions.exemption(&class_name, request).await {
+                Ok(Some(exempt)) => {
+                    for scope in scopes.iter_mut().filter(|s| is_user_scope(s)) {
+                        scope.multiplier_override = Some(sanitized(exempt.multiplier));
+                    }
+                    outcomes = match self.evaluate(&scopes, request, now_us).await {
+                        Ok(outcomes) => outcomes,
+                        Err(source) => {
+                            return self.degraded(class, class_name, &scopes, now_ms, source);
+                        }
+                    };
+                    challenge = Some(exempt);
+                }
+                Ok(None) => {}
+                // The lockout stands: without the rule's answer the request is a stranger's.
+                Err(err) => {
+                    tracing::warn!(error.cause = %err, "lockout exemption unknown; the block stands");
+                }
+            }
+        }
         let admitted = scopes
             .iter()
             .zip(&outcomes)
@@ -321,7 +372,12 @@ impl Limiter {
         if matches!(self.hot, Hot::Redis(_)) && outcomes.iter().any(|o| o.enforced && !o.allowed) {
             let shared = Arc::new(outcomes.clone());
             for (scope, outcome) in scopes.iter().zip(&outcomes) {
-                if outcome.enforced && !outcome.allowed {
+                // A user blocked by a multiplier may be a locked account whose owner, in a
+                // context the account knows, must get through: never answered from cache.
+                let contextual = self.exemptions.get().is_some()
+                    && is_user_scope(scope)
+                    && outcome.multiplier <= 0.0;
+                if outcome.enforced && !outcome.allowed && !contextual {
                     self.l1.remember(
                         &scope.bucket_key,
                         request.cost,
@@ -332,7 +388,28 @@ impl Limiter {
                 }
             }
         }
-        Ok(self.decide(class_name, outcomes, now_ms, false, false))
+        let mut decision = self.decide(class_name, outcomes, now_ms, false, false);
+        decision.challenge = challenge;
+        Ok(decision)
+    }
+
+    /// The raw outcome of every scope, from the hot store.
+    async fn evaluate(
+        &self,
+        scopes: &[Scope],
+        request: &LimitRequest,
+        now_us: u64,
+    ) -> Result<Vec<RawOutcome>, crate::store::Error> {
+        match &self.hot {
+            Hot::Memory(memory) => Ok(self.evaluate_memory(memory, scopes, request, now_us)),
+            Hot::Redis(redis) => {
+                let started = std::time::Instant::now();
+                let result = redis_backend::evaluate(redis, &self.coalescer, scopes, request).await;
+                metrics::histogram!(names::REDIS_LATENCY_SECONDS, "op" => "token_bucket")
+                    .record(started.elapsed().as_secs_f64());
+                result
+            }
+        }
     }
 
     fn l1_hit(&self, scopes: &[Scope], cost: u32, now_us: u64) -> Option<Vec<ScopeOutcome>> {
@@ -353,12 +430,13 @@ impl Limiter {
     ) -> Vec<RawOutcome> {
         let multipliers: Vec<(f64, Option<u64>)> = scopes
             .iter()
-            .map(|s| {
-                memory
+            .map(|s| match s.multiplier_override {
+                Some(value) => (value, None),
+                None => memory
                     .multiplier(&s.multiplier_key, now_us)
                     .map_or((s.default_multiplier, None), |(value, ttl_us)| {
                         (value.max(0.0), ttl_us)
-                    })
+                    }),
             })
             .collect();
         let keys: smallvec::SmallVec<[&str; 8]> =
@@ -533,6 +611,7 @@ impl Limiter {
             degraded,
             shadow_blocked,
             cached,
+            challenge: None,
             now_ms,
         }
     }
@@ -585,6 +664,24 @@ impl Limiter {
         self.l1.clear();
         Ok(())
     }
+}
+
+/// A scope keyed by the request's user (or account).
+fn is_user_scope(scope: &Scope) -> bool {
+    scope.subject.kind() == crate::model::SubjectKind::User
+}
+
+/// True when the request was refused only by user scopes whose multiplier allows nothing
+/// (a lockout, a deny entry): the case the lockout-DoS rule may lift. Any other blocking
+/// scope (an IP's budget, a user's spent budget) refuses the request whatever the rule says.
+fn blocked_only_by_user_multiplier(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
+    let mut blocking = scopes
+        .iter()
+        .zip(outcomes)
+        .filter(|(s, o)| s.enforced && !o.allowed)
+        .peekable();
+    blocking.peek().is_some()
+        && blocking.all(|(s, o)| is_user_scope(s) && o.retry_after_ms.is_none())
 }
 
 /// A multiplier as the bucket can use it: finite and not negative (NaN blocks).

@@ -214,14 +214,18 @@ fn write_keys(cmd: &mut redis::Cmd, scopes: &[Scope]) {
 }
 
 /// One request's arguments (after the call's leading request count): cost, consume, number
-/// of scopes, then per scope capacity, refill per second, enforce, default multiplier.
+/// of scopes, then per scope capacity, refill per second, enforce, default multiplier (or
+/// `=m`: the multiplier to use whatever is published).
 fn write_args(cmd: &mut redis::Cmd, scopes: &[Scope], cost: u32, consume: bool) {
     cmd.arg(cost).arg(u8::from(consume)).arg(scopes.len());
     for scope in scopes {
         cmd.arg(scope.params.capacity)
             .arg(scope.params.refill_per_s)
-            .arg(u8::from(scope.enforced))
-            .arg(scope.default_multiplier);
+            .arg(u8::from(scope.enforced));
+        match scope.multiplier_override {
+            Some(value) => cmd.arg(format!("={value}")),
+            None => cmd.arg(scope.default_multiplier),
+        };
     }
 }
 

@@ -4,10 +4,12 @@
 //! store, [`store`]). Decides `none | challenge | lockout` in [`policy::decide`], which is
 //! pure; read it first. Does not know HTTP: `api::lockouts` maps [`Lockout`] to JSON.
 //!
-//! Lockout-DoS rule: an account lockout refuses attempts only from IPs and devices the
-//! account has **not** logged in from successfully (within `known_for_days`); from a known
-//! IP or device the answer is a challenge at worst, so knowing a victim's account name is not
-//! enough to lock the victim out of their own phone.
+//! Lockout-DoS rule: an account lockout refuses attempts only from contexts the account does
+//! **not** know: a device, IP or IP network (/24, /64) it logged in from successfully within
+//! `known_for_days`, or an attested device. A known context gets a challenge at worst, so
+//! knowing a victim's account name is not enough to lock the victim out of their own phone.
+//! [`Lockouts::status`] and, through [`Lockouts::exemption`], the limiter (and with it
+//! Envoy and forward-auth) apply the same rule.
 
 pub mod policy;
 mod store;
@@ -195,6 +197,27 @@ pub struct Lockouts {
     settings: LockoutSettings,
     scoring: Arc<Engine>,
     audit: Audit,
+    /// Attested devices count as known contexts (wired by `app`).
+    attested: std::sync::OnceLock<Arc<dyn AttestedDevices>>,
+}
+
+/// Whether a device holds a fresh attestation verdict of device integrity or better (the
+/// socket attestation plugs into; `app` wires it).
+pub trait AttestedDevices: Send + Sync + std::fmt::Debug {
+    /// True when `device` is attested now.
+    fn is_attested<'a>(
+        &'a self,
+        device: &'a SubjectKey,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>>;
+}
+
+/// A locked account's context that the account knows: what it gets instead of the lockout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exemption {
+    /// The account's multiplier without the lockout (its other factors still apply).
+    pub multiplier: f64,
+    /// The lockout it is exempt from.
+    pub lockout_id: String,
 }
 
 const PERMANENT_MS: i64 = 100 * 365 * 86_400_000;
@@ -297,6 +320,7 @@ impl Lockouts {
             settings,
             scoring,
             audit,
+            attested: std::sync::OnceLock::new(),
         }
     }
 
@@ -565,6 +589,13 @@ impl Lockouts {
         let context = event.context;
         let ip = context.ip_key.to_string();
         steps.push(self.known_step(&context.account, &ip, event.ts_ms, WindowAction::Record));
+        let network = context.ip.network_text();
+        steps.push(self.known_step(
+            &context.account,
+            &network,
+            event.ts_ms,
+            WindowAction::Record,
+        ));
         if let Some(device) = &context.device {
             let device = device.to_string();
             steps.push(self.known_step(
@@ -1006,7 +1037,11 @@ impl Lockouts {
                 subject: context.account.to_string(),
                 classes: Default::default(),
                 expires_at_ms: Some(until),
-                reasons: vec!["account_failures".to_owned()],
+                // It binds strangers only: contexts the account knows get a challenge.
+                reasons: vec![
+                    "account_failures".to_owned(),
+                    "known_contexts_exempt".to_owned(),
+                ],
                 reference: Some(id.clone()),
                 list: None,
                 at_ms: now,
@@ -1045,8 +1080,12 @@ impl Lockouts {
         .await
     }
 
-    /// Per context: whether its IP or device logged in successfully before (the lockout-DoS
-    /// rule). One hot-store call for all of them.
+    /// Per context: whether the account knows it (the lockout-DoS rule, the one place it is
+    /// decided). A context is known when the account logged in successfully within
+    /// `known_for_days` from its device, its IP, or its IP's network (the /24 of an IPv4
+    /// address, the /64 of an IPv6 one: a household, a carrier's pool), or when its device
+    /// holds a fresh attestation verdict (device integrity or better). One hot-store call
+    /// for the windows of all of them.
     async fn known(
         &self,
         hot: &Hot,
@@ -1057,7 +1096,8 @@ impl Lockouts {
         let mut spans = Vec::with_capacity(contexts.len());
         for context in contexts {
             let start = steps.len();
-            let members = std::iter::once(context.ip_key.to_string())
+            let members = [context.ip_key.to_string(), context.ip.network_text()]
+                .into_iter()
                 .chain(context.device.as_ref().map(ToString::to_string));
             for member in members {
                 steps.push(self.known_step(&context.account, &member, now, WindowAction::Contains));
@@ -1065,10 +1105,52 @@ impl Lockouts {
             spans.push(start..steps.len());
         }
         let found = velocity::run_sequence(hot, &steps, now).await?;
-        Ok(spans
+        let mut known: Vec<bool> = spans
             .into_iter()
             .map(|span| found[span].iter().any(|(hit, _)| *hit > 0))
-            .collect())
+            .collect();
+        if let Some(attested) = self.attested.get() {
+            for (known, context) in known.iter_mut().zip(contexts) {
+                if let (false, Some(device)) = (*known, &context.device) {
+                    *known = attested.is_attested(device).await?;
+                }
+            }
+        }
+        Ok(known)
+    }
+
+    /// Installs the source of attestation verdicts (once; later calls are ignored).
+    pub fn set_attested(&self, attested: Arc<dyn AttestedDevices>) {
+        let _ = self.attested.set(attested);
+    }
+
+    /// The lockout-DoS rule at the limiter: when `context`'s account is locked and the
+    /// account knows the context ([`Lockouts::status`] answers it a challenge), the
+    /// multiplier the account has on `class` without its lockout; None when no lockout
+    /// stands or the context is a stranger's (the lockout binds it).
+    pub async fn exemption(
+        &self,
+        context: &LoginContext,
+        class: &str,
+    ) -> Result<Option<Exemption>, Error> {
+        let now = self.clock.now_ms();
+        let hot = &self.status_hot;
+        let Some((lockout_id, _)) = velocity::lock(hot, &self.keys, &context.account, now).await?
+        else {
+            return Ok(None);
+        };
+        if !self.known(hot, &[context], now).await?[0] {
+            return Ok(None);
+        }
+        let lockout = format!("{SIGNAL}:lockout");
+        let multiplier = self
+            .scoring
+            .multiplier_without(&context.account, class, &[&lockout])
+            .await?;
+        Ok(Some(Exemption {
+            multiplier,
+            lockout_id,
+        }))
     }
 
     /// What the auth service must do for a login attempt in this context, from the hot store
@@ -1169,7 +1251,7 @@ impl Lockouts {
                     failures_in_window: failures,
                     reasons: vec![Reason::new(
                         "known_context",
-                        "the account is locked, but this IP or device logged in successfully before: challenge instead",
+                        "the account is locked, but it knows this context (a recent login from this device, IP or network, or an attested device): challenge instead",
                     )],
                 };
             }

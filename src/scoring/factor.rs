@@ -104,6 +104,12 @@ impl Factor {
         format!("{}:{}", self.signal, self.code)
     }
 
+    /// True if its id ([`Factor::id`], `signal:code`) is `id` (without allocating one).
+    pub fn signal_code_is(&self, id: &str) -> bool {
+        id.split_once(':')
+            .is_some_and(|(signal, code)| signal == self.signal && code == self.code)
+    }
+
     /// True if it applies to `class`.
     pub fn applies_to(&self, class: &str) -> bool {
         self.classes.is_empty() || self.classes.iter().any(|c| c == class)

@@ -635,6 +635,28 @@ impl Engine {
         Ok(out)
     }
 
+    /// The multiplier `subject` would have on `class` without the stored factors named in
+    /// `without` (ids `signal:code`): what enforcement gives a context that a factor does not
+    /// bind (the lockout-DoS rule lifts an account's lockout for its known contexts).
+    pub async fn multiplier_without(
+        &self,
+        subject: &SubjectKey,
+        class: &str,
+        without: &[&str],
+    ) -> Result<f64, Error> {
+        let now = self.clock.now_ms();
+        let cached = self.cached(subject).await?;
+        let kept: Vec<Factor> = cached
+            .stored
+            .iter()
+            .filter(|f| !without.iter().any(|id| f.signal_code_is(id)))
+            .cloned()
+            .collect();
+        let mut all = kept.clone();
+        all.extend(self.pull(&Self::subject_of(subject), &kept, now));
+        Ok(combine(&all, class, &self.policy, now).multiplier)
+    }
+
     /// The multiplier of a subject with nothing published: its pull factors alone.
     fn default_for(&self, subject: &Subject<'_>, class: &str, now_ms: i64) -> f64 {
         let factors = self.pull(subject, &[], now_ms);

@@ -12,6 +12,7 @@ on_both_backends!(
     forward_auth_canonicalises_the_original_uri,
     account_spellings_are_one_account_everywhere,
     invisible_and_control_characters_in_ids_are_refused,
+    a_stranger_cannot_lock_the_owner_out_at_the_limiter,
 );
 
 fn check(endpoint: &str, user: &str, ip: &str) -> Value {
@@ -263,4 +264,114 @@ async fn invisible_and_control_characters_in_ids_are_refused(app: TestApp) {
         )
         .await;
     assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+}
+
+/// Lockout DoS: a stranger who knows the victim's account name posts 30 failures to lock it.
+/// The owner, on the device and network they logged in from before, keeps access at the
+/// limiter (answered with a challenge for a step-up) while the attack goes on; the attacker's
+/// contexts stay locked out. The same rule answers `/status`, forward-auth and the limit check.
+async fn a_stranger_cannot_lock_the_owner_out_at_the_limiter(app: TestApp) {
+    let owner = json!({"event_id": "own-1", "type": "login_success", "account": "victim@example.com",
+                       "ip": "198.51.100.10", "device_id": "owner-phone"});
+    assert_eq!(
+        post_events(&app, json!([owner])).await.status(),
+        StatusCode::OK
+    );
+    let attack = |from: usize| -> Value {
+        (from..from + 15)
+            .map(|i| {
+                json!({"event_id": format!("atk-{i}"), "type": "login_failure",
+                       "account": "Victim@Example.com", "ip": format!("203.0.113.{}", i % 200)})
+            })
+            .collect()
+    };
+    let locked = post_events(&app, attack(0)).await;
+    let locked: Value = locked.json().await.unwrap();
+    assert_eq!(locked["decisions"][0]["action"], "lockout", "{locked}");
+
+    // Asked without taking tokens: the owner's own auth budget (5 a minute, halved by the
+    // failures' challenge factor) is not what this test is about.
+    let login = |ip: &str, device: Option<&str>| {
+        let mut body = check("/auth/login", "victim@example.com", ip);
+        body["consume"] = json!(false);
+        if let Some(device) = device {
+            body["device_id"] = json!(device);
+        }
+        body
+    };
+    // The owner's phone, and a new address of the owner's home network without a device id.
+    for (ip, device) in [
+        ("198.51.100.10", Some("owner-phone")),
+        ("198.51.100.99", None),
+        ("192.0.2.200", Some("owner-phone")),
+    ] {
+        let response = app.limit_check(&login(ip, device)).await;
+        assert_eq!(response.status(), StatusCode::OK, "{ip} {device:?}");
+        assert_eq!(response.headers()["x-palisade-challenge"], "known_context");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["challenge"]["code"], "known_context", "{body}");
+        assert!(body["challenge"]["lockout_id"].is_string());
+    }
+    // Strangers: another network, another device.
+    for (ip, device) in [
+        ("203.0.113.5", None),
+        ("203.0.113.6", Some("attacker-phone")),
+    ] {
+        let response = app.limit_check(&login(ip, device)).await;
+        let body = assert_envelope(response, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+        assert_eq!(body["error"]["details"]["scope"], "endpoint_user");
+    }
+    // The attack goes on and the owner logs in again: still through, still challenged.
+    assert_eq!(
+        post_events(&app, attack(100)).await.status(),
+        StatusCode::OK
+    );
+    let again = json!({"event_id": "own-2", "type": "login_success", "account": "victim@example.com",
+                       "ip": "198.51.100.10", "device_id": "owner-phone"});
+    assert_eq!(
+        post_events(&app, json!([again])).await.status(),
+        StatusCode::OK
+    );
+    let response = app
+        .limit_check(&login("198.51.100.10", Some("owner-phone")))
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    // Forward-auth answers the same for the owner's context, and the stranger's.
+    let forward = |ip: &'static str, device: &'static str| {
+        app.client
+            .get(app.url("/v1/forward-auth"))
+            .bearer_auth(ADMIN_TOKEN)
+            .header("x-forwarded-method", "POST")
+            .header("x-forwarded-uri", "/auth/login")
+            .header("x-forwarded-for", ip)
+            .header("x-user-id", "victim@example.com")
+            .header("x-device-id", device)
+            .send()
+    };
+    let owner = forward("198.51.100.10", "owner-phone").await.unwrap();
+    assert_eq!(owner.status(), StatusCode::OK);
+    assert_eq!(owner.headers()["x-palisade-challenge"], "known_context");
+    let stranger = forward("203.0.113.9", "other").await.unwrap();
+    assert_eq!(stranger.status(), StatusCode::TOO_MANY_REQUESTS);
+    // And `/status` agrees.
+    let status: Value = app
+        .get(
+            "/v1/accounts/victim@example.com/status?ip=198.51.100.42",
+            Some(ADMIN_TOKEN),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["action"], "challenge", "{status}");
+    let status: Value = app
+        .get(
+            "/v1/accounts/victim@example.com/status?ip=203.0.113.42",
+            Some(ADMIN_TOKEN),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["action"], "lockout", "{status}");
 }
