@@ -142,7 +142,7 @@ impl App {
             settings.reputation.clone(),
         )?);
         let access = Access::new(
-            stores.durable.clone(),
+            &stores,
             clock.clone(),
             settings.bootstrap_token.as_ref().map(|s| s.expose()),
         );

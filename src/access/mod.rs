@@ -3,6 +3,10 @@
 //! A token is `pal_` + 64 hex characters (256 random bits). Only its SHA-256 is stored: with
 //! that much entropy a slow password hash adds nothing, and a fast one keeps authentication
 //! off the request's critical path. Read [`Access::authenticate`] first.
+//!
+//! Verdicts are cached: a known token is answered from memory and refreshed in the background
+//! (stale-while-revalidate), so no limit check waits for the database, and a database outage
+//! does not stop tokens that were in use ([`MAX_STALE`]).
 
 mod store;
 
@@ -17,14 +21,19 @@ use subtle::ConstantTimeEq;
 
 use crate::audit::Actor;
 use crate::clock::Clock;
-use crate::store::Durable;
+use crate::store::{Durable, Hot, Keys, Stores};
 
 /// The id under which the configured bootstrap token acts.
 pub const BOOTSTRAP_TOKEN_ID: &str = "bootstrap";
 
-/// How long an authentication result is reused before the token is looked up again.
-/// A revocation on another instance takes effect within this time.
+/// How long an authentication result is used before it is refreshed (in the background for
+/// a valid token). A revocation on another instance takes effect within about this time.
 pub const CACHE_TTL: Duration = Duration::from_secs(1);
+
+/// How long a valid token keeps working from the cache while its refresh fails (the
+/// database is unreachable). A revocation still reaches every instance through the hot store
+/// while Redis is up.
+pub const MAX_STALE: Duration = Duration::from_secs(15 * 60);
 
 /// Most cached authentication results; past it the cache starts over (bounds memory under
 /// a flood of random tokens).
@@ -142,14 +151,30 @@ pub enum Error {
 
 type TokenHash = [u8; 32];
 
+/// A cached verdict.
+#[derive(Debug, Clone)]
+struct Verdict {
+    /// The caller, or None for an unknown or revoked token.
+    caller: Option<Caller>,
+    /// When the database last confirmed it.
+    checked: Instant,
+    /// No background refresh starts before this (one per token per [`CACHE_TTL`]).
+    refresh_after: Instant,
+}
+
+/// Cached verdicts by token hash. std Mutex: held only for a map lookup or insert, never
+/// across `.await`.
+type Cache = Arc<Mutex<HashMap<TokenHash, Verdict>>>;
+
 /// Issues, authenticates and revokes API tokens.
 #[derive(Debug)]
 pub struct Access {
     durable: Durable,
+    hot: Hot,
+    keys: Keys,
     clock: Arc<dyn Clock>,
     bootstrap: Option<TokenHash>,
-    /// std Mutex: held only for a map lookup or insert, never across `.await`.
-    cache: Mutex<HashMap<TokenHash, (Option<Caller>, Instant)>>,
+    cache: Cache,
 }
 
 /// SHA-256 of a token secret.
@@ -161,23 +186,62 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The caller a token hash belongs to, from the database (within its time bound).
+///
+/// Constant-time compare of the stored hash: the lookup is by the hash of the presented
+/// secret, which an attacker cannot steer towards a stored hash, and the comparison does not
+/// reveal how much of a guess was right.
+async fn lookup(durable: &Durable, presented: &TokenHash) -> Result<Option<Caller>, Error> {
+    let presented = hex(presented);
+    let found = store::find_active_by_hash(durable, &presented).await?;
+    Ok(found.and_then(|(stored_hash, caller)| {
+        bool::from(stored_hash.as_bytes().ct_eq(presented.as_bytes())).then_some(caller)
+    }))
+}
+
+fn remember(cache: &Cache, key: TokenHash, caller: Option<Caller>, checked: Instant) {
+    let mut cache = lock(cache);
+    if cache.len() >= CACHE_CAPACITY {
+        // Unknown tokens first (a flood of random ones): the valid ones keep working.
+        cache.retain(|_, v| v.caller.is_some());
+        if cache.len() >= CACHE_CAPACITY {
+            cache.clear();
+        }
+    }
+    cache.insert(
+        key,
+        Verdict {
+            caller,
+            checked,
+            refresh_after: checked + CACHE_TTL,
+        },
+    );
+}
+
+fn lock(cache: &Cache) -> std::sync::MutexGuard<'_, HashMap<TokenHash, Verdict>> {
+    cache
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Access {
     /// The access service; `bootstrap` is `PALISADE_BOOTSTRAP_TOKEN`.
-    pub fn new(durable: Durable, clock: Arc<dyn Clock>, bootstrap: Option<&str>) -> Self {
+    pub fn new(stores: &Stores, clock: Arc<dyn Clock>, bootstrap: Option<&str>) -> Self {
         Self {
-            durable,
+            durable: stores.durable.clone(),
+            hot: stores.hot.clone(),
+            keys: stores.keys.clone(),
             clock,
             bootstrap: bootstrap.map(hash),
-            cache: Mutex::new(HashMap::new()),
+            cache: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
     /// Finds the caller for a bearer token.
     ///
     /// Constant-time compare: the bootstrap hash and the stored hash are compared with
-    /// `subtle`, so response timing does not reveal how much of a guess was right. The
-    /// database lookup is by the hash of the presented secret, which an attacker cannot
-    /// steer towards a stored hash.
+    /// `subtle` ([`lookup`]). A token seen before is answered from the cache; once its
+    /// verdict is older than [`CACHE_TTL`] it is refreshed behind the answer, never before it.
     pub async fn authenticate(&self, secret: &str) -> Result<Caller, Error> {
         let presented = hash(secret);
         if let Some(bootstrap) = &self.bootstrap
@@ -189,37 +253,66 @@ impl Access {
                 role: Role::Admin,
             });
         }
-        if let Some(cached) = self.cached(&presented) {
-            return cached.ok_or(Error::UnknownToken);
+        let now = Instant::now();
+        let cached = lock(&self.cache).get(&presented).cloned();
+        let mut known_unknown = false;
+        if let Some(verdict) = cached {
+            let age = now.saturating_duration_since(verdict.checked);
+            if age < CACHE_TTL {
+                return verdict.caller.ok_or(Error::UnknownToken);
+            }
+            // A valid token is answered from the cache while a refresh runs behind it; an
+            // unknown one (or one stale past MAX_STALE) is looked up before answering.
+            match verdict.caller {
+                Some(caller) if age < MAX_STALE => {
+                    if now >= verdict.refresh_after {
+                        self.refresh_in_background(presented, &caller, now);
+                    }
+                    return Ok(caller);
+                }
+                Some(_) => {}
+                None => known_unknown = true,
+            }
         }
-        let found = store::find_active_by_hash(&self.durable, &hex(&presented)).await?;
-        let caller = found.and_then(|(stored_hash, caller)| {
-            bool::from(stored_hash.as_bytes().ct_eq(hex(&presented).as_bytes())).then_some(caller)
+        match lookup(&self.durable, &presented).await {
+            Ok(caller) => {
+                remember(&self.cache, presented, caller.clone(), Instant::now());
+                caller.ok_or(Error::UnknownToken)
+            }
+            // Unknown (or revoked) when last asked: still refused while the database is away.
+            Err(Error::Store(_)) if known_unknown => Err(Error::UnknownToken),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Refreshes one cached valid token from the database, off the request path. When the
+    /// database cannot answer, the verdict stays (until [`MAX_STALE`]) unless the hot store
+    /// holds the token's revocation marker.
+    fn refresh_in_background(&self, presented: TokenHash, caller: &Caller, now: Instant) {
+        if let Some(verdict) = lock(&self.cache).get_mut(&presented) {
+            verdict.refresh_after = now + CACHE_TTL;
+        }
+        let (durable, hot, cache) = (self.durable.clone(), self.hot.clone(), self.cache.clone());
+        let revoked_key = self.keys.revoked_token(&caller.token_id);
+        tokio::spawn(async move {
+            match lookup(&durable, &presented).await {
+                Ok(found) => remember(&cache, presented, found, Instant::now()),
+                Err(err) => {
+                    metrics::counter!(crate::telemetry::metrics::ACCESS_STALE_TOTAL).increment(1);
+                    let revoked = match &hot {
+                        Hot::Redis(redis) => redis
+                            .query::<bool>(redis::cmd("EXISTS").arg(&revoked_key))
+                            .await
+                            .unwrap_or(false),
+                        Hot::Memory(_) => false,
+                    };
+                    if revoked {
+                        remember(&cache, presented, None, Instant::now());
+                    }
+                    tracing::warn!(error.cause = %err, revoked, "token check answered from the cache: the database did not answer");
+                }
+            }
         });
-        self.remember(presented, caller.clone());
-        caller.ok_or(Error::UnknownToken)
-    }
-
-    fn cached(&self, key: &TokenHash) -> Option<Option<Caller>> {
-        let cache = self
-            .cache
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        cache
-            .get(key)
-            .filter(|(_, at)| at.elapsed() < CACHE_TTL)
-            .map(|(caller, _)| caller.clone())
-    }
-
-    fn remember(&self, key: TokenHash, caller: Option<Caller>) {
-        let mut cache = self
-            .cache
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if cache.len() >= CACHE_CAPACITY {
-            cache.clear();
-        }
-        cache.insert(key, (caller, Instant::now()));
     }
 
     /// Issues a new token; `created_by` is the creating token's name (or `cli`).
@@ -259,11 +352,19 @@ impl Access {
             .await?
             .ok_or_else(|| Error::NotFound(id.to_owned()))?;
         if changed {
-            let mut cache = self
-                .cache
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            cache.retain(|_, (caller, _)| caller.as_ref().is_none_or(|c| &*c.token_id != id));
+            lock(&self.cache).retain(|_, v| v.caller.as_ref().is_none_or(|c| &*c.token_id != id));
+            // Instances that cannot reach the database see the revocation here.
+            if let Hot::Redis(redis) = &self.hot {
+                let mut marker = redis::cmd("SET");
+                marker
+                    .arg(self.keys.revoked_token(id))
+                    .arg(1)
+                    .arg("PX")
+                    .arg(u64::try_from(MAX_STALE.as_millis()).unwrap_or(u64::MAX) * 2);
+                if let Err(err) = redis.query::<()>(&marker).await {
+                    tracing::warn!(error.cause = %err, "the revocation marker was not written: other instances rely on the database");
+                }
+            }
         }
         Ok((info, changed))
     }

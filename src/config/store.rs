@@ -12,10 +12,11 @@ pub struct StoreSettings {
     ///
     /// TOML `store.db_max_connections`, env `PALISADE_STORE__DB_MAX_CONNECTIONS`; default 16.
     pub db_max_connections: u32,
-    /// How long a request waits for a SQL connection before the store counts as unavailable
-    /// (503).
+    /// The longest one database call of a request may take, connection included; past it
+    /// the store counts as unavailable (ingest answers 503). Limit checks never wait for the
+    /// database at all (tokens are verified from a cache refreshed in the background).
     ///
-    /// TOML `store.db_timeout_ms`, env `PALISADE_STORE__DB_TIMEOUT_MS`; default 2000.
+    /// TOML `store.db_timeout_ms`, env `PALISADE_STORE__DB_TIMEOUT_MS`; default 750.
     pub db_timeout_ms: u64,
     /// Longest a Redis command may take before the failure policy applies.
     ///
@@ -32,7 +33,7 @@ impl Default for StoreSettings {
     fn default() -> Self {
         Self {
             db_max_connections: 16,
-            db_timeout_ms: 2_000,
+            db_timeout_ms: 750,
             redis_timeout_ms: 250,
             redis_key_prefix: "pal".to_owned(),
         }

@@ -3,7 +3,7 @@
 use sqlx::QueryBuilder;
 
 use super::AuthEvent;
-use crate::store::{Durable, Error};
+use crate::store::{Durable, Error, Pool};
 use crate::with_pool;
 
 const PRUNE: &str = "DELETE FROM auth_events WHERE ts < $1";
@@ -37,8 +37,8 @@ pub(super) async fn insert_auth(
     if events.is_empty() {
         return Ok(0);
     }
-    let inserted = match durable {
-        Durable::Postgres(pool) => {
+    let inserted = match durable.pool() {
+        Pool::Postgres(pool) => {
             let column = |f: fn(&AuthEvent) -> &str| events.iter().map(f).collect::<Vec<_>>();
             let optional = |f: fn(&AuthEvent) -> Option<&str>| {
                 events.iter().map(f).collect::<Vec<Option<&str>>>()
@@ -71,15 +71,19 @@ pub(super) async fn insert_auth(
                     .bind(received_at)
                     .execute(pool)
             };
-            match insert(INSERT_AUTH_PG).await {
-                Ok(done) => done.rows_affected(),
-                Err(err) if crate::store::is_unique_violation(&err) => {
-                    insert(INSERT_AUTH_PG_RETRY).await?.rows_affected()
-                }
-                Err(err) => return Err(err.into()),
-            }
+            durable
+                .within(async {
+                    match insert(INSERT_AUTH_PG).await {
+                        Ok(done) => Ok(done.rows_affected()),
+                        Err(err) if crate::store::is_unique_violation(&err) => {
+                            Ok(insert(INSERT_AUTH_PG_RETRY).await?.rows_affected())
+                        }
+                        Err(err) => Err(err),
+                    }
+                })
+                .await?
         }
-        Durable::Sqlite(pool) => {
+        Pool::Sqlite(pool) => durable.within(async {
             let mut tx = pool.begin().await?;
             let mut inserted = 0u64;
             for chunk in events.chunks(ROWS_PER_STATEMENT) {
@@ -101,18 +105,24 @@ pub(super) async fn insert_auth(
                 inserted += builder.build().execute(&mut *tx).await?.rows_affected();
             }
             tx.commit().await?;
-            inserted
-        }
+            Ok(inserted)
+        }).await?,
     };
     Ok(inserted)
 }
 
+/// Pruning is background work on possibly many rows: it may take longer than a request may
+/// wait for the database.
+const PRUNE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 pub(super) async fn prune(durable: &Durable, older_than_ms: i64) -> Result<u64, Error> {
-    let deleted = with_pool!(durable, |pool| sqlx::query(PRUNE)
-        .bind(older_than_ms)
-        .execute(pool)
-        .await
-        .map(|done| done.rows_affected()))?;
+    let deleted = with_pool!(&durable.with_timeout(PRUNE_TIMEOUT), |pool| sqlx::query(
+        PRUNE
+    )
+    .bind(older_than_ms)
+    .execute(pool)
+    .await
+    .map(|done| done.rows_affected()))?;
     Ok(deleted)
 }
 
@@ -143,10 +153,12 @@ pub(super) async fn prune_request_batches(
     durable: &Durable,
     older_than_ms: i64,
 ) -> Result<u64, Error> {
-    let deleted = with_pool!(durable, |pool| sqlx::query(PRUNE_BATCHES)
-        .bind(older_than_ms)
-        .execute(pool)
-        .await
-        .map(|done| done.rows_affected()))?;
+    let deleted = with_pool!(&durable.with_timeout(PRUNE_TIMEOUT), |pool| sqlx::query(
+        PRUNE_BATCHES
+    )
+    .bind(older_than_ms)
+    .execute(pool)
+    .await
+    .map(|done| done.rows_affected()))?;
     Ok(deleted)
 }

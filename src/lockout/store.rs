@@ -1,7 +1,7 @@
 //! SQL of lockouts (portable between Postgres and SQLite).
 
 use super::{Lockout, LockoutEvent, Query, Status};
-use crate::store::{Durable, Error};
+use crate::store::{Durable, Error, Pool};
 use crate::with_pool;
 
 const EXISTS: &str = "SELECT COUNT(*) FROM lockouts WHERE id = $1";
@@ -87,8 +87,8 @@ pub(super) async fn insert_all(
         .iter()
         .flat_map(|(lockout, ids)| ids.iter().map(|id| (lockout.id.as_str(), id.as_str())))
         .collect();
-    let pool = match durable {
-        Durable::Postgres(pool) => {
+    let pool = match durable.pool() {
+        Pool::Postgres(pool) => {
             // One statement per table, each column an array: a lockout wave stores ten event
             // rows per lockout, and multi-row VALUES lists of 1000 rows (2000 parameters to
             // send, parse and bind) were most of Postgres's time in it.
@@ -99,28 +99,32 @@ pub(super) async fn insert_all(
                 lockouts.iter().map(|(lockout, _)| f(lockout)).collect()
             };
             let (event_lockouts, event_ids): (Vec<&str>, Vec<&str>) = events.into_iter().unzip();
-            let mut tx = pool.begin().await?;
-            sqlx::query(INSERT_LOCKOUTS_PG)
-                .bind(column(|l| &l.id))
-                .bind(column(|l| &l.account))
-                .bind(column(|l| &l.scope))
-                .bind(column(|l| &l.reason))
-                .bind(number(|l| i64::from(l.failures)))
-                .bind(number(|l| i64::from(l.level)))
-                .bind(number(|l| l.created_at_ms))
-                .bind(number(|l| l.locked_until_ms))
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(INSERT_LOCKOUT_EVENTS_PG)
-                .bind(event_lockouts)
-                .bind(event_ids)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            return Ok(());
+            return durable
+                .within(async {
+                    let mut tx = pool.begin().await?;
+                    sqlx::query(INSERT_LOCKOUTS_PG)
+                        .bind(column(|l| &l.id))
+                        .bind(column(|l| &l.account))
+                        .bind(column(|l| &l.scope))
+                        .bind(column(|l| &l.reason))
+                        .bind(number(|l| i64::from(l.failures)))
+                        .bind(number(|l| i64::from(l.level)))
+                        .bind(number(|l| l.created_at_ms))
+                        .bind(number(|l| l.locked_until_ms))
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(INSERT_LOCKOUT_EVENTS_PG)
+                        .bind(event_lockouts)
+                        .bind(event_ids)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await
+                })
+                .await;
         }
-        Durable::Sqlite(pool) => pool,
+        Pool::Sqlite(pool) => pool,
     };
+    durable.within(async {
     let mut tx = pool.begin().await?;
     for chunk in lockouts.chunks(ROWS_PER_STATEMENT) {
         let mut builder = sqlx::QueryBuilder::new(
@@ -148,8 +152,8 @@ pub(super) async fn insert_all(
         builder.push(" ON CONFLICT DO NOTHING");
         builder.build().execute(&mut *tx).await?;
     }
-    tx.commit().await?;
-    Ok(())
+    tx.commit().await
+    }).await
 }
 
 /// Accounts per statement of the batched queries below (one bind each).

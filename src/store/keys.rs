@@ -87,6 +87,12 @@ impl Keys {
         key
     }
 
+    /// A revoked API token's marker (`pal:v1:{access}:revoked:<token id>`): instances that
+    /// cannot reach the database while it lives still drop the token from their caches.
+    pub fn revoked_token(&self, token_id: &str) -> String {
+        format!("{}:{{access}}:revoked:{token_id}", self.prefix)
+    }
+
     /// `<prefix>:{<subject>}<kind><name>`, built without `format!` (on every limit check).
     fn subject_key(&self, subject: &SubjectKey, kind: &str, name: &str) -> String {
         let subject = subject.as_str();

@@ -23,13 +23,57 @@ pub use redis_hot::RedisHot;
 
 use crate::config::Settings;
 
-/// The durable store. Exactly two backends exist, so a closed enum (no boxing on hot paths).
+/// The durable store: its pool and the longest one call to it may take.
+///
+/// The bound holds on every request path (`store.db_timeout_ms`, default 750 ms): a
+/// database that is down or blackholed answers `Unavailable` (503) in that time instead of
+/// holding requests. Background work takes a copy with a longer bound
+/// ([`Durable::with_timeout`]).
 #[derive(Debug, Clone)]
-pub enum Durable {
+pub struct Durable {
+    pool: Pool,
+    timeout: Duration,
+}
+
+/// The pool behind the durable store. Exactly two backends exist, so a closed enum (no
+/// boxing on hot paths).
+#[derive(Debug, Clone)]
+pub enum Pool {
     /// Production: shared by every instance.
     Postgres(PgPool),
     /// Embedded default: one file, one node.
     Sqlite(SqlitePool),
+}
+
+/// What a database call answers when it ran out of time.
+pub trait TimedOut {
+    /// The answer of a call that took longer than its bound.
+    fn timed_out(bound: Duration) -> Self;
+}
+
+impl<T> TimedOut for Result<T, sqlx::Error> {
+    fn timed_out(bound: Duration) -> Self {
+        Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the database did not answer within {} ms",
+                bound.as_millis()
+            ),
+        )))
+    }
+}
+
+impl TimedOut for () {
+    fn timed_out(_: Duration) -> Self {}
+}
+
+/// Runs `call`, or answers [`TimedOut::timed_out`] once `bound` has passed (the call is
+/// dropped: its connection goes back to the pool or is closed).
+pub async fn timed<T: TimedOut>(bound: Duration, call: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(bound, call).await {
+        Ok(answer) => answer,
+        Err(_) => T::timed_out(bound),
+    }
 }
 
 /// The hot store: token buckets, counters and published multipliers.
@@ -121,22 +165,55 @@ pub fn is_unique_violation(err: &sqlx::Error) -> bool {
         .is_some_and(|db| db.is_unique_violation())
 }
 
-/// Runs the same sqlx expression against whichever pool backs the durable store.
+/// Runs the same sqlx expression against whichever pool backs the durable store, within
+/// the store's time bound ([`Durable`]).
 ///
 /// The SQL is shared between dialects where it is portable (both accept `$1` placeholders);
 /// the body is compiled once per backend.
 #[macro_export]
 macro_rules! with_pool {
-    ($durable:expr, |$pool:ident| $body:expr) => {
-        match $durable {
-            $crate::store::Durable::Postgres($pool) => $body,
-            $crate::store::Durable::Sqlite($pool) => $body,
-        }
-    };
+    ($durable:expr, |$pool:ident| $body:expr) => {{
+        let durable: &$crate::store::Durable = $durable;
+        $crate::store::timed(durable.timeout(), async {
+            match durable.pool() {
+                $crate::store::Pool::Postgres($pool) => $body,
+                $crate::store::Pool::Sqlite($pool) => $body,
+            }
+        })
+        .await
+    }};
 }
 
 impl Durable {
-    /// Connects by URL scheme: `postgres://` / `postgresql://` or `sqlite:`.
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The longest one call may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The same store (same pool) with another bound per call: background work such as
+    /// pruning, which may rightly take longer than a request may wait.
+    pub fn with_timeout(&self, timeout: Duration) -> Durable {
+        Durable {
+            pool: self.pool.clone(),
+            timeout,
+        }
+    }
+
+    /// Runs `call` (a few statements, a transaction) within the store's bound.
+    pub async fn within<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, Error> {
+        Ok(timed(self.timeout, call).await?)
+    }
+
+    /// Connects by URL scheme: `postgres://` / `postgresql://` or `sqlite:`; `timeout`
+    /// bounds waiting for a connection and every call ([`Durable::timeout`]).
     ///
     /// SQLite runs in WAL mode with `synchronous=FULL`, so a committed row survives a power
     /// cut: a 2xx on ingest means the data is on disk.
@@ -156,7 +233,10 @@ impl Durable {
                 .acquire_timeout(timeout)
                 .connect_with(options)
                 .await?;
-            Ok(Durable::Postgres(pool))
+            Ok(Durable {
+                pool: Pool::Postgres(pool),
+                timeout,
+            })
         } else {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
@@ -169,15 +249,18 @@ impl Durable {
                 .acquire_timeout(timeout)
                 .connect_with(options)
                 .await?;
-            Ok(Durable::Sqlite(pool))
+            Ok(Durable {
+                pool: Pool::Sqlite(pool),
+                timeout,
+            })
         }
     }
 
     /// Applies every migration of this backend's dialect that is not yet applied.
     pub async fn migrate(&self) -> Result<(), Error> {
-        match self {
-            Durable::Postgres(pool) => sqlx::migrate!("migrations/postgres").run(pool).await?,
-            Durable::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
+        match &self.pool {
+            Pool::Postgres(pool) => sqlx::migrate!("migrations/postgres").run(pool).await?,
+            Pool::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
         }
         Ok(())
     }
@@ -193,9 +276,9 @@ impl Durable {
 
     /// `postgres` or `sqlite`, for logs and `/readyz`.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Durable::Postgres(_) => "postgres",
-            Durable::Sqlite(_) => "sqlite",
+        match self.pool {
+            Pool::Postgres(_) => "postgres",
+            Pool::Sqlite(_) => "sqlite",
         }
     }
 

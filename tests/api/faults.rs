@@ -295,3 +295,142 @@ async fn an_instance_killed_mid_batch_loses_and_duplicates_nothing() {
         batches.len()
     );
 }
+
+/// Postgres cut (connections refused) and then blackholed (connections open, nothing
+/// answered): limit checks keep answering 200 within a second each, well past the token
+/// cache's refresh, because no limit check waits for the database; ingest refuses with 503
+/// within about the store's time bound and succeeds again on its own after each restore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_cut_or_blackholed_never_stops_the_limiter() {
+    let Some((db_url, _)) = production_urls() else {
+        return;
+    };
+    let proxy = ChaosProxy::start(socket_of(&db_url)).await;
+    let database = crate::helpers::fresh_postgres(&db_url).await;
+    let proxied = proxy.proxied_url(&database);
+    let app = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.database_url = proxied;
+    })
+    .await
+    .expect("production configured");
+    let (_, limiter) = app.create_token("limiter", "gateway").await;
+    let check = |n: u32| {
+        app.client
+            .post(app.url("/v1/limit/check"))
+            .bearer_auth(&limiter)
+            .json(&json!({"endpoint": "/v1/feed", "ip": format!("10.1.{}.{}", n / 250, n % 250)}))
+            .timeout(Duration::from_secs(5))
+            .send()
+    };
+    let ingest = |n: u32| {
+        app.client
+            .post(app.url("/v1/events/auth"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(
+                &json!({"events": [{"event_id": format!("f-{n}"), "type": "login_failure",
+                                      "account": "someone", "ip": "10.2.0.1"}]}),
+            )
+            .timeout(Duration::from_secs(5))
+            .send()
+    };
+    assert_eq!(check(0).await.unwrap().status(), 200);
+    let mut n = 1;
+    for (fault, take_away) in [
+        ("cut", ChaosProxy::break_connections as fn(&ChaosProxy)),
+        ("blackholed", ChaosProxy::blackhole),
+    ] {
+        take_away(&proxy);
+        let until = Instant::now() + Duration::from_millis(2500);
+        let mut slowest = Duration::ZERO;
+        let mut answered = 0;
+        while Instant::now() < until {
+            let started = Instant::now();
+            let response = check(n).await.expect("an answer");
+            n += 1;
+            slowest = slowest.max(started.elapsed());
+            assert_eq!(response.status(), 200, "postgres {fault}");
+            answered += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            slowest < Duration::from_secs(1),
+            "postgres {fault}: slowest check {slowest:?}"
+        );
+        let started = Instant::now();
+        let refused = ingest(n).await.expect("an answer");
+        let waited = started.elapsed();
+        assert_eq!(refused.status(), 503, "postgres {fault}: ingest");
+        assert!(
+            waited < Duration::from_millis(1500),
+            "postgres {fault}: ingest waited {waited:?}"
+        );
+        proxy.restore();
+        let restored = Instant::now();
+        loop {
+            n += 1;
+            if ingest(n).await.expect("an answer").status() == 200 {
+                break;
+            }
+            assert!(
+                restored.elapsed() < Duration::from_secs(10),
+                "postgres {fault}: ingest did not recover"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!(
+            "postgres {fault}: {answered} limit checks answered 200, slowest {slowest:?}; ingest 503 after {waited:?}, recovered {:?} after restore",
+            restored.elapsed()
+        );
+    }
+}
+
+/// A token revoked on one instance while another cannot reach Postgres: the revocation
+/// travels through Redis, and the cut-off instance refuses the token within a few seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_reaches_an_instance_that_cannot_reach_postgres() {
+    let Some((db_url, _)) = production_urls() else {
+        return;
+    };
+    let proxy = ChaosProxy::start(socket_of(&db_url)).await;
+    let direct = TestApp::spawn(Backend::Production)
+        .await
+        .expect("production configured");
+    let mut settings = direct.settings.clone();
+    settings.database_url = proxy.proxied_url(&direct.settings.database_url);
+    let cut_off = TestApp::spawn_with(Backend::Production, |s| *s = settings)
+        .await
+        .unwrap();
+    let (id, limiter) = direct.create_token("limiter", "gateway").await;
+    let check = |app: &TestApp| {
+        app.client
+            .post(app.url("/v1/limit/check"))
+            .bearer_auth(&limiter)
+            .json(&json!({"endpoint": "/v1/feed", "ip": "10.3.0.1"}))
+            .send()
+    };
+    assert_eq!(check(&cut_off).await.unwrap().status(), 200);
+    proxy.break_connections();
+    let revoked = direct
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/admin/tokens/{id}"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(revoked.status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = check(&cut_off).await.unwrap().status();
+        if status == 401 {
+            break;
+        }
+        assert_eq!(status, 200, "never a 5xx while the verdict is cached");
+        assert!(Instant::now() < deadline, "the revocation did not arrive");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And it stays refused while the database is away.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(check(&cut_off).await.unwrap().status(), 401);
+    proxy.restore();
+}

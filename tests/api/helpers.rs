@@ -10,7 +10,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use palisade::clock::{Clock, ManualClock, SystemClock};
 use palisade::config::Secret;
@@ -18,7 +17,7 @@ use palisade::{App, Settings};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use sqlx::Connection;
-use tokio::sync::{OnceCell, broadcast};
+use tokio::sync::OnceCell;
 
 /// The bootstrap (admin) token of every test app.
 pub const ADMIN_TOKEN: &str = "test-bootstrap-token-0123456789";
@@ -475,13 +474,21 @@ fn init_test_logging() {
     });
 }
 
-/// A TCP proxy a test can break and restore, to take a store away from the app
-/// (crates.io's `ChaosProxy` idea): broken, it drops every connection and refuses new ones.
+/// A TCP proxy a test can break, blackhole and restore, to take a store away from the app
+/// (crates.io's `ChaosProxy` idea). Broken, it drops every connection and refuses new ones;
+/// blackholed, it keeps every connection open and forwards nothing (a network that swallows
+/// packets: the app's reads hang instead of failing).
 pub struct ChaosProxy {
     /// Where the app should connect.
     pub addr: SocketAddr,
-    broken: Arc<AtomicBool>,
-    kill: broadcast::Sender<()>,
+    mode: tokio::sync::watch::Sender<ProxyMode>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProxyMode {
+    Open,
+    Broken,
+    Blackhole,
 }
 
 impl ChaosProxy {
@@ -491,39 +498,57 @@ impl ChaosProxy {
             .await
             .expect("bind proxy");
         let addr = listener.local_addr().expect("addr");
-        let broken = Arc::new(AtomicBool::new(false));
-        let (kill, _) = broadcast::channel(4);
-        let (is_broken, kill_tx) = (broken.clone(), kill.clone());
+        let (mode, _) = tokio::sync::watch::channel(ProxyMode::Open);
+        let modes = mode.clone();
         tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
-                if is_broken.load(Ordering::SeqCst) {
-                    drop(inbound);
-                    continue;
-                }
-                let mut killed = kill_tx.subscribe();
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = killed.recv() => {}
+                let mut watch = modes.subscribe();
+                let current = *watch.borrow_and_update();
+                match current {
+                    ProxyMode::Broken => drop(inbound),
+                    ProxyMode::Blackhole => {
+                        // Accepted, never answered, closed once the hole is gone.
+                        tokio::spawn(async move {
+                            let _ = watch.wait_for(|m| *m != ProxyMode::Blackhole).await;
+                            drop(inbound);
+                        });
                     }
-                });
+                    ProxyMode::Open => {
+                        tokio::spawn(async move {
+                            let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await
+                            else {
+                                return;
+                            };
+                            let changed = tokio::select! {
+                                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => None,
+                                mode = watch.wait_for(|m| *m != ProxyMode::Open) => mode.ok().map(|m| *m),
+                            };
+                            if changed == Some(ProxyMode::Blackhole) {
+                                // Both sockets stay open and silent until the hole is gone.
+                                let _ = watch.wait_for(|m| *m != ProxyMode::Blackhole).await;
+                            }
+                            drop((inbound, outbound));
+                        });
+                    }
+                }
             }
         });
-        ChaosProxy { addr, broken, kill }
+        ChaosProxy { addr, mode }
     }
 
     /// Drops every open connection and refuses new ones.
     pub fn break_connections(&self) {
-        self.broken.store(true, Ordering::SeqCst);
-        let _ = self.kill.send(());
+        self.mode.send_replace(ProxyMode::Broken);
     }
 
-    /// Accepts connections again.
+    /// Keeps every connection open and forwards nothing, old connections and new.
+    pub fn blackhole(&self) {
+        self.mode.send_replace(ProxyMode::Blackhole);
+    }
+
+    /// Forwards again (connections held by a blackhole are closed).
     pub fn restore(&self) {
-        self.broken.store(false, Ordering::SeqCst);
+        self.mode.send_replace(ProxyMode::Open);
     }
 
     /// `url` with its host and port replaced by the proxy's.
