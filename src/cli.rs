@@ -205,8 +205,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         hot = app.stores.hot.kind(),
         "stores ready"
     );
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
+    let listener = crate::api::bind(listen, app.settings.http.listen_backlog)
         .with_context(|| format!("cannot listen on {listen} (PALISADE_LISTEN)"))?;
     tracing::info!("listening on http://{listen}");
     let grpc = match grpc_listen {

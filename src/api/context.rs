@@ -25,13 +25,35 @@ use crate::telemetry::metrics as names;
 /// Wraps every route in [`RequestContext`].
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RequestContextLayer {
-    timeout: Duration,
+    limits: Limits,
 }
 
+/// What the context refuses before routing.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Requests taking longer are answered 503.
+    timeout: Duration,
+    /// A declared `Content-Length` above it is answered 413 at once (the body is not read).
+    body_limit_bytes: usize,
+}
+
+/// Longest request target (path and query) answered; longer is 414.
+pub(super) const MAX_URI_BYTES: usize = 8 * 1024;
+/// Most request headers answered; more, or more than [`MAX_HEADER_BYTES`] of them, is 431.
+pub(super) const MAX_HEADERS: usize = 100;
+/// Largest total size of the request headers (names and values) answered.
+pub(super) const MAX_HEADER_BYTES: usize = 16 * 1024;
+
 impl RequestContextLayer {
-    /// Requests taking longer than `timeout` are answered 503.
-    pub(super) fn new(timeout: Duration) -> Self {
-        Self { timeout }
+    /// Requests taking longer than `timeout` are answered 503; a declared body above
+    /// `body_limit_bytes` is answered 413 before it is read.
+    pub(super) fn new(timeout: Duration, body_limit_bytes: usize) -> Self {
+        Self {
+            limits: Limits {
+                timeout,
+                body_limit_bytes,
+            },
+        }
     }
 }
 
@@ -41,7 +63,7 @@ impl<S> tower::Layer<S> for RequestContextLayer {
     fn layer(&self, inner: S) -> Self::Service {
         RequestContext {
             inner,
-            timeout: self.timeout,
+            limits: self.limits,
         }
     }
 }
@@ -50,7 +72,7 @@ impl<S> tower::Layer<S> for RequestContextLayer {
 #[derive(Debug, Clone)]
 pub(super) struct RequestContext<S> {
     inner: S,
-    timeout: Duration,
+    limits: Limits,
 }
 
 impl<S> tower::Service<Request> for RequestContext<S>
@@ -70,11 +92,63 @@ where
         // The service that was polled ready serves this request; a clone takes its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(handle(inner, request, self.timeout).map(Ok))
+        Box::pin(handle(inner, request, self.limits).map(Ok))
     }
 }
 
-async fn handle<S>(mut inner: S, request: Request, timeout: Duration) -> Response
+/// A request the server refuses before routing it: a target, headers or a declared body
+/// beyond the limits (in the envelope, with the status HTTP names for it).
+fn refused_at_the_edge(request: &Request, limits: Limits) -> Option<ApiError> {
+    use axum::http::StatusCode;
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |t| t.as_str().len());
+    if target > MAX_URI_BYTES {
+        return Some(
+            ApiError::invalid(format!(
+                "the request target is longer than {MAX_URI_BYTES} bytes"
+            ))
+            .with_status(StatusCode::URI_TOO_LONG),
+        );
+    }
+    let headers = request.headers();
+    let header_bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if headers.len() > MAX_HEADERS || header_bytes > MAX_HEADER_BYTES {
+        return Some(
+            ApiError::invalid(format!(
+                "the request headers exceed {MAX_HEADERS} headers or {MAX_HEADER_BYTES} bytes"
+            ))
+            .with_status(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
+        );
+    }
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limits.body_limit_bytes as u64) {
+        return Some(
+            ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the declared body is larger than the limit of {} bytes",
+                    limits.body_limit_bytes
+                ),
+            )
+            // The body is not read: the connection cannot carry another request.
+            .with_header(
+                axum::http::header::CONNECTION,
+                HeaderValue::from_static("close"),
+            ),
+        );
+    }
+    None
+}
+
+async fn handle<S>(mut inner: S, request: Request, limits: Limits) -> Response
 where
     S: tower::Service<Request, Response = Response, Error = Infallible>,
 {
@@ -90,11 +164,17 @@ where
     let handled = async move {
         // Kept for an error envelope's message only; `Uri` clones share its bytes.
         let uri = request.uri().clone();
-        let served = tokio::time::timeout(
-            timeout,
-            AssertUnwindSafe(inner.call(request)).catch_unwind(),
-        )
-        .await;
+        let timeout = limits.timeout;
+        let served = match refused_at_the_edge(&request, limits) {
+            Some(refused) => Ok(Ok(Ok(refused.into_response()))),
+            None => {
+                tokio::time::timeout(
+                    timeout,
+                    AssertUnwindSafe(inner.call(request)).catch_unwind(),
+                )
+                .await
+            }
+        };
         let mut response = match served {
             Ok(Ok(Ok(response))) => response,
             Ok(Ok(Err(never))) => match never {},
@@ -177,7 +257,7 @@ mod tests {
                     input[std::hint::black_box(0)]
                 }),
             )
-            .layer(RequestContextLayer::new(Duration::from_millis(50)))
+            .layer(RequestContextLayer::new(Duration::from_millis(50), 1024))
     }
 
     async fn call(path: &str) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {

@@ -24,7 +24,8 @@ pub mod scoring;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::extract::{DefaultBodyLimit, MatchedPath};
+use axum::http::Request;
 use axum::http::StatusCode;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -164,13 +165,14 @@ pub fn router(state: AppState) -> Router {
     routes
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(http.body_limit_bytes))
-        .layer(context::RequestContextLayer::new(Duration::from_millis(
-            http.request_timeout_ms,
-        )))
+        .layer(context::RequestContextLayer::new(
+            Duration::from_millis(http.request_timeout_ms),
+            http.body_limit_bytes,
+        ))
         .with_state(state)
 }
 
-async fn fallback(request: Request) -> ApiError {
+async fn fallback(request: axum::extract::Request) -> ApiError {
     ApiError::not_found(format!(
         "no route for {} {}",
         request.method(),
@@ -178,24 +180,89 @@ async fn fallback(request: Request) -> ApiError {
     ))
 }
 
+/// Headers hyper itself accepts: above the request context's `MAX_HEADERS`, so that a request with too many
+/// headers reaches the request context and gets its 431 in the envelope.
+const HYPER_MAX_HEADERS: usize = 256;
+
+/// A listener bound to `addr` with the backlog `http.listen_backlog`.
+pub fn bind(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 /// Serves `state` on a bound listener until `shutdown` completes, then drains requests.
 ///
-/// Tests bind `127.0.0.1:0`; `palisade serve` binds `PALISADE_LISTEN`.
+/// Tests bind `127.0.0.1:0`; `palisade serve` binds `PALISADE_LISTEN` ([`bind`]). HTTP/1.1
+/// and HTTP/2 (prior knowledge) on one port. A client that does not send its headers
+/// within `http.header_read_timeout_ms`, or leaves a kept-alive connection idle that long, is
+/// disconnected (slowloris); HTTP/2 connections are pinged and closed when the peer is gone.
 pub async fn serve(
     state: AppState,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
-    // TCP_NODELAY: an answer is written as soon as it is ready, not held back by Nagle's
-    // algorithm until the client acknowledges an earlier segment.
-    let listener = listener.tap_io(|stream| {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use tower::ServiceExt;
+
+    let header_timeout = Duration::from_millis(state.settings.http.header_read_timeout_ms);
+    let app = router(state);
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_headers(HYPER_MAX_HEADERS);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors or a connection reset before accept: wait a
+                    // moment rather than spin.
+                    tracing::warn!(error.cause = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // TCP_NODELAY: an answer is written as soon as it is ready, not held back by Nagle's
+        // algorithm until the client acknowledges an earlier segment.
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error.cause = %err, "could not set TCP_NODELAY");
         }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+        let app = app.clone();
+        let service =
+            hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                app.clone().oneshot(request.map(axum::body::Body::new))
+            });
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(error.cause = %err, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }

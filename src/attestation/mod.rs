@@ -145,6 +145,9 @@ pub enum Rejection {
     /// This kind of attestation is not configured.
     #[error("not configured: set {0}")]
     NotConfigured(&'static str),
+    /// A caller-decoded (unsigned) verdict may not replace the device's verified one.
+    #[error("a verified verdict of this device stands until {0}; send the integrity token")]
+    VerifiedVerdictStands(String),
 }
 
 impl Rejection {
@@ -174,6 +177,7 @@ impl Rejection {
             Rejection::CertificateDigestMismatch(_) => "certificate_digest_mismatch",
             Rejection::StaleTimestamp(_) => "stale_timestamp",
             Rejection::NotConfigured(_) => "not_configured",
+            Rejection::VerifiedVerdictStands(_) => "verified_verdict_stands",
         }
     }
 }
@@ -232,6 +236,9 @@ impl Submission {
     }
 }
 
+/// The reason code marking a verdict the caller decoded (unsigned).
+pub const DECODED: &str = "decoded_by_caller";
+
 /// A stored verdict.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Verdict {
@@ -249,6 +256,13 @@ pub struct Verdict {
     pub verified_at_ms: i64,
     /// Unix ms after which the device is unverified again.
     pub expires_at_ms: i64,
+}
+
+impl Verdict {
+    /// True when it came from a verdict the caller decoded (unsigned).
+    pub fn is_decoded(&self) -> bool {
+        self.reasons.iter().any(|r| r.code == DECODED)
+    }
 }
 
 /// Apple's App Attestation Root CA (public; SHA-256 fingerprint
@@ -315,6 +329,17 @@ impl Attestation {
             }),
             _ => None,
         };
+        if play.accept_decoded {
+            if play_keys.is_some() {
+                tracing::warn!(
+                    "attestation.play_integrity.accept_decoded is on, but the verification keys are configured: decoded verdicts are refused, send integrity tokens"
+                );
+            } else {
+                tracing::warn!(
+                    "attestation.play_integrity.accept_decoded is on: unsigned verdicts decoded by the caller are accepted (capped at device integrity, marked decoded_by_caller); configure the Play Integrity keys to verify tokens instead"
+                );
+            }
+        }
         let digests = play
             .certificate_sha256
             .iter()
@@ -468,6 +493,16 @@ impl Attestation {
                 )
                 .into());
             }
+            // With the keys here the token itself can be verified: an unsigned verdict would
+            // only be a way around that.
+            Submission::PlayIntegrityVerdict(_) if self.play_keys.is_some() => {
+                return Err(Rejection::UnsupportedFormat(
+                    "send the integrity token: decoded verdicts are refused while \
+                     attestation.play_integrity.decryption_key is configured"
+                        .to_owned(),
+                )
+                .into());
+            }
             Submission::PlayIntegrityToken(_) | Submission::PlayIntegrityVerdict(_)
                 if play.package_names.is_empty() =>
             {
@@ -501,15 +536,31 @@ impl Attestation {
                     ),
                 )?
             }
-            Submission::PlayIntegrityVerdict(payload) => self.play_verdict(
-                &payload,
-                challenge,
-                now,
-                Reason::new(
-                    "decoded_by_caller",
-                    "a verdict decoded by the caller with decodeIntegrityToken",
-                ),
-            )?,
+            Submission::PlayIntegrityVerdict(payload) => {
+                // Unsigned: it never replaces a verified verdict, and never reaches strong.
+                if let Some(current) = store::latest(&self.durable, device_id).await?
+                    && current.expires_at_ms > now
+                    && !current.is_decoded()
+                {
+                    return Err(Rejection::VerifiedVerdictStands(crate::clock::rfc3339(
+                        current.expires_at_ms,
+                    ))
+                    .into());
+                }
+                let (platform, level, mut reasons) = self.play_verdict(
+                    &payload,
+                    challenge,
+                    now,
+                    Reason::new(DECODED, "an unsigned verdict decoded by the caller"),
+                )?;
+                if level > Level::Device {
+                    reasons.push(Reason::new(
+                        "capped_unsigned",
+                        "an unsigned verdict counts as device integrity at most",
+                    ));
+                }
+                (platform, level.min(Level::Device), reasons)
+            }
             Submission::AppAttestAttestation { object, key_id } => {
                 let root = &self.root_der;
                 let attested = app_attest::verify_attestation(

@@ -31,8 +31,11 @@ pub struct PlayIntegritySettings {
     /// An `UNLICENSED` app licensing verdict fails the device (else it caps it at `basic`).
     /// Default false.
     pub require_licensed: bool,
-    /// Accept verdicts the caller decoded with Google's `decodeIntegrityToken` (checked the
-    /// same way, reason `decoded_by_caller`). Default true.
+    /// Accept verdicts the caller decoded with Google's `decodeIntegrityToken`: unsigned, so
+    /// anyone holding an ingest token could write one by hand. Default false; refused whenever
+    /// the local verification keys are configured. When on, a decoded verdict is checked the
+    /// same way, capped below `strong`, marked `decoded_by_caller`, and never replaces an
+    /// unexpired verified verdict of the device.
     pub accept_decoded: bool,
 }
 
@@ -100,7 +103,7 @@ impl Default for AttestationSettings {
             public_factors: levels([1.5, 1.0, 0.75, 0.25, 0.5]),
             play_integrity: PlayIntegritySettings {
                 max_age_s: 300,
-                accept_decoded: true,
+                accept_decoded: false,
                 ..PlayIntegritySettings::default()
             },
             app_attest: AppAttestSettings::default(),

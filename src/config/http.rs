@@ -28,6 +28,16 @@ pub struct HttpSettings {
     ///
     /// TOML `http.account_ids`, env `PALISADE_HTTP__ACCOUNT_IDS`; default `case_insensitive`.
     pub account_ids: AccountIds,
+    /// Longest a client may take to send a request's headers, and to start its next request
+    /// on a kept-alive connection; then the connection is closed (slowloris, idle sockets).
+    ///
+    /// TOML `http.header_read_timeout_ms`, env `PALISADE_HTTP__HEADER_READ_TIMEOUT_MS`;
+    /// default 10000.
+    pub header_read_timeout_ms: u64,
+    /// Connections the kernel queues for `accept` (capped by `net.core.somaxconn`).
+    ///
+    /// TOML `http.listen_backlog`, env `PALISADE_HTTP__LISTEN_BACKLOG`; default 4096.
+    pub listen_backlog: u32,
 }
 
 impl HttpSettings {
@@ -47,6 +57,8 @@ impl Default for HttpSettings {
             request_timeout_ms: 10_000,
             max_key_length: 256,
             account_ids: AccountIds::CaseInsensitive,
+            header_read_timeout_ms: 10_000,
+            listen_backlog: 4096,
         }
     }
 }
@@ -63,6 +75,18 @@ impl HttpSettings {
             return Err(SettingError::new(
                 setting_name("http.request_timeout_ms"),
                 "must be greater than 0 (milliseconds)",
+            ));
+        }
+        if !(100..=600_000).contains(&self.header_read_timeout_ms) {
+            return Err(SettingError::new(
+                setting_name("http.header_read_timeout_ms"),
+                "must be between 100 and 600000 (milliseconds)",
+            ));
+        }
+        if !(1..=65_535).contains(&self.listen_backlog) {
+            return Err(SettingError::new(
+                setting_name("http.listen_backlog"),
+                "must be between 1 and 65535",
             ));
         }
         if !(16..=4096).contains(&self.max_key_length) {

@@ -366,7 +366,8 @@ fn decode(id: &str, payload: &str) -> Option<Factor> {
 pub fn valid_cursor(cursor: &str) -> bool {
     let mut parts = cursor.splitn(2, '-');
     let first = parts.next().unwrap_or("");
-    let ok = |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
+    // Digits only (no sign, no spaces) and within u64, as Redis stream ids are.
+    let ok = |p: &str| p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u64>().is_ok();
     ok(first) && parts.next().is_none_or(ok)
 }
 

@@ -5,6 +5,7 @@ mod helpers;
 
 mod attestation;
 mod cli;
+mod edge;
 mod faults;
 mod foundation;
 mod fuzz;
