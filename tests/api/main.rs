@@ -4,6 +4,7 @@
 mod helpers;
 
 mod attestation;
+mod caddy;
 mod cli;
 mod edge;
 mod faults;

@@ -1,7 +1,8 @@
 //! A real nginx (Debian package) on loopback in front of a tiny upstream, asking Palisade's
 //! forward-auth endpoint through `auth_request`: requests pass with the rate-limit headers
 //! until the budget is spent, then nginx answers 429 with `Retry-After`. The configuration
-//! is the README's snippet.
+//! is the documented snippet, `docs/gateways/nginx.conf`: what a client sends as its own
+//! identity or original request never reaches Palisade.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -63,9 +64,14 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// The README's snippet, with this test's ports and token.
+/// `docs/gateways/nginx.conf` (the documented snippet) in a server of this test's ports.
 fn config(dir: &Path, port: u16, upstream: u16, palisade: u16, token: &str) -> String {
     let d = dir.display();
+    let snippet = std::fs::read_to_string(crate::helpers::repo_file("docs/gateways/nginx.conf"))
+        .expect("the documented snippet")
+        .replace("PALISADE", &format!("127.0.0.1:{palisade}"))
+        .replace("LIMITER_TOKEN", token)
+        .replace("APP", &format!("127.0.0.1:{upstream}"));
     format!(
         r#"
 worker_processes 1;
@@ -82,41 +88,7 @@ http {{
 
     server {{
         listen 127.0.0.1:{port};
-
-        location / {{
-            auth_request /_palisade;
-            auth_request_set $rl_limit $upstream_http_x_ratelimit_limit;
-            auth_request_set $rl_remaining $upstream_http_x_ratelimit_remaining;
-            auth_request_set $rl_reset $upstream_http_x_ratelimit_reset;
-            auth_request_set $rl_retry_after $upstream_http_retry_after;
-            add_header X-RateLimit-Limit $rl_limit always;
-            add_header X-RateLimit-Remaining $rl_remaining always;
-            add_header X-RateLimit-Reset $rl_reset always;
-            # auth_request understands 2xx, 401 and 403 only: Palisade blocks with 403
-            # (deny_status=403) and nginx turns it back into 429.
-            error_page 403 = @palisade_blocked;
-            proxy_pass http://127.0.0.1:{upstream};
-        }}
-
-        location = /_palisade {{
-            internal;
-            proxy_pass http://127.0.0.1:{palisade}/v1/forward-auth?deny_status=403;
-            proxy_pass_request_body off;
-            proxy_set_header Content-Length "";
-            proxy_set_header Authorization "Bearer {token}";
-            proxy_set_header X-Original-Method $request_method;
-            proxy_set_header X-Original-URI $request_uri;
-            proxy_set_header X-Forwarded-For $remote_addr;
-        }}
-
-        location @palisade_blocked {{
-            add_header Retry-After $rl_retry_after always;
-            add_header X-RateLimit-Limit $rl_limit always;
-            add_header X-RateLimit-Remaining $rl_remaining always;
-            add_header X-RateLimit-Reset $rl_reset always;
-            default_type application/json;
-            return 429 '{{"error":{{"code":"RATE_LIMITED","message":"Too many requests"}}}}';
-        }}
+{snippet}
     }}
 }}
 "#
@@ -188,9 +160,22 @@ async fn nginx_auth_request_passes_then_blocks_with_headers() {
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{}/auth/login", nginx.port);
     let master = nginx.child.id();
+    // The client claims to be someone, to come from elsewhere, and to ask for a read: none of
+    // it reaches Palisade (the victim's budget stays whole, the request is auth from here).
+    let spoofed = |request: reqwest::RequestBuilder| {
+        request
+            .header("x-user-id", "victim")
+            .header("x-device-id", "victim-phone")
+            .header("x-forwarded-uri", "/v1/feed")
+            .header("x-forwarded-method", "GET")
+            .header("x-original-uri", "/v1/feed")
+            .header("x-forwarded-for", "192.0.2.1")
+            .header("forwarded", "for=192.0.2.2")
+            .header("x-real-ip", "192.0.2.3")
+    };
     // The auth class: 10 logins a minute per IP (unauthenticated).
     for n in 1..=10u32 {
-        let response = client.post(&url).send().await.unwrap();
+        let response = spoofed(client.post(&url)).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "request {n}");
         assert_eq!(response.headers()["x-ratelimit-limit"], "10");
         assert_eq!(
@@ -199,7 +184,7 @@ async fn nginx_auth_request_passes_then_blocks_with_headers() {
         );
         assert_eq!(response.text().await.unwrap(), "upstream ok");
     }
-    let blocked = client.post(&url).send().await.unwrap();
+    let blocked = spoofed(client.post(&url)).send().await.unwrap();
     assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
     let retry_after: u64 = blocked.headers()["retry-after"]
         .to_str()
@@ -210,6 +195,16 @@ async fn nginx_auth_request_passes_then_blocks_with_headers() {
     assert_eq!(blocked.headers()["x-ratelimit-remaining"], "0");
     let body: serde_json::Value = blocked.json().await.unwrap();
     assert_eq!(body["error"]["code"], "RATE_LIMITED");
+    // The victim's own auth budget was never touched (5 a minute, all left).
+    let victim = app
+        .limit_check(
+            &serde_json::json!({"endpoint": "/auth/login", "method": "POST",
+            "ip": "198.51.100.1", "user_id": "victim", "consume": false}),
+        )
+        .await;
+    assert_eq!(victim.status(), StatusCode::OK);
+    let victim: serde_json::Value = victim.json().await.unwrap();
+    assert_eq!(victim["remaining"], 5, "{victim}");
     // Reads are another class with their own budget: they still pass.
     let read = client
         .get(format!("http://127.0.0.1:{}/v1/feed", nginx.port))
