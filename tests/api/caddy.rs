@@ -3,7 +3,7 @@
 //! then Caddy answers Palisade's 429, and what a client sends as its own identity or original
 //! request never reaches Palisade.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -53,7 +53,7 @@ fn caddyfile(port: u16, palisade: u16, upstream: u16, token: &str) -> String {
     format!("{{\n\tadmin off\n\tauto_https off\n}}\n{documented}")
 }
 
-fn command(binary: &PathBuf, dir: &tempfile::TempDir, verb: &str, file: &PathBuf) -> Command {
+fn command(binary: &Path, dir: &tempfile::TempDir, verb: &str, file: &Path) -> Command {
     let mut command = Command::new(binary);
     command
         .args([
