@@ -8,9 +8,10 @@
 --        '>I2 B c1 B' (key index into KEYS, profile index from 0, flags, #name), the window
 --        name, then if the op has a member 16 bytes: the member (8 bytes, the caller's hash
 --        of an event id, account, IP or device) and its score (event time, ms, as '>d').
---        Flags: 'w' record/count, 'g' the same and also return the gap, 'c' 1 if the member
---        is in the window (nothing added), 'x' delete the window. (One argument per op, with
---        the entry ready to store: fewer Lua strings made per op.)
+--        Flags: 'w' record/count, 'g' the same and also return the smallest gap between
+--        neighbouring scores, 'c' 1 if the member is in the window (nothing added), 'r' take
+--        the member out, 'x' delete the window. (One argument per op, with the entry ready to
+--        store: fewer Lua strings made per op.)
 -- Value  one Redis string per subject holds its windows (an account: its failures, and per
 --        IP / device its pair failures, one entry per failure each): per window
 --        byte #name, name, struct '>dI4' (expires_ms, n), then n entries of 16 bytes
@@ -22,14 +23,15 @@
 --        window took four keys and about twelve commands per failure: Redis CPU per ingested
 --        event was the ingest bottleneck. Counting is a binary search over a window's entries,
 --        idempotency a lookup in its member map (see open below).
--- Idem.  a member already in the window gets the newer score and is not counted again: a
---        retried batch counts nothing twice.
+-- Idem.  a member already in the window keeps its first score and is not counted again: a
+--        retried batch counts nothing twice and stays no longer.
 -- Bound  at the end of a call, a value keeps at most MAX_KIND live windows of each kind (the
 --        first byte of their names; an account has a pair window per IP it failed from) the
 --        call created windows of: windows of that kind with no entry in range are dropped,
 --        then the ones added to least recently (smallest expiry, then smallest name,
 --        bytewise). The service does the same (WindowValue::finish in src/store/memory.rs).
--- Returns per op: {count in window, ms between the two newest entries or -1} (0, -1 for 'x')
+-- Returns per op: {count in window, smallest ms between neighbouring entries ('g') or -1}
+--        (0, -1 for 'x')
 -- Time   windows end at the caller's now_ms, the auth service's clock (not a token bucket).
 local call = redis.call
 local pack, unpack = struct.pack, struct.unpack
@@ -220,7 +222,24 @@ for j = 3 + 2 * P, #ARGV do
     if flags == 'c' then
       local s = member and w and w.at[member]
       count = (s and s >= cutoff) and 1 or 0
-    elseif member and unpack('>d', op, 14 + n) >= cutoff then
+    elseif flags == 'r' then
+      if member and w and w.at[member] then
+        drop_to(w, first)
+        local e = w.e
+        for i = w.lo, w.hi do
+          if sub(e[i], 1, 8) == member then
+            table.remove(e, i)
+            w.hi = w.hi - 1
+            break
+          end
+        end
+        w.at[member] = nil
+        dirty[index] = true
+        first = w.lo
+      end
+    elseif member and unpack('>d', op, 14 + n) >= cutoff
+        and not (w and (w.at[member] or cutoff - 1) >= cutoff) then
+      -- (A member already in range keeps its entry; one aged out is dropped below first.)
       -- An entry older than the window is not added (it would not count). Pruned only
       -- with an addition (a count-only call, as the status query makes, writes nothing).
       local s = unpack('>d', op, 14 + n)
@@ -234,12 +253,6 @@ for j = 3 + 2 * P, #ARGV do
       end
       drop_to(w, first)
       local e = w.e
-      if w.at[member] then
-        local i = w.hi
-        while sub(e[i], 1, 8) ~= member do i = i - 1 end
-        table.remove(e, i)
-        w.hi = w.hi - 1
-      end
       -- Sorted by score: the new entry goes after every entry not newer than it
       -- (nearly always the end: events arrive in time order).
       local i = w.hi
@@ -255,7 +268,13 @@ for j = 3 + 2 * P, #ARGV do
     if flags ~= 'c' and w then
       count = w.hi - first + 1
       if flags == 'g' and count >= 2 then
-        gap = entry_score(w.e[w.hi]) - entry_score(w.e[w.hi - 1])
+        local e = w.e
+        local previous = entry_score(e[first])
+        for i = first + 1, w.hi do
+          local s = entry_score(e[i])
+          if gap < 0 or s - previous < gap then gap = s - previous end
+          previous = s
+        end
       end
     end
   end

@@ -241,6 +241,36 @@ fn may_be_orphan(lockout_id: &str) -> bool {
 /// Name of the velocity signal in factors and reasons.
 pub const SIGNAL: &str = "velocity";
 
+/// The quick-login window in an account's value: its failures by claimed time (clamped to
+/// the time of receipt), for comparing failures with their neighbours in time.
+const QUICK: &str = "q";
+
+/// Failures kept in the quick-login window: its smallest gap is all that is read of it.
+const QUICK_CAP: usize = 16;
+
+/// Per account of `events`, the smallest gap between the claimed times (clamped to `now`)
+/// of its failures in the batch, when it has two or more.
+fn batch_gaps<'a>(
+    events: &[LoginEvent<'a>],
+    now: i64,
+) -> std::collections::HashMap<&'a SubjectKey, i64> {
+    let mut times: std::collections::HashMap<&SubjectKey, Vec<i64>> = Default::default();
+    for event in events.iter().filter(|e| e.failure) {
+        times
+            .entry(&event.context.account)
+            .or_default()
+            .push(event.ts_ms.min(now));
+    }
+    times
+        .into_iter()
+        .filter_map(|(account, mut ts)| {
+            ts.sort_unstable();
+            let gap = ts.windows(2).map(|pair| pair[1] - pair[0]).min()?;
+            Some((account, gap))
+        })
+        .collect()
+}
+
 /// What a failure leads to, besides its windows, on one subject (see
 /// [`Lockouts::consequences`]).
 #[derive(Debug, Clone, Copy)]
@@ -379,7 +409,7 @@ impl Lockouts {
         latest: &[usize],
     ) -> Result<Recorded, Error> {
         let now = self.clock.now_ms();
-        let (steps, spans) = self.event_steps(events, latest);
+        let (steps, spans) = self.event_steps(events, latest, now);
         let accounts: Vec<&SubjectKey> =
             latest.iter().map(|&i| &events[i].context.account).collect();
         let (counts, locks) = tokio::try_join!(
@@ -448,11 +478,15 @@ impl Lockouts {
             .iter()
             .map(|&i| {
                 let event = &events[i];
-                // `failure_steps` begins with the context's windows, in `context_windows` order.
+                // `failure_steps` begins with the context's windows, in `context_windows`
+                // order, and ends with the quick-login window, whose gap the account's takes.
                 let n = if event.context.device.is_some() { 3 } else { 2 };
-                event
-                    .failure
-                    .then(|| counts[spans[i].clone()][..n].to_vec())
+                event.failure.then(|| {
+                    let span = &counts[spans[i].clone()];
+                    let mut windows = span[..n].to_vec();
+                    windows[0].1 = span.last().and_then(|q| q.1);
+                    windows
+                })
             })
             .collect();
         let missing: Vec<usize> = (0..latest.len())
@@ -468,33 +502,47 @@ impl Lockouts {
                 windows[k] = Some(counted);
             }
         }
+        // The batch's own failures compared with each other too: those dated before the
+        // window (a backlog in the auth service) are not in the quick-login window.
+        let batch_gaps = batch_gaps(events, now);
+        for (k, &i) in latest.iter().enumerate() {
+            if let (Some(counts), Some(&gap)) = (
+                windows[k].as_mut(),
+                batch_gaps.get(&events[i].context.account),
+            ) {
+                let first = &mut counts[0];
+                first.1 = Some(first.1.map_or(gap, |g| g.min(gap)));
+            }
+        }
         let contexts: Vec<&LoginContext> = latest.iter().map(|&i| events[i].context).collect();
         let windows = windows.into_iter().map(Option::unwrap_or_default).collect();
         self.finish_statuses(&self.hot, &contexts, windows, locks, now)
             .await
     }
 
-    /// The window operations of `events` in order, and each event's span of them; the
-    /// account window of each failure named in `gaps` also reports its gap.
+    /// The window operations of `events` in order, received at `now`, and each event's span
+    /// of them; the quick-login window of each failure named in `gaps` also reports its
+    /// smallest gap.
     fn event_steps(
         &self,
         events: &[LoginEvent<'_>],
         gaps: &[usize],
+        now: i64,
     ) -> (Vec<Step>, Vec<std::ops::Range<usize>>) {
         let mut steps = Vec::new();
         let mut spans = Vec::with_capacity(events.len());
         for event in events {
             let start = steps.len();
             if event.failure {
-                self.failure_steps(event, &mut steps);
+                self.failure_steps(event, now, &mut steps);
             } else {
-                self.success_steps(event, &mut steps);
+                self.success_steps(event, now, &mut steps);
             }
             spans.push(start..steps.len());
         }
         for &i in gaps {
             if events[i].failure {
-                steps[spans[i].start].gap = true;
+                steps[spans[i].end - 1].gap = true;
             }
         }
         (steps, spans)
@@ -503,7 +551,7 @@ impl Lockouts {
     /// Runs the events' window operations (one hot-store call) and their consequences.
     async fn record(&self, events: &[LoginEvent<'_>]) -> Result<(), Error> {
         let now = self.clock.now_ms();
-        let (steps, spans) = self.event_steps(events, &[]);
+        let (steps, spans) = self.event_steps(events, &[], now);
         let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
         self.consequences(events, &spans, &counts, &ReadMarkers::new(), now)
             .await?;
@@ -563,10 +611,16 @@ impl Lockouts {
     }
 
     /// A failure's window operations: the account's windows (account, +IP, +device), then
-    /// per source the distinct accounts failing from it (and, for an IP, its failures).
-    fn failure_steps(&self, event: &LoginEvent<'_>, steps: &mut Vec<Step>) {
+    /// per source the distinct accounts failing from it (and, for an IP, its failures), then
+    /// the account's quick-login window.
+    ///
+    /// Window membership is by time of receipt (`now`): a failure dated minutes back (a
+    /// backlog in the auth service's queue) counts from when Palisade hears of it, and a
+    /// date in the future gains nothing. The quick-login window alone keeps the claimed time
+    /// (clamped to `now`): it compares failures with each other.
+    fn failure_steps(&self, event: &LoginEvent<'_>, now: i64, steps: &mut Vec<Step>) {
         let id = velocity::member_id(event.event_id);
-        let ts = event.ts_ms;
+        let ts = now;
         for (i, window) in self.context_windows(event.context).into_iter().enumerate() {
             let mut step = self.step(window, Some(id), ts);
             if i > 0 {
@@ -581,29 +635,28 @@ impl Lockouts {
         if let Some(device) = &event.context.device {
             steps.push(self.step((self.keys.windows(device), "a".to_owned()), account, ts));
         }
+        steps.push(Step {
+            cap: QUICK_CAP,
+            ..self.step(
+                (self.keys.windows(&event.context.account), QUICK.to_owned()),
+                Some(id),
+                event.ts_ms.min(now),
+            )
+        });
     }
 
     /// A success's operations: its IP and device become known to the account (the
     /// lockout-DoS rule), and the account+IP / account+device failure windows are cleared.
-    fn success_steps(&self, event: &LoginEvent<'_>, steps: &mut Vec<Step>) {
+    fn success_steps(&self, event: &LoginEvent<'_>, now: i64, steps: &mut Vec<Step>) {
         let context = event.context;
+        let at = event.ts_ms.min(now);
         let ip = context.ip_key.to_string();
-        steps.push(self.known_step(&context.account, &ip, event.ts_ms, WindowAction::Record));
+        steps.push(self.known_step(&context.account, &ip, at, WindowAction::Record));
         let network = context.ip.network_text();
-        steps.push(self.known_step(
-            &context.account,
-            &network,
-            event.ts_ms,
-            WindowAction::Record,
-        ));
+        steps.push(self.known_step(&context.account, &network, at, WindowAction::Record));
         if let Some(device) = &context.device {
             let device = device.to_string();
-            steps.push(self.known_step(
-                &context.account,
-                &device,
-                event.ts_ms,
-                WindowAction::Record,
-            ));
+            steps.push(self.known_step(&context.account, &device, at, WindowAction::Record));
         }
         for window in self.context_windows(context).into_iter().skip(1) {
             steps.push(Step {
@@ -1186,18 +1239,29 @@ impl Lockouts {
         let mut spans = Vec::with_capacity(contexts.len());
         for context in contexts {
             let start = steps.len();
-            for (i, window) in self.context_windows(context).into_iter().enumerate() {
-                steps.push(Step {
-                    gap: i == 0,
-                    ..self.step(window, None, 0)
-                });
+            for window in self.context_windows(context) {
+                steps.push(self.step(window, None, 0));
             }
+            steps.push(Step {
+                gap: true,
+                ..self.step(
+                    (self.keys.windows(&context.account), QUICK.to_owned()),
+                    None,
+                    0,
+                )
+            });
             spans.push(start..steps.len());
         }
         let counts = velocity::run_sequence(hot, &steps, now).await?;
+        // The account's window takes the quick-login window's gap (see `decide_status`).
         Ok(spans
             .into_iter()
-            .map(|span| counts[span].to_vec())
+            .map(|span| {
+                let (quick, windows) = counts[span].split_last().expect("a quick-login step");
+                let mut windows = windows.to_vec();
+                windows[0].1 = quick.1;
+                windows
+            })
             .collect())
     }
 
@@ -1266,8 +1330,10 @@ impl Lockouts {
                 )],
             };
         }
+        // Any two failures closer than a human types, the same instant included (a script's
+        // batch without timestamps, or one second-resolution timestamp for both).
         let too_fast = newest_gap.is_some_and(|gap| {
-            gap > 0 && gap < i64::try_from(self.settings.human_interval_ms).unwrap_or(0)
+            gap >= 0 && gap < i64::try_from(self.settings.human_interval_ms).unwrap_or(0)
         });
         let (mut action, mut reasons) = policy::decide(
             policy::Counts {

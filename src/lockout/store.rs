@@ -172,8 +172,9 @@ where
     builder.push(")");
 }
 
-/// Per account (of `accounts`), the ids of its failures since `since_ms` and since its last
-/// release (a release clears the window), at most `limit` (the newest), oldest first: the
+/// Per account (of `accounts`), the ids of its failures received since `since_ms` and since
+/// its last release (a release clears the window; windows count by receipt), at most
+/// `limit` (the newest), oldest first: the
 /// events a new lockout refers to. One statement per 500 accounts (a lockout wave locks a
 /// batch's accounts together, and this was a query per account).
 pub(super) async fn window_failures(
@@ -190,11 +191,11 @@ pub(super) async fn window_failures(
             let mut builder = sqlx::QueryBuilder::new(
                 "SELECT account, event_id FROM (SELECT e.account, e.event_id, e.ts, \
                  ROW_NUMBER() OVER (PARTITION BY e.account ORDER BY e.ts DESC, e.event_id DESC) \
-                 AS n FROM auth_events e WHERE e.kind = 'login_failure' AND e.ts >= ",
+                 AS n FROM auth_events e WHERE e.kind = 'login_failure' AND e.received_at >= ",
             );
             builder.push_bind(since_ms);
             builder.push(
-                " AND e.ts >= COALESCE((SELECT MAX(l.released_at) FROM lockouts l \
+                " AND e.received_at >= COALESCE((SELECT MAX(l.released_at) FROM lockouts l \
                  WHERE l.account = e.account), 0) AND e.account IN ",
             );
             push_list(&mut builder, chunk);

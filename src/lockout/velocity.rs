@@ -325,6 +325,7 @@ async fn script(redis: &RedisHot, steps: &[&Step], now_ms: i64) -> Result<Window
         op.push(match step.action {
             WindowAction::Delete => b'x',
             WindowAction::Contains => b'c',
+            WindowAction::Remove => b'r',
             WindowAction::Record if step.gap => b'g',
             WindowAction::Record => b'w',
         });

@@ -85,15 +85,26 @@ impl Window {
         self.entries.drain(..extra);
     }
 
-    /// Adds an entry in order (after every smaller one), replacing the member's entry if it
-    /// has one.
-    fn insert(&mut self, entry: (i64, u64)) {
-        // A read-only scan, then a removal only when the member is there (rarely).
-        if let Some(at) = self.entries.iter().position(|(_, id)| *id == entry.1) {
-            self.entries.remove(at);
+    /// Adds an entry in order (after every smaller one), unless the member has one: a
+    /// retried event keeps its first score (it neither counts twice nor stays longer).
+    /// Returns whether it was added.
+    fn insert(&mut self, entry: (i64, u64)) -> bool {
+        if self.entries.iter().any(|(_, id)| *id == entry.1) {
+            return false;
         }
         let at = self.entries.partition_point(|e| *e < entry);
         self.entries.insert(at, entry);
+        true
+    }
+
+    /// The smallest difference between neighbouring scores (entries are sorted), if the
+    /// window holds two or more: every entry compared with its nearest neighbours in time.
+    fn smallest_gap(&self) -> Option<i64> {
+        self.entries
+            .iter()
+            .zip(self.entries.iter().skip(1))
+            .map(|(a, b)| b.0 - a.0)
+            .min()
     }
 }
 
@@ -137,8 +148,9 @@ impl WindowValue {
 
     /// One operation, as the script does it: a window past its expiry (last addition +
     /// window) is gone; entries before `now − window` are dropped; a member in range is added
-    /// (an existing one takes the new score), at most `cap` kept; answers the count and the
-    /// gap between the two newest scores (1 or 0 for [`WindowAction::Contains`]).
+    /// (one already there keeps its score), at most `cap` kept; answers the count and, when
+    /// asked, the smallest gap between neighbouring scores (1 or 0 for
+    /// [`WindowAction::Contains`]; [`WindowAction::Remove`] takes the member out).
     pub fn step(&mut self, step: &WindowStep, now_ms: i64) -> (u32, Option<i64>) {
         if step.action == WindowAction::Delete {
             if let Some(at) = self.position(step.window.as_bytes()) {
@@ -190,18 +202,32 @@ impl WindowValue {
                 .is_some_and(|m| window.entries.iter().any(|(_, id)| *id == m));
             return (u32::from(found), None);
         }
+        if step.action == WindowAction::Remove {
+            if let Some(at) = step
+                .member
+                .and_then(|m| window.entries.iter().position(|(_, id)| *id == m))
+            {
+                window.entries.remove(at);
+                self.changed = true;
+            }
+            return (
+                u32::try_from(window.entries.len()).unwrap_or(u32::MAX),
+                None,
+            );
+        }
         // An entry older than the window would not count: not added (as in Redis).
-        if let Some(member) = step.member.filter(|_| adds) {
-            window.insert((step.score, member));
+        if let Some(member) = step.member.filter(|_| adds)
+            && window.insert((step.score, member))
+        {
             window.keep_newest(step.cap);
             window.expires_ms = now_ms + step.window_ms;
             self.changed = true;
         }
         let count = window.entries.len();
-        let mut newest = window.entries.iter().rev().map(|(score, _)| *score);
-        let gap = match (newest.next(), newest.next()) {
-            (Some(last), Some(before)) if step.gap => Some(last - before),
-            _ => None,
+        let gap = if step.gap {
+            window.smallest_gap()
+        } else {
+            None
         };
         (u32::try_from(count).unwrap_or(u32::MAX), gap)
     }
@@ -339,6 +365,8 @@ pub enum WindowAction {
     Contains,
     /// Delete the window.
     Delete,
+    /// Take the member out of the window (an event counted that must not have been).
+    Remove,
 }
 
 /// One operation on a window of a subject's window value (`lua/velocity_batch.lua`, and its
@@ -750,5 +778,78 @@ mod tests {
         );
         let windows = memory.inner.windows.lock().unwrap()["known"].windows.len();
         assert_eq!(windows, 1);
+    }
+}
+
+/// The single-Redis path reads each value, steps it here and writes it back packed; the
+/// in-process store keeps the value. Random sequences (every action, expiring and aging
+/// windows, caps) must answer the same either way.
+#[cfg(test)]
+mod round_trip {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn a_value_packed_and_read_back_steps_as_the_kept_one() {
+        let memory = MemoryHot::new();
+        let mut stored: std::collections::HashMap<String, Vec<u8>> = Default::default();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut now = 1_800_000_000_000i64;
+        let keys = ["a", "b", "c"];
+        let windows = ["f", "a", "i1"];
+        for round in 0..3000 {
+            now += rng.random_range(0..180_000);
+            let batch = rng.random_range(1..8);
+            let steps: Vec<WindowStep> = (0..batch)
+                .map(|_| {
+                    let roll = rng.random_range(0..100);
+                    let key = keys[rng.random_range(0..3)];
+                    let window = windows[rng.random_range(0..3)];
+                    let window_ms = if key == "c" { 90 * 86_400_000 } else { 600_000 };
+                    WindowStep {
+                        key: key.to_owned(),
+                        window: window.to_owned(),
+                        member: (roll % 10 != 0).then(|| rng.random_range(1..12u64)),
+                        score: now - rng.random_range(-60_000..(window_ms.min(900_000))),
+                        window_ms,
+                        cap: match window {
+                            "f" => 3,
+                            "a" => 5,
+                            _ => 1000,
+                        },
+                        gap: rng.random_bool(0.5),
+                        action: match roll {
+                            0..10 => WindowAction::Delete,
+                            10..22 => WindowAction::Contains,
+                            22..32 => WindowAction::Remove,
+                            _ => WindowAction::Record,
+                        },
+                    }
+                })
+                .collect();
+            let in_memory = memory.window_steps(&steps, now);
+            let mut out = vec![(0, None); steps.len()];
+            for key in keys {
+                let mut value = stored
+                    .get(key)
+                    .and_then(|b| WindowValue::unpack(b, now))
+                    .unwrap_or_default();
+                for (i, step) in steps.iter().enumerate().filter(|(_, s)| s.key == key) {
+                    out[i] = value.step(step, now);
+                }
+                value.finish(now);
+                if value.changed() {
+                    match value.packed(now) {
+                        Some((bytes, _)) => {
+                            stored.insert(key.to_owned(), bytes);
+                        }
+                        None => {
+                            stored.remove(key);
+                        }
+                    }
+                }
+            }
+            assert_eq!(in_memory, out, "round {round}: {steps:#?}");
+        }
     }
 }

@@ -21,7 +21,7 @@ on_both_backends!(
     a_bad_event_rejects_the_whole_batch,
     old_events_are_pruned_and_lockouts_kept,
     one_batch_decides_like_the_same_events_one_by_one,
-    failures_older_than_the_window_do_not_count,
+    back_dated_failures_count_from_their_receipt,
     failures_age_out_of_the_window_and_retries_add_nothing,
     stored_events_keep_quotes_commas_newlines_and_backslashes,
     one_batch_locking_many_accounts_stores_each_lockout_with_its_own_events,
@@ -54,12 +54,34 @@ impl TestApp {
         response.json().await.unwrap()
     }
 
-    /// `n` failures of `account`, event ids `prefix-0…`, one IP per event from `ips`.
+    /// `n` failures of `account`, event ids `prefix-0…`, one IP per event from `ips`, each
+    /// dated 1.1 s after this app's previous one (a human's pace: these tests are not about
+    /// the quick-login signal).
     async fn fail(&self, prefix: &str, account: &str, ips: &[&str], n: usize) -> Value {
         let events = (0..n)
-            .map(|i| failure(&format!("{prefix}-{i}"), account, ips[i % ips.len()]))
+            .map(|i| {
+                let mut event = failure(&format!("{prefix}-{i}"), account, ips[i % ips.len()]);
+                event["ts"] = json!(self.human_paced_ts());
+                event
+            })
             .collect();
         self.post_auth(events).await
+    }
+
+    /// The next of this app's event times, 1.1 s apart, starting 200 s before its clock.
+    fn human_paced_ts(&self) -> String {
+        static NEXT: std::sync::Mutex<Option<std::collections::HashMap<String, i64>>> =
+            std::sync::Mutex::new(None);
+        let slot = {
+            let mut next = NEXT.lock().unwrap();
+            let slots = next.get_or_insert_with(Default::default);
+            let slot = slots.entry(self.base.clone()).or_insert(0);
+            *slot += 1;
+            *slot
+        };
+        chrono::DateTime::from_timestamp_millis(self.app.clock.now_ms() - 200_000 + slot * 1_100)
+            .unwrap()
+            .to_rfc3339()
     }
 
     async fn lockouts(&self, query: &str) -> Vec<Value> {
@@ -699,29 +721,41 @@ async fn one_batch_decides_like_the_same_events_one_by_one(batched: TestApp) {
 
 /// Late-delivered failures from before the window (the auth service may send events up to
 /// 24 h late) are stored but count nothing toward a challenge or lockout.
-async fn failures_older_than_the_window_do_not_count(app: TestApp) {
-    let old = chrono::DateTime::from_timestamp_millis(app.app.clock.now_ms() - 20 * 60_000)
-        .unwrap()
-        .to_rfc3339();
+/// A backlog: the auth service's queue delivers twelve failures dated eleven minutes ago, a
+/// human's pace apart. Windows count by receipt, so they lock the account now instead of
+/// counting for nothing (the claimed times are kept with the events).
+async fn back_dated_failures_count_from_their_receipt(app: TestApp) {
+    let start = app.app.clock.now_ms() - 11 * 60_000;
     let events: Vec<Value> = (0..12)
         .map(|i| {
             let mut event = failure(&format!("late-{i}"), "latecomer", "203.0.113.77");
-            event["ts"] = json!(old);
+            event["ts"] = json!(
+                chrono::DateTime::from_timestamp_millis(start + i * 2_000)
+                    .unwrap()
+                    .to_rfc3339()
+            );
             event
         })
         .collect();
     let answer = app.post_auth(events).await;
     assert_eq!(answer["accepted"], 12, "{answer}");
-    assert_eq!(answer["decisions"][0]["action"], "none", "{answer}");
+    assert_eq!(answer["decisions"][0]["action"], "lockout", "{answer}");
     let status = app.status("latecomer", "203.0.113.77", None).await;
-    assert_eq!(status["failures_in_window"], 0, "{status}");
-    let answer = app
-        .fail("late-now", "latecomer", &["203.0.113.77"], 1)
-        .await;
-    assert_eq!(answer["decisions"][0]["action"], "none", "{answer}");
-    let status = app.status("latecomer", "203.0.113.77", None).await;
-    assert_eq!(status["action"], "none", "{status}");
-    assert_eq!(status["failures_in_window"], 1, "{status}");
+    assert_eq!(status["failures_in_window"], 12, "{status}");
+    let lockouts = app.lockouts("?account=latecomer").await;
+    let id = lockouts[0]["id"].as_str().unwrap();
+    let detail: Value = app
+        .get(&format!("/v1/lockouts/{id}"), Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let events = detail["events"].as_array().unwrap();
+    assert_eq!(events.len(), 12, "{detail}");
+    let first = chrono::DateTime::parse_from_rfc3339(events[0]["ts"].as_str().unwrap())
+        .unwrap()
+        .timestamp_millis();
+    assert_eq!(first, start, "the claimed time is kept");
 }
 
 /// A window forgets failures as they age out of it, and a batch that mixes a retried event
@@ -925,6 +959,7 @@ async fn window_steps_answer_the_same_on_redis_and_in_process() {
                 let action = match roll {
                     0..10 => WindowAction::Delete,
                     10..22 => WindowAction::Contains,
+                    22..32 => WindowAction::Remove,
                     _ => WindowAction::Record,
                 };
                 Step {
@@ -1303,9 +1338,12 @@ async fn a_pair_window_keeps_only_what_the_thresholds_need() {
         .keys
         .windows(&SubjectKey::user("hammered", 256).unwrap());
     let len: usize = redis.query(redis::cmd("STRLEN").arg(&key)).await.unwrap();
-    // Per window: byte #name, the name ("f"; "i" and 16 hex digits), expiry and count (12),
-    // then 16 bytes per entry.
-    assert_eq!(len, (1 + 1 + 12 + 16 * 40) + (1 + 17 + 12 + 16 * 10));
+    // Per window: byte #name, the name ("f"; "i" and 16 hex digits; "q"), expiry and count
+    // (12), then 16 bytes per entry; the quick-login window keeps its 16 newest.
+    assert_eq!(
+        len,
+        (1 + 1 + 12 + 16 * 40) + (1 + 17 + 12 + 16 * 10) + (1 + 1 + 12 + 16 * 16)
+    );
 }
 
 /// Events are stored exactly as sent, whatever their text holds (written for a `COPY … CSV`

@@ -13,6 +13,7 @@ on_both_backends!(
     account_spellings_are_one_account_everywhere,
     invisible_and_control_characters_in_ids_are_refused,
     a_stranger_cannot_lock_the_owner_out_at_the_limiter,
+    the_quick_login_signal_cannot_be_dodged,
 );
 
 fn check(endpoint: &str, user: &str, ip: &str) -> Value {
@@ -374,4 +375,105 @@ async fn a_stranger_cannot_lock_the_owner_out_at_the_limiter(app: TestApp) {
         .await
         .unwrap();
     assert_eq!(status["action"], "lockout", "{status}");
+}
+
+/// Quick login: a script failing faster than a human types is challenged after two
+/// failures, however it dates them: no timestamps at all, one second-resolution timestamp
+/// for both, out of order, or one failure dated into the future so that the fast ones look
+/// far from it. Failures at a human's pace are not.
+async fn the_quick_login_signal_cannot_be_dodged(app: TestApp) {
+    let now = app.app.clock.now_ms();
+    let at = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(now + ms)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    // What an auth service logging whole seconds sends for two failures 0.6 s apart.
+    let second = (now - 10_000).div_euclid(1000) * 1000;
+    let at_second = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(second + ms)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    };
+    let event = |account: &str, id: &str, ts: Option<String>| {
+        let mut e = json!({"event_id": id, "type": "login_failure", "account": account,
+                           "ip": "203.0.113.66"});
+        if let Some(ts) = ts {
+            e["ts"] = json!(ts);
+        }
+        e
+    };
+    let action = |answer: &Value| {
+        answer["decisions"][0]["action"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let codes = |answer: &Value| -> Vec<String> {
+        answer["decisions"][0]["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["code"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let post = |events: Value| async {
+        let response = post_events(&app, events).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.json::<Value>().await.unwrap()
+    };
+    // A human's pace: 2 s and more apart.
+    let human = post(json!([
+        event("pace", "p1", Some(at(-20_000))),
+        event("pace", "p2", Some(at(-16_000))),
+        event("pace", "p3", Some(at(-12_000))),
+    ]))
+    .await;
+    assert_eq!(action(&human), "none", "{human}");
+    for (case, events) in [
+        (
+            "no timestamps",
+            json!([event("no-ts", "n1", None), event("no-ts", "n2", None)]),
+        ),
+        (
+            "one second for both",
+            json!([
+                event("same-s", "s1", Some(at_second(100))),
+                event("same-s", "s2", Some(at_second(700)))
+            ]),
+        ),
+    ] {
+        let answer = post(events).await;
+        assert_eq!(action(&answer), "challenge", "{case}: {answer}");
+        assert!(
+            codes(&answer).contains(&"faster_than_human".to_owned()),
+            "{case}: {answer}"
+        );
+    }
+    // A failure dated 299 s ahead, then one at once: the date counts as the time of
+    // receipt, so the two are an instant apart.
+    let ahead = post(json!([event("future", "f1", Some(at(299_000)))])).await;
+    assert_eq!(action(&ahead), "none", "{ahead}");
+    let next = post(json!([event("future", "f2", None)])).await;
+    assert_eq!(action(&next), "challenge", "{next}");
+    // Out of order, across batches: 0 s and 10 s first, then 0.4 s.
+    let first = post(json!([
+        event("order", "o1", Some(at(-30_000))),
+        event("order", "o2", Some(at(-20_000))),
+    ]))
+    .await;
+    assert_eq!(action(&first), "none", "{first}");
+    let late = post(json!([event("order", "o3", Some(at(-29_600)))])).await;
+    assert_eq!(action(&late), "challenge", "{late}");
+    // The status says so too, as long as those failures are in the window.
+    let status: Value = app
+        .get(
+            "/v1/accounts/order/status?ip=203.0.113.66",
+            Some(ADMIN_TOKEN),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["action"], "challenge", "{status}");
 }
