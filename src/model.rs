@@ -366,6 +366,11 @@ impl ClientIp {
         self.addr
     }
 
+    /// The prefix length IPv6 clients are keyed by.
+    pub fn ipv6_prefix_len(&self) -> u8 {
+        self.ipv6_prefix_len
+    }
+
     /// The network a household or a carrier's pool shares: an IPv4 address's /24, an IPv6
     /// address's /64 (`net:203.0.113.0/24`, `net:2001:db8:1:2::/64`). A login from one
     /// address of it makes the others familiar to the account (the lockout-DoS rule).

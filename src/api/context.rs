@@ -148,6 +148,27 @@ fn refused_at_the_edge(request: &Request, limits: Limits) -> Option<ApiError> {
     None
 }
 
+/// Reads and drops the body of a refused request for a while (at most the request timeout,
+/// and 16 times the body limit), so that a client still sending it reads the answer instead
+/// of a connection reset; then the connection closes (the answer says `Connection: close`).
+fn drain_in_background(body: axum::body::Body, limits: Limits) {
+    use http_body_util::BodyExt;
+    let most = limits.body_limit_bytes.saturating_mul(16);
+    tokio::spawn(async move {
+        let mut body = body;
+        let mut read = 0usize;
+        let drain = async {
+            while let Some(Ok(frame)) = body.frame().await {
+                read += frame.data_ref().map_or(0, |d| d.len());
+                if read > most {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(limits.timeout, drain).await;
+    });
+}
+
 async fn handle<S>(mut inner: S, request: Request, limits: Limits) -> Response
 where
     S: tower::Service<Request, Response = Response, Error = Infallible>,
@@ -166,7 +187,10 @@ where
         let uri = request.uri().clone();
         let timeout = limits.timeout;
         let served = match refused_at_the_edge(&request, limits) {
-            Some(refused) => Ok(Ok(Ok(refused.into_response()))),
+            Some(refused) => {
+                drain_in_background(request.into_body(), limits);
+                Ok(Ok(Ok(refused.into_response())))
+            }
             None => {
                 tokio::time::timeout(
                     timeout,

@@ -308,6 +308,14 @@ impl From<crate::ingest::Error> for ApiError {
             crate::ingest::Error::Store(store) => store.into(),
             crate::ingest::Error::Lockout(lockout) => lockout.into(),
             crate::ingest::Error::Scoring(scoring) => scoring.into(),
+            crate::ingest::Error::Conflict(errors) => ApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "{} events reuse an event_id stored before with other content; nothing was stored",
+                    errors.len()
+                ),
+            )
+            .with_details(serde_json::json!({ "errors": errors })),
         }
     }
 }

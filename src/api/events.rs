@@ -143,7 +143,7 @@ fn check_batch_len(len: usize) -> Result<(), ApiError> {
     responses(
         (status = 200, body = AuthAccepted),
         (status = 400, body = Envelope), (status = 401, body = Envelope), (status = 403, body = Envelope),
-        (status = 413, body = Envelope), (status = 503, body = Envelope),
+        (status = 409, body = Envelope), (status = 413, body = Envelope), (status = 503, body = Envelope),
     ))]
 async fn post_auth_events(
     _auth: Authorized<role::Ingest>,

@@ -94,6 +94,83 @@ pub struct AuthEvent {
     pub endpoint: Option<String>,
     /// Event time, Unix ms (time of receipt when absent).
     pub ts_ms: i64,
+    /// The caller sent `ts` (a retry is compared on it only then).
+    pub ts_given: bool,
+}
+
+impl AuthEvent {
+    /// The event as the lockout signals record it.
+    pub fn login_event(&self) -> LoginEvent<'_> {
+        LoginEvent {
+            context: &self.context,
+            event_id: &self.event_id,
+            ts_ms: self.ts_ms,
+            failure: self.kind == AuthKind::LoginFailure,
+        }
+    }
+}
+
+impl store::StoredEvent {
+    /// The stored event as an event of this batch would be (its account is canonical
+    /// already); None for a row that does not parse (not written by this service).
+    fn as_event(&self, limits: Limits) -> Option<AuthEvent> {
+        let ip = ClientIp::parse(&self.ip, limits.ipv6_prefix_len)?;
+        let kind = match self.kind.as_str() {
+            "login_failure" => AuthKind::LoginFailure,
+            "login_success" => AuthKind::LoginSuccess,
+            _ => return None,
+        };
+        Some(AuthEvent {
+            event_id: self.event_id.clone(),
+            kind,
+            account_received: None,
+            context: LoginContext {
+                account: SubjectKey::user(&self.account, usize::MAX).ok()?,
+                account_name: self.account.clone(),
+                ip_key: SubjectKey::ip(&ip),
+                ip,
+                device: self
+                    .device_id
+                    .as_deref()
+                    .and_then(|d| SubjectKey::device(d, usize::MAX).ok()),
+            },
+            device_id: self.device_id.clone(),
+            endpoint: self.endpoint.clone(),
+            ts_ms: self.ts,
+            ts_given: true,
+        })
+    }
+}
+
+/// How `event` differs from the stored event with its id (the fields its sender controls),
+/// or None when it is the same event: a retry.
+fn differences(event: &AuthEvent, stored: &store::StoredEvent) -> Option<String> {
+    let mut fields = Vec::new();
+    if event.kind.as_str() != stored.kind {
+        fields.push("type");
+    }
+    if event.context.account_name != stored.account {
+        fields.push("account");
+    }
+    if event.context.ip.addr().to_string() != stored.ip {
+        fields.push("ip");
+    }
+    if event.device_id != stored.device_id {
+        fields.push("device_id");
+    }
+    if event.endpoint != stored.endpoint {
+        fields.push("endpoint");
+    }
+    if event.ts_given && event.ts_ms != stored.ts {
+        fields.push("ts");
+    }
+    (!fields.is_empty()).then(|| {
+        format!(
+            "event_id {:?} was stored before with another {}",
+            stored.event_id,
+            fields.join(", ")
+        )
+    })
 }
 
 /// One bad event of a batch.
@@ -191,6 +268,7 @@ fn validate(raw: RawAuthEvent, now_ms: i64, limits: Limits) -> Result<AuthEvent,
         },
         device_id,
         endpoint: raw.endpoint,
+        ts_given: raw.ts.is_some(),
         ts_ms,
     })
 }
@@ -258,6 +336,9 @@ pub enum Error {
     /// Scoring failed after the events were stored.
     #[error(transparent)]
     Scoring(#[from] crate::scoring::Error),
+    /// Events reuse an id stored before with other content; nothing was stored.
+    #[error("{} events reuse an event_id stored with other content; nothing was stored", .0.len())]
+    Conflict(Vec<EventError>),
 }
 
 /// The result of an accepted telemetry batch.
@@ -337,22 +418,31 @@ impl Ingest {
         let mut latest = Vec::with_capacity(groups.len());
         let mut ordered: Vec<LoginEvent<'_>> = Vec::with_capacity(events.len());
         for group in &groups {
-            ordered.extend(group.iter().map(|&i| {
-                let event = &events[i];
-                LoginEvent {
-                    context: &event.context,
-                    event_id: &event.event_id,
-                    ts_ms: event.ts_ms,
-                    failure: event.kind == AuthKind::LoginFailure,
-                }
-            }));
+            ordered.extend(group.iter().map(|&i| events[i].login_event()));
             latest.push(ordered.len() - 1);
         }
-        let (accepted, recorded) = tokio::join!(
+        let (inserted, recorded) = tokio::join!(
             store::insert_auth(&self.durable, &events, now),
             self.lockouts.record_windows(&ordered, &latest),
         );
-        let accepted = accepted?;
+        let accepted = match inserted? {
+            store::Inserted::Stored(accepted) => accepted,
+            store::Inserted::Conflicts(conflicts, new) => {
+                // The windows counted the batch meanwhile: what they counted of the events
+                // not stored goes (the conflicting ones', and the new ones', which a
+                // corrected retry counts again, once).
+                self.uncount(&events, &conflicts, &new).await;
+                return Err(Error::Conflict(
+                    conflicts
+                        .iter()
+                        .map(|(index, stored)| EventError {
+                            index: *index,
+                            reason: differences(&events[*index], stored).unwrap_or_default(),
+                        })
+                        .collect(),
+                ));
+            }
+        };
         let duplicates = events.len() as u64 - accepted;
         let statuses = self.lockouts.decide(&ordered, &latest, recorded?).await?;
         let decisions = groups
@@ -365,6 +455,44 @@ impl Ingest {
             duplicates,
             decisions,
         })
+    }
+
+    /// Takes back what the windows counted of a refused batch's events that are not stored:
+    /// the conflicting ones (the stored event of the same id keeps what it counted) and the
+    /// new ones. A failure here is logged: the windows then hold entries the database does
+    /// not, until they age out.
+    async fn uncount(
+        &self,
+        events: &[AuthEvent],
+        conflicts: &[(usize, store::StoredEvent)],
+        new: &[usize],
+    ) {
+        let limits = Limits {
+            ids: Identifiers {
+                accounts: crate::model::AccountIds::Exact,
+                max_len: usize::MAX,
+            },
+            ipv6_prefix_len: events
+                .first()
+                .map_or(64, |e| e.context.ip.ipv6_prefix_len()),
+        };
+        let pairs: Vec<(&AuthEvent, Option<AuthEvent>)> = conflicts
+            .iter()
+            .map(|(index, stored)| (&events[*index], stored.as_event(limits)))
+            .chain(new.iter().map(|&index| (&events[index], None)))
+            .collect();
+        let taken: Vec<(LoginEvent<'_>, Option<LoginEvent<'_>>)> = pairs
+            .iter()
+            .map(|(event, original)| {
+                (
+                    event.login_event(),
+                    original.as_ref().map(AuthEvent::login_event),
+                )
+            })
+            .collect();
+        if let Err(err) = self.lockouts.uncount(&taken).await {
+            tracing::warn!(error.cause = %err, "the windows keep entries of refused events");
+        }
     }
 
     /// Stores a telemetry batch (one row; `batch_id` makes a retry count nothing twice), then

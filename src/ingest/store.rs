@@ -27,15 +27,68 @@ const INSERT_AUTH_PG_RETRY: &str = "INSERT INTO auth_events \
     SELECT e.*, $9 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
     $6::text[], $7::int8[], $8::text[]) AS e ON CONFLICT (event_id) DO NOTHING";
 
-/// Inserts the events in one statement (Postgres) or one transaction (SQLite), skipping ids
-/// already stored; returns how many rows were new. The database decides duplicates.
+const STORED_PG: &str = "SELECT event_id, kind, account, ip, device_id, endpoint, ts \
+    FROM auth_events WHERE event_id = ANY($1)";
+
+/// An event as stored, to compare a retry with.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(super) struct StoredEvent {
+    pub(super) event_id: String,
+    pub(super) kind: String,
+    pub(super) account: String,
+    pub(super) ip: String,
+    pub(super) device_id: Option<String>,
+    pub(super) endpoint: Option<String>,
+    pub(super) ts: i64,
+}
+
+/// What an insert did.
+#[derive(Debug)]
+pub(super) enum Inserted {
+    /// Stored; this many rows were new (the others are exact retries).
+    Stored(u64),
+    /// Nothing stored: the events (index in the batch) that reuse an id stored with other
+    /// content, and the indexes of the batch's new events (not stored before).
+    Conflicts(Vec<(usize, StoredEvent)>, Vec<usize>),
+}
+
+/// The answer for a batch some of whose ids are stored: None when each is a retry, else the
+/// conflicts (events whose id is stored with other content) and the batch's new events.
+fn conflicts(events: &[AuthEvent], stored: Vec<StoredEvent>) -> Option<Inserted> {
+    let by_id: std::collections::HashMap<&str, usize> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.event_id.as_str(), i))
+        .collect();
+    let mut seen = vec![false; events.len()];
+    let mut found: Vec<(usize, StoredEvent)> = Vec::new();
+    for row in stored {
+        let Some(&index) = by_id.get(row.event_id.as_str()) else {
+            continue;
+        };
+        seen[index] = true;
+        if super::differences(&events[index], &row).is_some() {
+            found.push((index, row));
+        }
+    }
+    if found.is_empty() {
+        return None;
+    }
+    found.sort_by_key(|(index, _)| *index);
+    let new = (0..events.len()).filter(|&i| !seen[i]).collect();
+    Some(Inserted::Conflicts(found, new))
+}
+
+/// Inserts the events in one statement (Postgres) or one transaction (SQLite). An id stored
+/// before is a retry when its content is the same (skipped), a conflict when it is not:
+/// then nothing of the batch is stored and the conflicts are returned.
 pub(super) async fn insert_auth(
     durable: &Durable,
     events: &[AuthEvent],
     received_at: i64,
-) -> Result<u64, Error> {
+) -> Result<Inserted, Error> {
     if events.is_empty() {
-        return Ok(0);
+        return Ok(Inserted::Stored(0));
     }
     let inserted = match durable.pool() {
         Pool::Postgres(pool) => {
@@ -74,9 +127,19 @@ pub(super) async fn insert_auth(
             durable
                 .within(async {
                     match insert(INSERT_AUTH_PG).await {
-                        Ok(done) => Ok(done.rows_affected()),
+                        Ok(done) => Ok(Inserted::Stored(done.rows_affected())),
+                        // Some id was stored before (the statement stored nothing): each is
+                        // a retry or a conflict.
                         Err(err) if crate::store::is_unique_violation(&err) => {
-                            Ok(insert(INSERT_AUTH_PG_RETRY).await?.rows_affected())
+                            let stored: Vec<StoredEvent> = sqlx::query_as(STORED_PG)
+                                .bind(&ids[..])
+                                .fetch_all(pool)
+                                .await?;
+                            if let Some(refused) = conflicts(events, stored) {
+                                return Ok(refused);
+                            }
+                            let done = insert(INSERT_AUTH_PG_RETRY).await?;
+                            Ok(Inserted::Stored(done.rows_affected()))
                         }
                         Err(err) => Err(err),
                     }
@@ -84,7 +147,24 @@ pub(super) async fn insert_auth(
                 .await?
         }
         Pool::Sqlite(pool) => durable.within(async {
-            let mut tx = pool.begin().await?;
+            // The write lock first: the batch reads its stored ids, then writes, and a read
+            // transaction that turns into a write fails if another writer went meanwhile.
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            let mut stored = Vec::new();
+            for chunk in events.chunks(ROWS_PER_STATEMENT) {
+                let mut builder = QueryBuilder::new(
+                    "SELECT event_id, kind, account, ip, device_id, endpoint, ts FROM auth_events WHERE event_id IN (",
+                );
+                let mut ids = builder.separated(", ");
+                for event in chunk {
+                    ids.push_bind(event.event_id.as_str());
+                }
+                builder.push(")");
+                stored.extend(builder.build_query_as::<StoredEvent>().fetch_all(&mut *tx).await?);
+            }
+            if let Some(refused) = conflicts(events, stored) {
+                return Ok(refused);
+            }
             let mut inserted = 0u64;
             for chunk in events.chunks(ROWS_PER_STATEMENT) {
                 let mut builder = QueryBuilder::new(
@@ -105,7 +185,7 @@ pub(super) async fn insert_auth(
                 inserted += builder.build().execute(&mut *tx).await?.rows_affected();
             }
             tx.commit().await?;
-            Ok(inserted)
+            Ok(Inserted::Stored(inserted))
         }).await?,
     };
     Ok(inserted)

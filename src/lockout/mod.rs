@@ -1121,6 +1121,40 @@ impl Lockouts {
         }
     }
 
+    /// Takes out of the windows what each event counted that its `original` (the stored event
+    /// of the same id, if any) does not: an event refused as a conflict after the windows
+    /// counted it. Only the windows counting event ids (an account's, its pairs', the
+    /// quick-login window, an IP's failures): distinct-account counts and known contexts
+    /// stay.
+    pub async fn uncount(
+        &self,
+        events: &[(LoginEvent<'_>, Option<LoginEvent<'_>>)],
+    ) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        let mut steps = Vec::new();
+        for (event, original) in events.iter().filter(|(e, _)| e.failure) {
+            let member = velocity::member_id(event.event_id);
+            let mut kept = Vec::new();
+            if let Some(original) = original.filter(|o| o.failure) {
+                self.failure_steps(&original, now, &mut kept);
+            }
+            let mut counted = Vec::new();
+            self.failure_steps(event, now, &mut counted);
+            steps.extend(
+                counted
+                    .into_iter()
+                    .filter(|s| s.member == Some(member))
+                    .filter(|s| !kept.iter().any(|k| k.key == s.key && k.window == s.window))
+                    .map(|s| Step {
+                        action: WindowAction::Remove,
+                        ..s
+                    }),
+            );
+        }
+        velocity::run_sequence(&self.hot, &steps, now).await?;
+        Ok(())
+    }
+
     /// Records a successful login: its IP and device become known to the account (the
     /// lockout-DoS rule), and the account+IP / account+device failure windows are cleared.
     pub async fn record_success(&self, context: &LoginContext, ts_ms: i64) -> Result<(), Error> {

@@ -130,6 +130,18 @@ impl From<sqlx::Error> for Error {
                 store: "durable",
                 source: Box::new(err),
             },
+            // SQLite busy or locked (another writer held it past the busy timeout): a
+            // store that cannot answer now, not a broken request.
+            sqlx::Error::Database(ref db)
+                if db
+                    .code()
+                    .is_some_and(|code| matches!(&*code, "5" | "6" | "517" | "261")) =>
+            {
+                Error::Unavailable {
+                    store: "durable",
+                    source: Box::new(err),
+                }
+            }
             other => Error::Database(other),
         }
     }

@@ -14,6 +14,7 @@ on_both_backends!(
     invisible_and_control_characters_in_ids_are_refused,
     a_stranger_cannot_lock_the_owner_out_at_the_limiter,
     the_quick_login_signal_cannot_be_dodged,
+    a_reused_event_id_with_other_content_is_a_conflict_and_counts_nothing,
 );
 
 fn check(endpoint: &str, user: &str, ip: &str) -> Value {
@@ -476,4 +477,81 @@ async fn the_quick_login_signal_cannot_be_dodged(app: TestApp) {
         .await
         .unwrap();
     assert_eq!(status["action"], "challenge", "{status}");
+}
+
+/// Idempotency compares content: an exact retry is a duplicate; an `event_id` stored before
+/// for another account (or type) is a 409 naming the event, nothing of its batch is stored,
+/// and the windows do not count it (such a reuse once locked an account with no events).
+async fn a_reused_event_id_with_other_content_is_a_conflict_and_counts_nothing(app: TestApp) {
+    let now = app.app.clock.now_ms();
+    let failure = |id: usize, account: &str| {
+        json!({"event_id": format!("reuse-{id}"), "type": "login_failure", "account": account,
+               "ip": "203.0.113.30",
+               "ts": chrono::DateTime::from_timestamp_millis(now - 60_000 + id as i64 * 2_000)
+                   .unwrap().to_rfc3339()})
+    };
+    let first: Vec<Value> = (0..10).map(|i| failure(i, "original")).collect();
+    let response = post_events(&app, Value::Array(first.clone())).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    // An exact retry: duplicates, nothing counted twice.
+    let retry: Value = post_events(&app, Value::Array(first))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (retry["accepted"].as_u64(), retry["duplicates"].as_u64()),
+        (Some(0), Some(10))
+    );
+    // The same ids for another account, beside a new event: 409, nothing stored.
+    let mut reused: Vec<Value> = (0..10).map(|i| failure(i, "bystander")).collect();
+    reused.push(failure(99, "bystander"));
+    let response = post_events(&app, Value::Array(reused)).await;
+    let body = assert_envelope(response, StatusCode::CONFLICT, "CONFLICT").await;
+    let errors = body["error"]["details"]["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 10, "{body}");
+    assert_eq!(errors[0]["index"], 0);
+    assert!(
+        errors[0]["reason"].as_str().unwrap().contains("account"),
+        "{body}"
+    );
+    let status: Value = app
+        .get(
+            "/v1/accounts/bystander/status?ip=203.0.113.30",
+            Some(ADMIN_TOKEN),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["failures_in_window"], 0, "{status}");
+    assert_eq!(status["action"], "none", "{status}");
+    let original: Value = app
+        .get(
+            "/v1/accounts/original/status?ip=203.0.113.30",
+            Some(ADMIN_TOKEN),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(original["failures_in_window"], 10, "{original}");
+    // A type changed under the same id is a conflict too.
+    let mut success = failure(3, "original");
+    success["type"] = json!("login_success");
+    let response = post_events(&app, json!([success])).await;
+    assert_envelope(response, StatusCode::CONFLICT, "CONFLICT").await;
+    // The new event alone is stored.
+    let alone = post_events(&app, json!([failure(99, "bystander")])).await;
+    assert_eq!(alone.status(), StatusCode::OK);
+    let page: Value = app
+        .get(
+            "/v1/lockouts?account=bystander&status=all",
+            Some(ADMIN_TOKEN),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(page["items"].as_array().unwrap().is_empty(), "{page}");
 }
