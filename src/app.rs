@@ -145,7 +145,19 @@ impl App {
             &stores,
             clock.clone(),
             settings.bootstrap_token.as_ref().map(|s| s.expose()),
+            settings
+                .bootstrap_token_expires_at
+                .as_deref()
+                .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
+                .map(|at| at.timestamp_millis()),
         );
+        access.refresh_bootstrap().await.map_err(|err| match err {
+            crate::access::Error::Store(store) => BuildError::Store(store),
+            other => BuildError::Store(crate::store::Error::Unavailable {
+                store: "durable",
+                source: other.to_string().into(),
+            }),
+        })?;
         let audit = Audit::new(stores.durable.clone(), clock.clone());
         let limiter = Arc::new(Limiter::new(
             &settings.limits,
@@ -252,6 +264,10 @@ impl App {
                 }
                 if let Err(err) = app.scoring.alerts().deliver_pending().await {
                     tracing::warn!(error.cause = %err, "delivering alerts failed; will retry");
+                }
+                // An admin token made on another instance retires the bootstrap token here.
+                if let Err(err) = app.access.refresh_bootstrap().await {
+                    tracing::debug!(error.cause = %err, "could not check for admin tokens; will retry");
                 }
                 let (tracked, _, _) = app.scoring.baseline_keys();
                 metrics::gauge!(crate::telemetry::metrics::BASELINE_KEYS).set(tracked as f64);

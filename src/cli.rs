@@ -71,6 +71,9 @@ pub enum TokenCommand {
         /// A name unique among active tokens.
         #[arg(long)]
         name: String,
+        /// Why (kept in the audit log).
+        #[arg(long, default_value = "created with the palisade command line")]
+        reason: String,
     },
 }
 
@@ -163,7 +166,7 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Token {
-            action: TokenCommand::Create { role, name },
+            action: TokenCommand::Create { role, name, reason },
         } => {
             let app = App::build(settings)
                 .await
@@ -179,7 +182,7 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
                     &actor,
                     "token.create",
                     &issued.info.id,
-                    serde_json::json!({ "name": issued.info.name, "role": issued.info.role }),
+                    serde_json::json!({ "name": issued.info.name, "role": issued.info.role, "reason": reason }),
                     "cli",
                 )
                 .await?;

@@ -173,8 +173,20 @@ pub struct Access {
     hot: Hot,
     keys: Keys,
     clock: Arc<dyn Clock>,
-    bootstrap: Option<TokenHash>,
+    bootstrap: Option<Bootstrap>,
     cache: Cache,
+}
+
+/// The configured bootstrap token: for the first start only.
+#[derive(Debug)]
+struct Bootstrap {
+    hash: TokenHash,
+    /// Unix ms after which it is refused, if configured.
+    expires_at_ms: Option<i64>,
+    /// An active admin token exists: the bootstrap token is refused from then on.
+    retired: std::sync::atomic::AtomicBool,
+    /// Unix ms of the last warning about its use (one a minute).
+    warned_at_ms: std::sync::atomic::AtomicI64,
 }
 
 /// SHA-256 of a token secret.
@@ -225,16 +237,81 @@ fn lock(cache: &Cache) -> std::sync::MutexGuard<'_, HashMap<TokenHash, Verdict>>
 }
 
 impl Access {
-    /// The access service; `bootstrap` is `PALISADE_BOOTSTRAP_TOKEN`.
-    pub fn new(stores: &Stores, clock: Arc<dyn Clock>, bootstrap: Option<&str>) -> Self {
+    /// The access service; `bootstrap` is `PALISADE_BOOTSTRAP_TOKEN`, refused after
+    /// `bootstrap_expires_at_ms` and once an active admin token exists
+    /// ([`Access::refresh_bootstrap`]).
+    pub fn new(
+        stores: &Stores,
+        clock: Arc<dyn Clock>,
+        bootstrap: Option<&str>,
+        bootstrap_expires_at_ms: Option<i64>,
+    ) -> Self {
         Self {
             durable: stores.durable.clone(),
             hot: stores.hot.clone(),
             keys: stores.keys.clone(),
             clock,
-            bootstrap: bootstrap.map(hash),
+            bootstrap: bootstrap.map(|secret| Bootstrap {
+                hash: hash(secret),
+                expires_at_ms: bootstrap_expires_at_ms,
+                retired: std::sync::atomic::AtomicBool::new(false),
+                warned_at_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
+            }),
             cache: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// Retires the bootstrap token when an active admin token exists (run at start and
+    /// every few seconds, so a token created on another instance retires it here too).
+    pub async fn refresh_bootstrap(&self) -> Result<(), Error> {
+        let Some(bootstrap) = &self.bootstrap else {
+            return Ok(());
+        };
+        if bootstrap.retired.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        if store::active_admin_exists(&self.durable).await? {
+            bootstrap
+                .retired
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(
+                "an admin token exists: the bootstrap token (PALISADE_BOOTSTRAP_TOKEN) no longer works; unset it"
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether the presented hash is the bootstrap token's and it still works (logged
+    /// loudly, at most once a minute, while it does).
+    fn is_bootstrap(&self, presented: &TokenHash) -> Option<bool> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let bootstrap = self.bootstrap.as_ref()?;
+        if !bool::from(bootstrap.hash.ct_eq(presented)) {
+            return None;
+        }
+        let now = self.clock.now_ms();
+        let expired = bootstrap.expires_at_ms.is_some_and(|at| now >= at);
+        let works = !expired && !bootstrap.retired.load(Relaxed);
+        let last = bootstrap.warned_at_ms.load(Relaxed);
+        if now.saturating_sub(last) >= 60_000
+            && bootstrap
+                .warned_at_ms
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            if works {
+                tracing::warn!(
+                    "the bootstrap token was used: create an admin token (POST /v1/admin/tokens) and unset PALISADE_BOOTSTRAP_TOKEN"
+                );
+            } else {
+                tracing::warn!(
+                    expired,
+                    "the bootstrap token was refused: it is retired (an admin token exists) or expired"
+                );
+            }
+        }
+        metrics::counter!(crate::telemetry::metrics::BOOTSTRAP_USES_TOTAL, "outcome" => if works { "accepted" } else { "refused" }).increment(1);
+        Some(works)
     }
 
     /// Finds the caller for a bearer token.
@@ -244,14 +321,16 @@ impl Access {
     /// verdict is older than [`CACHE_TTL`] it is refreshed behind the answer, never before it.
     pub async fn authenticate(&self, secret: &str) -> Result<Caller, Error> {
         let presented = hash(secret);
-        if let Some(bootstrap) = &self.bootstrap
-            && bool::from(bootstrap.ct_eq(&presented))
-        {
-            return Ok(Caller {
-                token_id: Arc::from(BOOTSTRAP_TOKEN_ID),
-                name: Arc::from(BOOTSTRAP_TOKEN_ID),
-                role: Role::Admin,
-            });
+        match self.is_bootstrap(&presented) {
+            Some(true) => {
+                return Ok(Caller {
+                    token_id: Arc::from(BOOTSTRAP_TOKEN_ID),
+                    name: Arc::from(BOOTSTRAP_TOKEN_ID),
+                    role: Role::Admin,
+                });
+            }
+            Some(false) => return Err(Error::UnknownToken),
+            None => {}
         }
         let now = Instant::now();
         let cached = lock(&self.cache).get(&presented).cloned();
@@ -338,6 +417,14 @@ impl Access {
             revoked_at_ms: None,
         };
         store::insert(&self.durable, &info, &hex(&hash(&secret))).await?;
+        if role == Role::Admin
+            && let Some(bootstrap) = &self.bootstrap
+        {
+            bootstrap
+                .retired
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(token.name = %info.name, "an admin token was created: the bootstrap token no longer works");
+        }
         Ok(IssuedToken { info, secret })
     }
 

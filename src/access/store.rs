@@ -14,6 +14,8 @@ const FIND_BY_ID: &str = "SELECT id, name, role, created_at, created_by, revoked
     FROM access_tokens WHERE id = $1";
 const LIST: &str = "SELECT id, name, role, created_at, created_by, revoked_at \
     FROM access_tokens ORDER BY id DESC";
+const ACTIVE_ADMIN: &str =
+    "SELECT COUNT(*) FROM access_tokens WHERE role = 'admin' AND revoked_at IS NULL";
 
 #[derive(sqlx::FromRow)]
 struct InfoRow {
@@ -114,4 +116,12 @@ pub(super) async fn list(durable: &Durable) -> Result<Vec<TokenInfo>, Error> {
     let rows: Vec<InfoRow> =
         with_pool!(durable, |pool| sqlx::query_as(LIST).fetch_all(pool).await)?;
     Ok(rows.into_iter().map(TokenInfo::from).collect())
+}
+
+/// True when an active (not revoked) admin token exists.
+pub(super) async fn active_admin_exists(durable: &Durable) -> Result<bool, Error> {
+    let count: i64 = with_pool!(durable, |pool| sqlx::query_scalar(ACTIVE_ADMIN)
+        .fetch_one(pool)
+        .await)?;
+    Ok(count > 0)
 }

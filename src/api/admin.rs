@@ -8,7 +8,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope};
-use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, role};
+use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, ReasonQuery, parse_reason, role};
 use super::request_id::current_request_id;
 use crate::access::{Role, TokenInfo};
 use crate::app::AppState;
@@ -30,6 +30,9 @@ pub struct CreateToken {
     /// A name unique among active tokens, 1–100 printable characters.
     #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,100}$")]
     pub name: String,
+    /// Why the token is made, 1–500 characters (kept in the audit log).
+    #[schema(min_length = 1, max_length = 500)]
+    pub reason: String,
 }
 
 /// A newly created token. `token` is shown only here.
@@ -98,6 +101,7 @@ async fn create_token(
     State(app): State<AppState>,
     ApiJson(body): ApiJson<CreateToken>,
 ) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
+    let reason = parse_reason(Some(&body.reason))?;
     let issued = app
         .access
         .create(body.role, &body.name, &auth.caller.name)
@@ -107,7 +111,7 @@ async fn create_token(
             &auth.caller.actor(),
             "token.create",
             &issued.info.id,
-            serde_json::json!({ "name": issued.info.name, "role": issued.info.role }),
+            serde_json::json!({ "name": issued.info.name, "role": issued.info.role, "reason": reason }),
             &current_request_id(),
         )
         .await?;
@@ -143,9 +147,9 @@ async fn list_tokens(
 /// Revokes an API token at once on this instance, within a second on the others (role
 /// `admin`). Revoking a revoked token returns it unchanged. Audited as `token.revoke`.
 #[utoipa::path(delete, path = "/v1/admin/tokens/{id}", tag = "admin", security(("bearer" = [])),
-    params(("id" = String, Path, description = "token id")),
+    params(("id" = String, Path, description = "token id"), ReasonQuery),
     responses(
-        (status = 200, body = TokenView),
+        (status = 200, body = TokenView), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope),
         (status = 404, body = Envelope), (status = 409, body = Envelope),
     ))]
@@ -153,10 +157,12 @@ async fn revoke_token(
     auth: Authorized<role::Admin>,
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ReasonQuery>,
 ) -> Result<Json<TokenView>, ApiError> {
     if id.len() > 64 {
         return Err(ApiError::not_found(format!("no token with id {id:.64}…")));
     }
+    let reason = parse_reason(query.reason.as_deref())?;
     let (info, changed) = app.access.revoke(&id, &auth.caller.name).await?;
     if changed {
         app.audit
@@ -164,7 +170,7 @@ async fn revoke_token(
                 &auth.caller.actor(),
                 "token.revoke",
                 &info.id,
-                serde_json::json!({ "name": info.name, "role": info.role }),
+                serde_json::json!({ "name": info.name, "role": info.role, "reason": reason }),
                 &current_request_id(),
             )
             .await?;

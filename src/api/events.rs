@@ -8,6 +8,7 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope, ErrorCode};
 use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, JsonBody, role};
+use super::request_id::current_request_id;
 use crate::app::AppState;
 use crate::clock::rfc3339;
 use crate::ingest::{self, Limits};
@@ -146,7 +147,7 @@ fn check_batch_len(len: usize) -> Result<(), ApiError> {
         (status = 409, body = Envelope), (status = 413, body = Envelope), (status = 503, body = Envelope),
     ))]
 async fn post_auth_events(
-    _auth: Authorized<role::Ingest>,
+    auth: Authorized<role::Ingest>,
     State(app): State<AppState>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<AuthAccepted>, ApiError> {
@@ -177,6 +178,28 @@ async fn post_auth_events(
         ))
         .with_details(serde_json::json!({ "errors": errors }))
     })?;
+    // A login success makes its IP, network and device known to the account for
+    // `known_for_days` (they get a challenge at worst during a lockout): from a token that is
+    // not the auth service's, that is an act worth a record.
+    if auth.caller.role != crate::access::Role::Ingest {
+        let successes: Vec<&str> = events
+            .iter()
+            .filter(|e| e.kind == ingest::AuthKind::LoginSuccess)
+            .map(|e| e.context.account_name.as_str())
+            .collect();
+        if !successes.is_empty() {
+            tracing::warn!(token.name = %auth.caller.name, count = successes.len(), "login successes posted with a token of role {}", auth.caller.role.as_str());
+            app.audit
+                .record(
+                    &auth.caller.actor(),
+                    "auth_event.success",
+                    successes[0],
+                    serde_json::json!({ "count": successes.len(), "accounts": &successes[..successes.len().min(20)] }),
+                    &current_request_id(),
+                )
+                .await?;
+        }
+    }
     let outcome = app.ingest.auth_events(events).await?;
     Ok(Json(AuthAccepted {
         accepted: outcome.accepted,

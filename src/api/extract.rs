@@ -283,6 +283,28 @@ pub(super) fn parse_since(since: Option<&str>) -> Result<Option<i64>, ApiError> 
         .transpose()
 }
 
+/// `?reason=` of a destructive action (revoking a token, deleting a list entry): required,
+/// and kept in the audit log.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ReasonQuery {
+    /// Why, 1–500 characters (kept in the audit log).
+    #[param(min_length = 1, max_length = 500)]
+    pub reason: Option<String>,
+}
+
+/// A reason for an audited action: 1–500 characters, no control characters.
+pub(super) fn parse_reason(reason: Option<&str>) -> Result<String, ApiError> {
+    let reason = reason.map(str::trim).unwrap_or("");
+    if reason.is_empty() || reason.chars().count() > 500 || reason.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "reason is required: 1-500 characters saying why (kept in the audit log)",
+        ));
+    }
+    Ok(reason.to_owned())
+}
+
 /// A page size within `1..=max` (default `default`).
 pub(super) fn parse_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, ApiError> {
     let limit = limit.unwrap_or(default);

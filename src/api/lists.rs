@@ -8,7 +8,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope, ErrorCode};
-use super::extract::{ApiJson, ApiPath, Authorized, role};
+use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, ReasonQuery, parse_reason, role};
 use super::request_id::current_request_id;
 use crate::app::AppState;
 use crate::clock::rfc3339;
@@ -78,6 +78,11 @@ pub struct NewEntry {
     /// RFC 3339; absent = until deleted.
     #[serde(default)]
     pub expires_at: Option<String>,
+    /// Allow an allow-list CIDR broader than /8 (IPv4) or /16 (IPv6): such an entry lifts
+    /// reputation penalties for a large part of the internet, so it is refused unless forced
+    /// (and the force is audited).
+    #[serde(default)]
+    pub force: bool,
 }
 
 impl From<Error> for ApiError {
@@ -135,6 +140,7 @@ async fn add_entry(
         kind: body.kind,
         reason: body.reason,
         expires_at_ms,
+        force: body.force,
     };
     let entry = app
         .lists
@@ -145,20 +151,28 @@ async fn add_entry(
 
 /// Deletes an entry (role `analyst`); audited as `list.delete`.
 #[utoipa::path(delete, path = "/v1/lists/{list}/{id}", tag = "lists", security(("bearer" = [])),
-    params(("list" = ListName, Path, description = "allow or deny"), ("id" = String, Path, description = "entry id")),
+    params(("list" = ListName, Path, description = "allow or deny"), ("id" = String, Path, description = "entry id"), ReasonQuery),
     responses((status = 200, body = EntryView), (status = 400, body = Envelope), (status = 401, body = Envelope),
         (status = 403, body = Envelope), (status = 404, body = Envelope)))]
 async fn delete_entry(
     auth: Authorized<role::Analyst>,
     State(app): State<AppState>,
     ApiPath((list, id)): ApiPath<(ListName, String)>,
+    ApiQuery(query): ApiQuery<ReasonQuery>,
 ) -> Result<Json<EntryView>, ApiError> {
     if id.len() > 64 {
         return Err(ApiError::not_found("no entry with that id"));
     }
+    let reason = parse_reason(query.reason.as_deref())?;
     let entry = app
         .lists
-        .delete(list, &id, &auth.caller.actor(), &current_request_id())
+        .delete(
+            list,
+            &id,
+            &reason,
+            &auth.caller.actor(),
+            &current_request_id(),
+        )
         .await?;
     Ok(Json(entry.into()))
 }

@@ -94,7 +94,8 @@ pub struct Reloaded {
 
 /// Re-reads range files and ASN databases and swaps them in atomically (role `admin`);
 /// audited as `reputation.reload`. A broken file keeps the old data: 400 with
-/// `details: {file, line, reason}`. SIGHUP does the same.
+/// `details: {file, line, reason}`, audited as `reputation.reload_rejected`. SIGHUP does the
+/// same.
 #[utoipa::path(post, path = "/v1/admin/reload", tag = "admin", security(("bearer" = [])),
     responses((status = 200, body = Reloaded), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope)))]
@@ -102,12 +103,25 @@ async fn reload(
     auth: Authorized<role::Admin>,
     State(app): State<AppState>,
 ) -> Result<Json<Reloaded>, ApiError> {
-    let snapshot = app.reputation.reload().await.map_err(|err| {
-        ApiError::invalid(format!(
-            "reload rejected, the previous data stays in force: {err}"
-        ))
-        .with_details(serde_json::to_value(&err).unwrap_or_default())
-    })?;
+    let snapshot = match app.reputation.reload().await {
+        Ok(snapshot) => snapshot,
+        Err(err) => {
+            let details = serde_json::to_value(&err).unwrap_or_default();
+            app.audit
+                .record(
+                    &auth.caller.actor(),
+                    "reputation.reload_rejected",
+                    "data_dir",
+                    details.clone(),
+                    &current_request_id(),
+                )
+                .await?;
+            return Err(ApiError::invalid(format!(
+                "reload rejected, the previous data stays in force: {err}"
+            ))
+            .with_details(details));
+        }
+    };
     app.scoring.invalidate();
     let (asn_databases, asn_ranges) = snapshot.asn_databases();
     app.audit

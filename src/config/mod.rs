@@ -65,6 +65,12 @@ pub struct Settings {
     /// TOML `bootstrap_token`, env `PALISADE_BOOTSTRAP_TOKEN`; default unset. At least 16
     /// characters.
     pub bootstrap_token: Option<Secret>,
+    /// When the bootstrap token stops working, RFC 3339 (it stops anyway as soon as an
+    /// active `admin` token exists in the database).
+    ///
+    /// TOML `bootstrap_token_expires_at`, env `PALISADE_BOOTSTRAP_TOKEN_EXPIRES_AT`; default
+    /// unset (until an admin token exists).
+    pub bootstrap_token_expires_at: Option<String>,
     /// Log output format: `text` or `json`.
     ///
     /// TOML `log_format`, env `PALISADE_LOG_FORMAT`; default `text`.
@@ -111,6 +117,7 @@ impl Default for Settings {
             redis_url: None,
             data_dir: PathBuf::from("data"),
             bootstrap_token: None,
+            bootstrap_token_expires_at: None,
             log_format: LogFormat::Text,
             trusted_proxies: vec![
                 ipnetwork::IpNetwork::from(std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST)),
@@ -301,6 +308,14 @@ impl Settings {
                     "{:?} is not a supported URL (expected redis://HOST:PORT, rediss://… or redis+cluster://H1:P1,H2:P2; unset for in-process)",
                     redact_url(url)
                 ),
+            ));
+        }
+        if let Some(at) = &self.bootstrap_token_expires_at
+            && chrono::DateTime::parse_from_rfc3339(at).is_err()
+        {
+            return Err(SettingError::new(
+                setting_name("bootstrap_token_expires_at"),
+                "is not an RFC 3339 time (e.g. 2027-01-31T00:00:00Z)",
             ));
         }
         if let Some(token) = &self.bootstrap_token

@@ -113,6 +113,23 @@ pub struct NewEntry {
     pub reason: String,
     /// Unix ms; None = until deleted.
     pub expires_at_ms: Option<i64>,
+    /// Accept an allow-list CIDR broader than /8 (IPv4) or /16 (IPv6).
+    pub force: bool,
+}
+
+/// True for a normalised CIDR broader than /8 (IPv4) or /16 (IPv6).
+fn too_broad(cidr: &str) -> bool {
+    let Some((ip, len)) = cidr.split_once('/') else {
+        return false;
+    };
+    let Ok(len) = len.parse::<u8>() else {
+        return false;
+    };
+    match ip.parse::<IpAddr>() {
+        Ok(IpAddr::V4(_)) => len < 8,
+        Ok(IpAddr::V6(_)) => len < 16,
+        Err(_) => false,
+    }
 }
 
 /// Why a list operation failed.
@@ -357,9 +374,17 @@ impl Lists {
             kind,
             reason,
             expires_at_ms,
+            force,
         } = new;
         let reason = reason.as_str();
         let (kind, value) = self.normalize(&value, kind)?;
+        let broad = list == ListName::Allow && kind == EntryKind::Cidr && too_broad(&value);
+        if broad && !force {
+            return Err(Error::Invalid(format!(
+                "{value} is broader than /8 (IPv4) or /16 (IPv6): allowing it lifts reputation \
+                 penalties for a large part of the internet; send force = true if that is meant"
+            )));
+        }
         let reason = reason.trim();
         if reason.is_empty() || reason.chars().count() > 500 {
             return Err(Error::Invalid("reason must be 1-500 characters".to_owned()));
@@ -401,7 +426,7 @@ impl Lists {
         self.changed().await?;
         self.announce(&entry, "set").await?;
         self.audit
-            .record(actor, "list.add", &entry.id, serde_json::json!({ "list": list, "kind": kind, "value": entry.value, "reason": entry.reason }), request_id)
+            .record(actor, "list.add", &entry.id, serde_json::json!({ "list": list, "kind": kind, "value": entry.value, "reason": entry.reason, "forced": broad }), request_id)
             .await?;
         Ok(entry)
     }
@@ -411,6 +436,7 @@ impl Lists {
         &self,
         list: ListName,
         id: &str,
+        reason: &str,
         actor: &Actor,
         request_id: &str,
     ) -> Result<Entry, Error> {
@@ -443,7 +469,7 @@ impl Lists {
                 actor,
                 "list.delete",
                 id,
-                serde_json::json!({ "list": list, "value": entry.value }),
+                serde_json::json!({ "list": list, "value": entry.value, "reason": reason }),
                 request_id,
             )
             .await?;

@@ -12,6 +12,8 @@ pub const HTTP_REQUEST_DURATION_SECONDS: &str = "palisade_http_request_duration_
 pub const STORE_UNAVAILABLE_TOTAL: &str = "palisade_store_unavailable_total";
 /// API-token authentications, by `outcome` (`ok`, `unknown`, `forbidden`).
 pub const ACCESS_CHECKS_TOTAL: &str = "palisade_access_checks_total";
+/// Uses of the bootstrap token, by outcome (`accepted`, `refused`: retired or expired).
+pub const BOOTSTRAP_USES_TOTAL: &str = "palisade_bootstrap_uses_total";
 /// Token checks answered from the cache because the database did not answer the refresh.
 pub const ACCESS_STALE_TOTAL: &str = "palisade_access_stale_total";
 
@@ -62,6 +64,7 @@ pub const ALL: &[&str] = &[
     STORE_UNAVAILABLE_TOTAL,
     ACCESS_CHECKS_TOTAL,
     ACCESS_STALE_TOTAL,
+    BOOTSTRAP_USES_TOTAL,
     LIMIT_DECISIONS_TOTAL,
     LIMIT_REMAINING_RATIO,
     REDIS_LATENCY_SECONDS,
@@ -135,6 +138,10 @@ fn describe() {
         "Readiness checks that found a store unreachable"
     );
     metrics::describe_counter!(ACCESS_CHECKS_TOTAL, "API-token authentications by outcome");
+    metrics::describe_counter!(
+        BOOTSTRAP_USES_TOTAL,
+        "Uses of the bootstrap token by outcome (refused once an admin token exists or it expired)"
+    );
     metrics::describe_counter!(
         ACCESS_STALE_TOTAL,
         "Token refreshes that failed (database unreachable): verdicts served from the cache"

@@ -413,7 +413,7 @@ async fn a_revocation_reaches_an_instance_that_cannot_reach_postgres() {
     let revoked = direct
         .request(
             reqwest::Method::DELETE,
-            &format!("/v1/admin/tokens/{id}"),
+            &format!("/v1/admin/tokens/{id}?reason=leaked"),
             Some(ADMIN_TOKEN),
             None,
         )

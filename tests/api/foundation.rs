@@ -85,7 +85,7 @@ async fn analyst_token_is_forbidden_on_admin_routes(app: TestApp) {
         .post(
             "/v1/admin/tokens",
             Some(&analyst),
-            &json!({"role": "admin", "name": "escalate"}),
+            &json!({"role": "admin", "name": "escalate", "reason": "x"}),
         )
         .await;
     assert_envelope(create, StatusCode::FORBIDDEN, "FORBIDDEN").await;
@@ -103,7 +103,27 @@ async fn analyst_token_is_forbidden_on_admin_routes(app: TestApp) {
 }
 
 async fn token_lifecycle_create_use_revoke_is_audited(app: TestApp) {
-    let (id, token) = app.create_token("admin", "ops-1").await;
+    let (ops, admin) = app.create_token("admin", "ops-0").await;
+    // An admin token exists: the bootstrap token is retired, on this instance at once.
+    assert_envelope(
+        app.get("/v1/audit", Some(ADMIN_TOKEN)).await,
+        StatusCode::UNAUTHORIZED,
+        "UNAUTHENTICATED",
+    )
+    .await;
+    let created = app
+        .post(
+            "/v1/admin/tokens",
+            Some(&admin),
+            &json!({"role": "admin", "name": "ops-1", "reason": "second operator"}),
+        )
+        .await;
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let created: Value = created.json().await.unwrap();
+    let (id, token) = (
+        created["id"].as_str().unwrap().to_owned(),
+        created["token"].as_str().unwrap().to_owned(),
+    );
     assert!(token.starts_with("pal_") && token.len() == 68, "{token}");
     assert_eq!(
         app.get("/v1/audit", Some(&token)).await.status(),
@@ -111,7 +131,7 @@ async fn token_lifecycle_create_use_revoke_is_audited(app: TestApp) {
     );
 
     let listed: Value = app
-        .get("/v1/admin/tokens", Some(ADMIN_TOKEN))
+        .get("/v1/admin/tokens", Some(&admin))
         .await
         .json()
         .await
@@ -128,8 +148,8 @@ async fn token_lifecycle_create_use_revoke_is_audited(app: TestApp) {
     let revoked = app
         .request(
             Method::DELETE,
-            &format!("/v1/admin/tokens/{id}"),
-            Some(ADMIN_TOKEN),
+            &format!("/v1/admin/tokens/{id}?reason=rotated"),
+            Some(&admin),
             None,
         )
         .await;
@@ -146,15 +166,15 @@ async fn token_lifecycle_create_use_revoke_is_audited(app: TestApp) {
     let again = app
         .request(
             Method::DELETE,
-            &format!("/v1/admin/tokens/{id}"),
-            Some(ADMIN_TOKEN),
+            &format!("/v1/admin/tokens/{id}?reason=rotated"),
+            Some(&admin),
             None,
         )
         .await;
     assert_eq!(again.status(), StatusCode::OK);
 
     let audit: Value = app
-        .get("/v1/audit", Some(ADMIN_TOKEN))
+        .get("/v1/audit", Some(&admin))
         .await
         .json()
         .await
@@ -174,12 +194,15 @@ async fn token_lifecycle_create_use_revoke_is_audited(app: TestApp) {
     assert_eq!(
         actions,
         vec![
-            ("token.revoke", id.as_str(), "bootstrap"),
-            ("token.create", id.as_str(), "bootstrap")
+            ("token.revoke", id.as_str(), "ops-0"),
+            ("token.create", id.as_str(), "ops-0"),
+            ("token.create", ops.as_str(), "bootstrap"),
         ]
     );
+    let revoked = &audit["items"][0]["details"];
+    assert_eq!(revoked["reason"], "rotated", "{audit}");
     let filtered: Value = app
-        .get("/v1/audit?action=token.revoke", Some(ADMIN_TOKEN))
+        .get("/v1/audit?action=token.revoke", Some(&admin))
         .await
         .json()
         .await
@@ -193,7 +216,7 @@ async fn token_names_and_roles_are_validated(app: TestApp) {
         .post(
             "/v1/admin/tokens",
             Some(ADMIN_TOKEN),
-            &json!({"role": "limiter", "name": "auth-svc"}),
+            &json!({"role": "limiter", "name": "auth-svc", "reason": "x"}),
         )
         .await;
     assert_envelope(duplicate, StatusCode::CONFLICT, "CONFLICT").await;
@@ -201,7 +224,7 @@ async fn token_names_and_roles_are_validated(app: TestApp) {
         .post(
             "/v1/admin/tokens",
             Some(ADMIN_TOKEN),
-            &json!({"role": "root", "name": "x"}),
+            &json!({"role": "root", "name": "x", "reason": "x"}),
         )
         .await;
     assert_envelope(bad_role, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
@@ -209,7 +232,7 @@ async fn token_names_and_roles_are_validated(app: TestApp) {
         .post(
             "/v1/admin/tokens",
             Some(ADMIN_TOKEN),
-            &json!({"role": "ingest", "name": "  "}),
+            &json!({"role": "ingest", "name": "  ", "reason": "x"}),
         )
         .await;
     assert_envelope(empty, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
@@ -217,14 +240,34 @@ async fn token_names_and_roles_are_validated(app: TestApp) {
         .post(
             "/v1/admin/tokens",
             Some(ADMIN_TOKEN),
-            &json!({"role": "ingest", "name": "y", "admin": true}),
+            &json!({"role": "ingest", "name": "y", "reason": "x", "admin": true}),
         )
         .await;
     assert_envelope(unknown_field, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    // A token is made, and revoked, for a reason the audit log keeps.
+    for no_reason in [
+        json!({"role": "ingest", "name": "why-not"}),
+        json!({"role": "ingest", "name": "why-not", "reason": " "}),
+    ] {
+        let refused = app
+            .post("/v1/admin/tokens", Some(ADMIN_TOKEN), &no_reason)
+            .await;
+        assert_envelope(refused, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    }
+    let (reasonless, _) = app.create_token("ingest", "kept").await;
+    let refused = app
+        .request(
+            Method::DELETE,
+            &format!("/v1/admin/tokens/{reasonless}"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_envelope(refused, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
     let missing = app
         .request(
             Method::DELETE,
-            "/v1/admin/tokens/01ARZ3NDEKTSV4RRFFQ69G5FAV",
+            "/v1/admin/tokens/01ARZ3NDEKTSV4RRFFQ69G5FAV?reason=cleanup",
             Some(ADMIN_TOKEN),
             None,
         )
@@ -234,7 +277,7 @@ async fn token_names_and_roles_are_validated(app: TestApp) {
     let (id, _) = app.create_token("ingest", "rotating").await;
     app.request(
         Method::DELETE,
-        &format!("/v1/admin/tokens/{id}"),
+        &format!("/v1/admin/tokens/{id}?reason=rotated"),
         Some(ADMIN_TOKEN),
         None,
     )
@@ -246,7 +289,7 @@ async fn bootstrap_token_cannot_be_revoked_through_the_api(app: TestApp) {
     let response = app
         .request(
             Method::DELETE,
-            "/v1/admin/tokens/bootstrap",
+            "/v1/admin/tokens/bootstrap?reason=cleanup",
             Some(ADMIN_TOKEN),
             None,
         )

@@ -433,7 +433,7 @@ async fn crowdsec_stream_follows_the_deny_list(app: TestApp) {
     let response = app
         .request(
             Method::DELETE,
-            &format!("/v1/lists/deny/{range}"),
+            &format!("/v1/lists/deny/{range}?reason=lifted"),
             Some(ADMIN_TOKEN),
             None,
         )

@@ -370,7 +370,7 @@ impl TestApp {
             .post(
                 "/v1/admin/tokens",
                 Some(ADMIN_TOKEN),
-                &serde_json::json!({ "role": role, "name": name }),
+                &serde_json::json!({ "role": role, "name": name, "reason": "test" }),
             )
             .await;
         assert_eq!(

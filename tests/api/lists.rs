@@ -67,7 +67,7 @@ async fn denied_account_is_blocked_until_the_entry_is_deleted(app: TestApp) {
     let deleted = app
         .request(
             Method::DELETE,
-            &format!("/v1/lists/deny/{id}"),
+            &format!("/v1/lists/deny/{id}?reason=resolved"),
             Some(ADMIN_TOKEN),
             None,
         )
@@ -81,7 +81,7 @@ async fn denied_account_is_blocked_until_the_entry_is_deleted(app: TestApp) {
     let again = app
         .request(
             Method::DELETE,
-            &format!("/v1/lists/deny/{id}"),
+            &format!("/v1/lists/deny/{id}?reason=resolved"),
             Some(ADMIN_TOKEN),
             None,
         )
