@@ -143,19 +143,29 @@ fn check_length(field: &'static str, id: &str, max: usize) -> Result<(), Invalid
 
 impl Identifiers {
     /// The canonical form of an account id sent in `field`.
-    pub fn account(&self, field: &'static str, raw: &str) -> Result<String, InvalidId> {
+    pub fn account<'a>(
+        &self,
+        field: &'static str,
+        raw: &'a str,
+    ) -> Result<std::borrow::Cow<'a, str>, InvalidId> {
+        use std::borrow::Cow;
         let id = match self.accounts {
             AccountIds::Exact => {
                 check_characters(field, raw)?;
-                raw.to_owned()
+                Cow::Borrowed(raw)
             }
             AccountIds::CaseInsensitive => {
                 use unicode_normalization::UnicodeNormalization;
                 let trimmed = raw.trim();
                 check_characters(field, trimmed)?;
                 if trimmed.is_ascii() {
-                    // NFKC leaves ASCII alone, and folding ASCII is lower-casing it.
-                    trimmed.to_ascii_lowercase()
+                    // NFKC leaves ASCII alone, and folding ASCII is lower-casing it (a copy
+                    // only when there is upper case: most ids arrive canonical).
+                    if trimmed.bytes().any(|b| b.is_ascii_uppercase()) {
+                        Cow::Owned(trimmed.to_ascii_lowercase())
+                    } else {
+                        Cow::Borrowed(trimmed)
+                    }
                 } else {
                     // NFKC, fold, NFKC; repeated until it holds still (for a few characters
                     // one round is not yet stable), so a canonical id is its own canonical id.
@@ -172,7 +182,7 @@ impl Identifiers {
                     // Normalisation may map a visible character to an invisible one (the
                     // halfwidth Hangul filler): checked again.
                     check_characters(field, &id)?;
-                    id
+                    Cow::Owned(id)
                 }
             }
         };

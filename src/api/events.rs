@@ -352,7 +352,8 @@ async fn account_status(
     let account = limits
         .ids
         .account("account", &account)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
+        .map_err(|e| ApiError::invalid(e.to_string()))?
+        .into_owned();
     let context = LoginContext {
         account: SubjectKey::user(&account, usize::MAX)
             .map_err(|e| ApiError::invalid(e.to_string()))?,

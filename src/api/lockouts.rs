@@ -117,7 +117,13 @@ async fn list_lockouts(
     let account = params
         .account
         .as_deref()
-        .map(|a| app.settings.http.identifiers().account("account", a))
+        .map(|a| {
+            app.settings
+                .http
+                .identifiers()
+                .account("account", a)
+                .map(std::borrow::Cow::into_owned)
+        })
         .transpose()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     let (items, next_cursor) = app

@@ -230,7 +230,8 @@ fn validate(raw: RawAuthEvent, now_ms: i64, limits: Limits) -> Result<AuthEvent,
     let account_name = limits
         .ids
         .account("account", &raw.account)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .into_owned();
     let account = SubjectKey::user(&account_name, usize::MAX).map_err(|e| e.to_string())?;
     let ip = ClientIp::parse(&raw.ip, limits.ipv6_prefix_len)
         .ok_or_else(|| format!("ip {:.64?} is not an IP address", raw.ip))?;

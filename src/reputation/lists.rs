@@ -331,7 +331,8 @@ impl Lists {
             EntryKind::Account => self
                 .ids
                 .account("value", value)
-                .map_err(|e| Error::Invalid(format!("account {e}")))?,
+                .map_err(|e| Error::Invalid(format!("account {e}")))?
+                .into_owned(),
             EntryKind::Device => self
                 .ids
                 .device(value)
