@@ -18,15 +18,14 @@
 --        then per scope: allowed, limit, remaining, reset_ms, retry_ms (-1 = never under the
 --        current multiplier), multiplier in millionths, multiplier_pttl_ms. One bulk string
 --        instead of 29 integer replies for a 4-scope request: the service's RESP parser spent
---        about 6 % of its CPU per check on them (perf, docs/benchmarks.md).
+--        about 6 % of its CPU per check on them (perf).
 --        Every number is rounded explicitly (floor for tokens, ceil for waits): packing would
 --        truncate a fractional Lua number, as an integer reply would.
 -- Time   redis.call('TIME') only, once per call; the caller's clock is never used.
 -- Model  src/limiter/bucket.rs `evaluate` is the same computation; keep them in step.
 -- Speed  globals are bound to locals and numbers are answered as integers (not formatted
---        text): on this project's 2-core machine that took the 4-scope call from 83 to about
---        55 µs of Redis CPU
---        (docs/benchmarks.md); TIME + MGET + 4 PSETEX alone cost about 41 µs there. A
+--        text): on a 2-core machine that took the 4-scope call from 83 to about 55 µs of
+--        Redis CPU; TIME + MGET + 4 PSETEX alone cost about 41 µs there. A
 --        coalesced call shares TIME, one MGET and one PSETEX per distinct bucket.
 
 local call, floor, ceil, byte, sub = redis.call, math.floor, math.ceil, string.byte, string.sub

@@ -1,7 +1,7 @@
 //! The `palisade` binary: everything lives in the library.
 
 /// mimalloc: the request path allocates small, short-lived buffers at a high rate; glibc's
-/// allocator spent about a fifth of the server's CPU there under load (docs/benchmarks.md).
+/// allocator spent about a fifth of the server's CPU there under load.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

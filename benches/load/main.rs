@@ -868,9 +868,9 @@ fn ingest_section(redis_port: u16, seconds: u64) {
         // `LOAD_INGEST_POSTERS=n` (default 4) posts from n tasks at once. They take batches
         // off one numbered stream (batch k holds events 500k..500k+499), so the events, and
         // each account's failures, are the same whatever n: batches in flight together hold
-        // neighbouring accounts, as an auth service's instances would post different users.
-        // (Until the eighth session each poster had its own stream starting at a multiple of
-        // the account count, so all four failed the same 500 accounts at the same moment.)
+        // neighbouring accounts, as an auth service's instances would post different users
+        // (streams of their own, each starting at a multiple of the account count, would have
+        // all four fail the same 500 accounts at the same moment).
         let posters = env_or("LOAD_INGEST_POSTERS", 4).max(1);
         let batches = Arc::new(std::sync::atomic::AtomicU64::new(0));
         for poster in 0..posters {

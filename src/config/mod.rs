@@ -56,7 +56,7 @@ pub struct Settings {
     ///
     /// TOML `redis_url`, env `PALISADE_REDIS_URL`; default unset.
     pub redis_url: Option<String>,
-    /// Folder with range files and ASN databases (see README "Data dir").
+    /// Folder with range files and ASN databases (its layout: `data/README.md`).
     ///
     /// TOML `data_dir`, env `PALISADE_DATA_DIR`; default `data`.
     pub data_dir: PathBuf,

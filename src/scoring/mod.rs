@@ -413,8 +413,7 @@ impl Engine {
         // change (a list entry naming the subject, say) holds on every instance at once, even
         // one whose list refresh is behind (up to 500 ms). A challenge (a factor on `auth`
         // only) wrote a key for every class, and those SETs into a keyspace of millions were
-        // the largest part of Redis's time per challenge in a wave of them
-        // (`docs/benchmarks.md`, tenth session).
+        // the largest part of Redis's time per challenge in a wave of them.
         for class in &self.classes {
             let key = self.keys.multiplier(subject, class);
             if stored.is_empty() {

@@ -238,7 +238,7 @@ impl Durable {
             // JIT off for this service's sessions: its statements are short, and a batch's
             // lockout queries (one statement for 500 accounts) crossed `jit_above_cost`,
             // so Postgres compiled each with LLVM: 38 % of the machine's CPU in a lockout
-            // wave (`docs/benchmarks.md`, tenth session).
+            // wave.
             let options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
             let pool = PgPoolOptions::new()
                 .max_connections(max_connections)

@@ -113,8 +113,8 @@ impl RedisHot {
     /// commands). Redis still runs one command at a time, but the read no longer waits for
     /// the replies to everything queued ahead of it on this side. Measured during ingest at
     /// 10k events/s: status p99 21.7-29.2 ms -> 12.1-18.1 ms, p50 0.32-0.35 -> 0.34-0.54 ms;
-    /// saturated, p99 halves too but p50 rises from 0.5 to 2-3 ms, a worker's wait
-    /// (docs/benchmarks.md). A cluster connection is shared as before (one per node).
+    /// saturated, p99 halves too but p50 rises from 0.5 to 2-3 ms, a worker's wait. A
+    /// cluster connection is shared as before (one per node).
     pub fn interactive(&self) -> RedisHot {
         RedisHot {
             conn: self.interactive.clone(),

@@ -852,7 +852,7 @@ fn readme_budgets_table_matches_palisade_budgets() {
     let table =
         palisade::limiter::Budgets::from_settings(&palisade::config::LimitSettings::default())
             .markdown();
-    for doc in ["README.md", "docs/CLIENTS.md"] {
+    for doc in ["README.md", "docs/GUIDE.md", "docs/CLIENTS.md"] {
         let text =
             std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(doc))
                 .unwrap();

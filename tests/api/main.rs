@@ -5,6 +5,7 @@ mod helpers;
 
 mod attestation;
 mod caddy;
+mod docs;
 mod cli;
 mod edge;
 mod faults;

@@ -1,0 +1,157 @@
+//! Generated documents are checked, not trusted: `docs/CONFIGURATION.md` is made from the
+//! settings' own doc comments and defaults, so it cannot drift from the code. Run with
+//! `UPDATE_DOCS=1` to rewrite it after changing a setting.
+
+use std::collections::BTreeMap;
+
+/// Per settings struct: its fields in source order, each with its type and doc comment.
+type Structs = BTreeMap<String, Vec<(String, String, String)>>;
+
+/// Reads every `pub struct …` of `src/config/*.rs`: the `///` lines above each `pub field:`.
+fn settings_structs() -> Structs {
+    let dir = crate::helpers::repo_file("src/config");
+    let mut structs = Structs::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let mut current: Option<String> = None;
+        let mut doc: Vec<String> = Vec::new();
+        for line in text.lines() {
+            let trimmed = line.trim();
+            if let Some(rest) = trimmed.strip_prefix("pub struct ") {
+                current = Some(
+                    rest.split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .next()
+                        .unwrap()
+                        .to_owned(),
+                );
+                doc.clear();
+                continue;
+            }
+            if trimmed == "}" {
+                current = None;
+            }
+            if let Some(text) = trimmed.strip_prefix("///") {
+                doc.push(text.trim().to_owned());
+                continue;
+            }
+            if trimmed.starts_with("#[") {
+                continue;
+            }
+            if let (Some(name), Some(field)) = (&current, trimmed.strip_prefix("pub "))
+                && let Some((field, ty)) = field.split_once(':')
+                && !field.contains('(')
+            {
+                let ty = ty.trim().trim_end_matches(',').to_owned();
+                structs.entry(name.clone()).or_default().push((
+                    field.trim().to_owned(),
+                    ty,
+                    doc.join("\n"),
+                ));
+            }
+            doc.clear();
+        }
+    }
+    structs
+}
+
+/// A doc comment as one table cell: the paragraphs joined, the line that repeats the TOML
+/// key and env variable dropped (the table has columns for them).
+fn cell(doc: &str) -> String {
+    doc.split("\n\n")
+        .flat_map(|p| p.split('\n'))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .split(". ")
+        .filter(|sentence| !sentence.trim_start().starts_with("TOML `"))
+        .collect::<Vec<_>>()
+        .join(". ")
+        .replace('|', "\\|")
+        .trim()
+        .to_owned()
+}
+
+fn default_cell(value: &serde_json::Value) -> String {
+    let text = match value {
+        serde_json::Value::Null => return "unset".to_owned(),
+        serde_json::Value::String(s) if s.is_empty() => "\"\"".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if text.len() > 60 {
+        "see `palisade.example.toml`".to_owned()
+    } else {
+        format!("`{}`", text.replace('|', "\\|"))
+    }
+}
+
+fn rows(
+    structs: &Structs,
+    name: &str,
+    value: &serde_json::Value,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    let Some(fields) = structs.get(name) else {
+        return;
+    };
+    for (field, ty, doc) in fields {
+        let key = if path.is_empty() {
+            field.clone()
+        } else {
+            format!("{path}.{field}")
+        };
+        let default = value.get(field).unwrap_or(&serde_json::Value::Null);
+        if structs.contains_key(ty.as_str()) && default.is_object() {
+            rows(structs, ty, default, &key, out);
+            continue;
+        }
+        let env = format!("PALISADE_{}", key.replace('.', "__").to_uppercase());
+        let shown = if key == "bootstrap_token" {
+            "unset".to_owned()
+        } else {
+            default_cell(default)
+        };
+        out.push(format!("| `{key}` | `{env}` | {shown} | {} |", cell(doc)));
+    }
+}
+
+fn generated() -> String {
+    let structs = settings_structs();
+    let defaults = serde_json::to_value(palisade::Settings::default()).unwrap();
+    let mut out = Vec::new();
+    rows(&structs, "Settings", &defaults, "", &mut out);
+    format!(
+        "# Configuration reference\n\n\
+         Generated from the settings' doc comments and defaults (`src/config/`) by the test\n\
+         `docs::the_configuration_reference_is_generated_from_the_code`; do not edit by hand\n\
+         (`UPDATE_DOCS=1 cargo test --test api docs` rewrites it). Every setting is read from the\n\
+         TOML file (`--config PATH`, or `palisade.toml` if present) and from its environment\n\
+         variable, which wins; a wrong or unknown one stops the process with one line naming it.\n\
+         [`palisade.example.toml`](../palisade.example.toml) shows them all in TOML.\n\n\
+         | setting | environment | default | meaning |\n|---|---|---|---|\n{}\n",
+        out.join("\n")
+    )
+}
+
+#[test]
+fn the_configuration_reference_is_generated_from_the_code() {
+    let path = crate::helpers::repo_file("docs/CONFIGURATION.md");
+    let want = generated();
+    if std::env::var("UPDATE_DOCS").is_ok() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "docs/CONFIGURATION.md is stale: run UPDATE_DOCS=1 cargo test --test api docs"
+    );
+    // Every leaf setting is in it, the sections' included.
+    for key in ["listen", "http.account_ids", "lockout.window_s", "store.db_timeout_ms"] {
+        assert!(want.contains(&format!("| `{key}` |")), "{key}");
+    }
+}
