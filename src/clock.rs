@@ -1,25 +1,54 @@
-//! Time, passed in: domain code never reads the wall clock itself.
+//! Time, passed in: domain code never reads the wall clock itself, nor makes ids on its own.
 //!
-//! [`Clock`] gives wall time (for durable timestamps) and a monotonic reading (for in-process
-//! token buckets). [`SystemClock`] is the real one; [`ManualClock`] is moved by tests and
-//! benches.
+//! [`Clock`] gives wall time (for durable timestamps), a monotonic reading (for in-process
+//! token buckets) and new ids (ULIDs whose time part is the clock's, so ids sort by when they
+//! were made by that clock). [`SystemClock`] is the real one; [`ManualClock`] is moved by
+//! tests and benches.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// A source of wall and monotonic time.
+/// A source of wall and monotonic time, and of ids.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Wall time as milliseconds since the Unix epoch (durable timestamps, `reset` headers).
     fn now_ms(&self) -> i64;
     /// Monotonic time since an arbitrary origin, in microseconds; never goes backwards.
     fn monotonic_us(&self) -> u64;
+    /// A new id: a ULID made at [`Clock::now_ms`], after every id this clock made before
+    /// (ids within one millisecond count up), so `ORDER BY id` is the order of creation.
+    fn new_id(&self) -> ulid::Ulid;
+}
+
+/// Ids that count up within a millisecond ([`Clock::new_id`]).
+#[derive(Default)]
+struct Ids(std::sync::Mutex<ulid::Generator>);
+
+impl std::fmt::Debug for Ids {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ids")
+    }
+}
+
+impl Ids {
+    fn at(&self, ms: i64) -> ulid::Ulid {
+        let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        let mut generator = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Overflow of the random part within one millisecond (2^80 ids): a fresh random id.
+        generator
+            .generate_from_datetime(at)
+            .unwrap_or_else(|_| ulid::Ulid::from_datetime(at))
+    }
 }
 
 /// The real clock.
 #[derive(Debug)]
 pub struct SystemClock {
     origin: Instant,
+    ids: Ids,
 }
 
 impl SystemClock {
@@ -27,6 +56,7 @@ impl SystemClock {
     pub fn new() -> Self {
         Self {
             origin: Instant::now(),
+            ids: Ids::default(),
         }
     }
 }
@@ -47,6 +77,10 @@ impl Clock for SystemClock {
     fn monotonic_us(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
+
+    fn new_id(&self) -> ulid::Ulid {
+        self.ids.at(self.now_ms())
+    }
 }
 
 /// A clock that only moves when told to; wall and monotonic time move together.
@@ -54,6 +88,7 @@ impl Clock for SystemClock {
 pub struct ManualClock {
     wall_start_ms: i64,
     elapsed_us: Arc<AtomicU64>,
+    ids: Arc<Ids>,
 }
 
 impl ManualClock {
@@ -62,6 +97,7 @@ impl ManualClock {
         Self {
             wall_start_ms: wall_ms,
             elapsed_us: Arc::new(AtomicU64::new(0)),
+            ids: Arc::new(Ids::default()),
         }
     }
 
@@ -80,6 +116,10 @@ impl Clock for ManualClock {
 
     fn monotonic_us(&self) -> u64 {
         self.elapsed_us.load(Ordering::SeqCst)
+    }
+
+    fn new_id(&self) -> ulid::Ulid {
+        self.ids.at(self.now_ms())
     }
 }
 
@@ -102,6 +142,14 @@ mod tests {
         clock.advance(Duration::from_millis(1500));
         assert_eq!(clock.now_ms(), 2_500);
         assert_eq!(clock.monotonic_us(), 1_500_000);
+    }
+
+    #[test]
+    fn ids_count_up_and_carry_the_clocks_time() {
+        let clock = ManualClock::new(1_800_000_000_000);
+        let ids: Vec<ulid::Ulid> = (0..100).map(|_| clock.new_id()).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "in creation order");
+        assert_eq!(ids[0].timestamp_ms(), 1_800_000_000_000);
     }
 
     #[test]

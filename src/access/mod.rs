@@ -12,7 +12,7 @@ mod store;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -156,10 +156,10 @@ type TokenHash = [u8; 32];
 struct Verdict {
     /// The caller, or None for an unknown or revoked token.
     caller: Option<Caller>,
-    /// When the database last confirmed it.
-    checked: Instant,
+    /// When the database last confirmed it ([`Clock::monotonic_us`]).
+    checked_us: u64,
     /// No background refresh starts before this (one per token per [`CACHE_TTL`]).
-    refresh_after: Instant,
+    refresh_after_us: u64,
 }
 
 /// Cached verdicts by token hash. std Mutex: held only for a map lookup or insert, never
@@ -211,7 +211,12 @@ async fn lookup(durable: &Durable, presented: &TokenHash) -> Result<Option<Calle
     }))
 }
 
-fn remember(cache: &Cache, key: TokenHash, caller: Option<Caller>, checked: Instant) {
+/// `duration` in microseconds.
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn remember(cache: &Cache, key: TokenHash, caller: Option<Caller>, checked_us: u64) {
     let mut cache = lock(cache);
     if cache.len() >= CACHE_CAPACITY {
         // Unknown tokens first (a flood of random ones): the valid ones keep working.
@@ -224,8 +229,8 @@ fn remember(cache: &Cache, key: TokenHash, caller: Option<Caller>, checked: Inst
         key,
         Verdict {
             caller,
-            checked,
-            refresh_after: checked + CACHE_TTL,
+            checked_us,
+            refresh_after_us: checked_us.saturating_add(micros(CACHE_TTL)),
         },
     );
 }
@@ -332,19 +337,19 @@ impl Access {
             Some(false) => return Err(Error::UnknownToken),
             None => {}
         }
-        let now = Instant::now();
+        let now = self.clock.monotonic_us();
         let cached = lock(&self.cache).get(&presented).cloned();
         let mut known_unknown = false;
         if let Some(verdict) = cached {
-            let age = now.saturating_duration_since(verdict.checked);
-            if age < CACHE_TTL {
+            let age = now.saturating_sub(verdict.checked_us);
+            if age < micros(CACHE_TTL) {
                 return verdict.caller.ok_or(Error::UnknownToken);
             }
             // A valid token is answered from the cache while a refresh runs behind it; an
             // unknown one (or one stale past MAX_STALE) is looked up before answering.
             match verdict.caller {
-                Some(caller) if age < MAX_STALE => {
-                    if now >= verdict.refresh_after {
+                Some(caller) if age < micros(MAX_STALE) => {
+                    if now >= verdict.refresh_after_us {
                         self.refresh_in_background(presented, &caller, now);
                     }
                     return Ok(caller);
@@ -355,7 +360,12 @@ impl Access {
         }
         match lookup(&self.durable, &presented).await {
             Ok(caller) => {
-                remember(&self.cache, presented, caller.clone(), Instant::now());
+                remember(
+                    &self.cache,
+                    presented,
+                    caller.clone(),
+                    self.clock.monotonic_us(),
+                );
                 caller.ok_or(Error::UnknownToken)
             }
             // Unknown (or revoked) when last asked: still refused while the database is away.
@@ -367,15 +377,16 @@ impl Access {
     /// Refreshes one cached valid token from the database, off the request path. When the
     /// database cannot answer, the verdict stays (until [`MAX_STALE`]) unless the hot store
     /// holds the token's revocation marker.
-    fn refresh_in_background(&self, presented: TokenHash, caller: &Caller, now: Instant) {
+    fn refresh_in_background(&self, presented: TokenHash, caller: &Caller, now_us: u64) {
         if let Some(verdict) = lock(&self.cache).get_mut(&presented) {
-            verdict.refresh_after = now + CACHE_TTL;
+            verdict.refresh_after_us = now_us.saturating_add(micros(CACHE_TTL));
         }
         let (durable, hot, cache) = (self.durable.clone(), self.hot.clone(), self.cache.clone());
+        let clock = self.clock.clone();
         let revoked_key = self.keys.revoked_token(&caller.token_id);
         tokio::spawn(async move {
             match lookup(&durable, &presented).await {
-                Ok(found) => remember(&cache, presented, found, Instant::now()),
+                Ok(found) => remember(&cache, presented, found, clock.monotonic_us()),
                 Err(err) => {
                     metrics::counter!(crate::telemetry::metrics::ACCESS_STALE_TOTAL).increment(1);
                     let revoked = match &hot {
@@ -386,7 +397,7 @@ impl Access {
                         Hot::Memory(_) => false,
                     };
                     if revoked {
-                        remember(&cache, presented, None, Instant::now());
+                        remember(&cache, presented, None, clock.monotonic_us());
                     }
                     tracing::warn!(error.cause = %err, revoked, "token check answered from the cache: the database did not answer");
                 }
@@ -409,7 +420,7 @@ impl Access {
         rand::rng().fill_bytes(&mut raw);
         let secret = format!("pal_{}", hex(&raw));
         let info = TokenInfo {
-            id: ulid::Ulid::new().to_string(),
+            id: self.clock.new_id().to_string(),
             name: name.to_owned(),
             role,
             created_at_ms: self.clock.now_ms(),

@@ -638,7 +638,7 @@ impl Attestation {
         let ttl_ms =
             i64::try_from(self.settings.verdict_ttl_s.saturating_mul(1000)).unwrap_or(i64::MAX);
         let verdict = Verdict {
-            id: ulid::Ulid::new().to_string(),
+            id: self.clock.new_id().to_string(),
             device_id: device_id.to_owned(),
             platform: platform.to_owned(),
             level,

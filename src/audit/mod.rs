@@ -85,7 +85,7 @@ impl Audit {
         request_id: &str,
     ) -> Result<Entry, Error> {
         let entry = Entry {
-            id: ulid::Ulid::new().to_string(),
+            id: self.clock.new_id().to_string(),
             at_ms: self.clock.now_ms(),
             actor: actor.clone(),
             action: action.to_owned(),

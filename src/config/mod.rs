@@ -22,12 +22,13 @@ use serde::{Deserialize, Serialize};
 
 pub use attestation::{
     AppAttestEnvironment, AppAttestSettings, AttestationSettings, LEVELS, PlayIntegritySettings,
+    formats as attestation_formats,
 };
 pub use http::HttpSettings;
 pub use integrations::{CrowdsecSettings, EnvoySettings, ForwardAuthSettings};
 pub use limits::{BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, When};
 pub use lockout::{Escalation, LockoutSettings};
-pub use reputation::{ReputationSettings, SourceSettings};
+pub use reputation::{RangeFormat, ReputationSettings, SourceSettings};
 pub use scoring::{
     AnomalySettings, ClassBounds, OffenderSettings, ScoringSettings, WebhookSettings,
 };

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{SettingError, setting_name};
-use crate::reputation::parse::RangeFormat;
 
 /// A range source that `palisade ranges update` downloads.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -22,7 +21,7 @@ pub struct SourceSettings {
     /// How `ranges/<class>/<name>` is parsed: `auto` (detected from the content, the
     /// default), `cidr`, `csv`, `json` (AWS / Google) or `urls` (proxy URLs).
     #[serde(default)]
-    pub format: crate::reputation::parse::RangeFormat,
+    pub format: RangeFormat,
 }
 
 /// The `[reputation]` section.
@@ -149,5 +148,35 @@ impl ReputationSettings {
             ));
         }
         Ok(())
+    }
+}
+
+/// The format of a range file (`[[reputation.sources]] format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RangeFormat {
+    /// Detected from the content.
+    #[default]
+    Auto,
+    /// One IP or CIDR per line, `#` comments.
+    Cidr,
+    /// CSV rows: a CIDR column, start,end columns, or an IP column; a header line is skipped.
+    Csv,
+    /// AWS `ip-ranges.json` or Google `cloud.json`.
+    Json,
+    /// Proxy URLs (`scheme://IP:port`).
+    Urls,
+}
+
+impl RangeFormat {
+    /// The name in the settings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RangeFormat::Auto => "auto",
+            RangeFormat::Cidr => "cidr",
+            RangeFormat::Csv => "csv",
+            RangeFormat::Json => "json",
+            RangeFormat::Urls => "urls",
+        }
     }
 }

@@ -506,7 +506,7 @@ impl Ingest {
         body: &str,
     ) -> Result<RequestsOutcome, Error> {
         let now = self.clock.now_ms();
-        let id = batch_id.map_or_else(|| ulid::Ulid::new().to_string(), str::to_owned);
+        let id = batch_id.map_or_else(|| self.clock.new_id().to_string(), str::to_owned);
         if !store::insert_request_batch(&self.durable, &id, now, events.len(), body).await? {
             return Ok(RequestsOutcome {
                 accepted: 0,

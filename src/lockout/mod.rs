@@ -227,14 +227,13 @@ const PERMANENT_MS: i64 = 100 * 365 * 86_400_000;
 /// (Between the two an instance runs two SQL statements: milliseconds, seconds at worst.)
 const ORPHAN_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// True when the lockout id of an unstored marker was made `ORPHAN_AFTER` ago or more (ids
-/// are ULIDs made from the system clock, which holds the time they were made); an id that
+/// True when the lockout id of an unstored marker was made `ORPHAN_AFTER` ago or more at
+/// `now_ms` (ids are ULIDs from the clock, which hold the time they were made); an id that
 /// is not a ULID is taken as old.
-fn may_be_orphan(lockout_id: &str) -> bool {
+fn may_be_orphan(lockout_id: &str, now_ms: i64) -> bool {
     ulid::Ulid::from_string(lockout_id).map_or(true, |id| {
-        std::time::SystemTime::now()
-            .duration_since(id.datetime())
-            .is_ok_and(|age| age >= ORPHAN_AFTER)
+        let made_ms = i64::try_from(id.timestamp_ms()).unwrap_or(i64::MAX);
+        now_ms.saturating_sub(made_ms) >= i64::try_from(ORPHAN_AFTER.as_millis()).unwrap_or(0)
     })
 }
 
@@ -937,7 +936,7 @@ impl Lockouts {
                 .await?
             {
                 Some((_, _, true)) => return Ok(None),
-                Some((id, _, false)) if !may_be_orphan(&id) => return Ok(None),
+                Some((id, _, false)) if !may_be_orphan(&id, now) => return Ok(None),
                 Some((id, ttl_ms, false)) => {
                     if store::exists(&self.durable, &id).await? {
                         velocity::mark_stored(&self.hot, &self.keys, &context.account, &id)
@@ -979,7 +978,7 @@ impl Lockouts {
                             .map_or(PERMANENT_MS, |s| {
                                 i64::try_from(s.saturating_mul(1000)).unwrap_or(PERMANENT_MS)
                             });
-                        let id = ulid::Ulid::new().to_string();
+                        let id = self.clock.new_id().to_string();
                         if !velocity::lock_if_absent(
                             &self.hot,
                             &self.keys,

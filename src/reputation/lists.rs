@@ -274,7 +274,7 @@ impl Lists {
         Self {
             durable: stores.durable.clone(),
             hot: stores.hot.clone(),
-            version_key: format!("{}:{{lists}}:version", stores.keys.prefix()),
+            version_key: stores.keys.lists_version(),
             clock,
             scoring,
             audit,
@@ -402,7 +402,7 @@ impl Lists {
             return Err(Error::Invalid("expires_at is in the past".to_owned()));
         }
         let entry = Entry {
-            id: ulid::Ulid::new().to_string(),
+            id: self.clock.new_id().to_string(),
             list,
             kind,
             value,

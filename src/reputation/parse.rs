@@ -133,35 +133,7 @@ pub fn parse_ranges_as(text: &str, format: RangeFormat) -> Result<Vec<Range>, Li
     Ok(ranges)
 }
 
-/// The format of a range file (`[[reputation.sources]] format`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RangeFormat {
-    /// Detected from the content.
-    #[default]
-    Auto,
-    /// One IP or CIDR per line, `#` comments.
-    Cidr,
-    /// CSV rows: a CIDR column, start,end columns, or an IP column; a header line is skipped.
-    Csv,
-    /// AWS `ip-ranges.json` or Google `cloud.json`.
-    Json,
-    /// Proxy URLs (`scheme://IP:port`).
-    Urls,
-}
-
-impl RangeFormat {
-    /// The name in the settings.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RangeFormat::Auto => "auto",
-            RangeFormat::Cidr => "cidr",
-            RangeFormat::Csv => "csv",
-            RangeFormat::Json => "json",
-            RangeFormat::Urls => "urls",
-        }
-    }
-}
+pub use crate::config::RangeFormat;
 
 /// CSV: a CIDR in the first column; or start,end IPs in the first two; or an IP in any column.
 fn parse_csv_line(line: &str) -> Option<Range> {

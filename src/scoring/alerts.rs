@@ -252,7 +252,7 @@ impl Alerts {
         let alerts: Vec<Alert> = raised
             .into_iter()
             .map(|(kind, subject, message, details)| Alert {
-                id: ulid::Ulid::new().to_string(),
+                id: self.clock.new_id().to_string(),
                 kind: kind.to_owned(),
                 subject: subject.to_string(),
                 message,

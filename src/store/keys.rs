@@ -87,6 +87,12 @@ impl Keys {
         key
     }
 
+    /// The allow/deny lists' version (`pal:v1:{lists}:version`): bumped on every change, so
+    /// each instance reloads its lists when it moves.
+    pub fn lists_version(&self) -> String {
+        format!("{}:{{lists}}:version", self.prefix)
+    }
+
     /// A revoked API token's marker (`pal:v1:{access}:revoked:<token id>`): instances that
     /// cannot reach the database while it lives still drop the token from their caches.
     pub fn revoked_token(&self, token_id: &str) -> String {

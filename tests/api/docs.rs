@@ -151,7 +151,12 @@ fn the_configuration_reference_is_generated_from_the_code() {
         "docs/CONFIGURATION.md is stale: run UPDATE_DOCS=1 cargo test --test api docs"
     );
     // Every leaf setting is in it, the sections' included.
-    for key in ["listen", "http.account_ids", "lockout.window_s", "store.db_timeout_ms"] {
+    for key in [
+        "listen",
+        "http.account_ids",
+        "lockout.window_s",
+        "store.db_timeout_ms",
+    ] {
         assert!(want.contains(&format!("| `{key}` |")), "{key}");
     }
 }

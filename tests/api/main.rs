@@ -5,8 +5,8 @@ mod helpers;
 
 mod attestation;
 mod caddy;
-mod docs;
 mod cli;
+mod docs;
 mod edge;
 mod faults;
 mod foundation;
