@@ -204,9 +204,10 @@ impl AttestationSettings {
     }
 }
 
-/// The formats the attestation settings' values are written in (the Play Console's keys and
-/// certificate digests), parsed here so that settings are checked when they load; the
-/// attestation service reads them the same way.
+/// The formats of the attestation settings' values (the Play Console's keys, digests).
+///
+/// Parsed here so that settings are checked when they load; the attestation service reads
+/// them the same way.
 pub mod formats {
     use base64::Engine;
     use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
