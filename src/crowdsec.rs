@@ -17,8 +17,8 @@ use serde::Serialize;
 use crate::clock::Clock;
 use crate::config::CrowdsecSettings;
 use crate::reputation::lists::{Entry, Lists};
+use crate::store::with_pool;
 use crate::store::{Durable, Error};
-use crate::with_pool;
 
 const LAST_PULL: &str = "SELECT last_pull_ms FROM crowdsec_pulls WHERE token_id = $1";
 const RECORD_PULL: &str = "INSERT INTO crowdsec_pulls (token_id, last_pull_ms) VALUES ($1, $2) \

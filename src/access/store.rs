@@ -1,8 +1,8 @@
 //! SQL of the API tokens (portable between Postgres and SQLite).
 
 use super::{Caller, Role, TokenInfo};
+use crate::store::with_pool;
 use crate::store::{Durable, Error};
-use crate::with_pool;
 
 const INSERT: &str = "INSERT INTO access_tokens (id, name, role, token_hash, created_at, created_by) \
     VALUES ($1, $2, $3, $4, $5, $6)";

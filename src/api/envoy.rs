@@ -22,11 +22,12 @@ use tonic::server::NamedService;
 
 use super::error::ErrorCode;
 use super::extract::authorize;
-use super::limit::{LimitCheck, decide, parse};
+use super::layer;
+use super::limit::{LimitCheck, check_and_observe, parse};
 use crate::access::Role;
 use crate::app::AppState;
 use crate::config::ScopeKind;
-use crate::limiter::{Decision, ScopeOutcome, layer};
+use crate::limiter::{Decision, ScopeOutcome};
 
 /// The gRPC path of `ShouldRateLimit`.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -322,7 +323,7 @@ pub async fn should_rate_limit(
     let check = limit_check(state, request)?;
     let limit_request =
         parse(state, check).map_err(|err| tonic::Status::invalid_argument(err.message()))?;
-    let decision = match decide(state, &limit_request).await {
+    let decision = match check_and_observe(state, &limit_request).await {
         Ok(decision) => decision,
         Err(crate::limiter::Error::CostAboveCapacity { .. }) => {
             return Err(tonic::Status::invalid_argument(

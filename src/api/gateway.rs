@@ -13,11 +13,11 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope};
 use super::extract::{authorize, bearer_token, parse_query};
-use super::limit::{LimitCheck, decide, parse, respond};
+use super::layer;
+use super::limit::{LimitCheck, check_and_observe, parse, respond};
 use crate::access::Role;
 use crate::app::AppState;
 use crate::crowdsec::Stream;
-use crate::limiter::layer;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -123,7 +123,7 @@ async fn forward_auth(
         consume: None,
     };
     let request = parse(&app, check)?;
-    let decision = decide(&app, &request).await?;
+    let decision = check_and_observe(&app, &request).await?;
     let outcome = if decision.allowed { "pass" } else { "block" };
     metrics::counter!(crate::telemetry::metrics::FORWARD_AUTH_TOTAL, "outcome" => outcome)
         .increment(1);

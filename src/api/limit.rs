@@ -9,8 +9,9 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope, ErrorCode};
 use super::extract::{ApiJson, Authorized, role};
+use super::layer;
 use crate::app::AppState;
-use crate::limiter::{self, Decision, LimitRequest, layer};
+use crate::limiter::{self, Decision, LimitRequest};
 use crate::model::ClientIp;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
@@ -165,13 +166,13 @@ async fn check(
     ApiJson(body): ApiJson<LimitCheck>,
 ) -> Result<(HeaderMap, Json<LimitAllowed>), ApiError> {
     let request = parse(&app, body)?;
-    respond(&decide(&app, &request).await?)
+    respond(&check_and_observe(&app, &request).await?)
 }
 
 /// Decides a request and feeds the decision to scoring (baselines, repeat offenders): what
 /// `/v1/limit/check`, forward-auth and Envoy's service all do. A scoring failure never
 /// changes the answer already decided.
-pub(super) async fn decide(
+pub(super) async fn check_and_observe(
     app: &AppState,
     request: &LimitRequest,
 ) -> Result<Decision, limiter::Error> {

@@ -13,6 +13,7 @@ pub mod events;
 pub mod extract;
 mod gateway;
 pub mod health;
+pub mod layer;
 pub mod limit;
 pub mod lists;
 pub mod lockouts;

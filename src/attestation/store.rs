@@ -1,8 +1,8 @@
 //! SQL of attestation verdicts and App Attest keys (portable between Postgres and SQLite).
 
 use super::Verdict;
+use crate::store::with_pool;
 use crate::store::{Durable, Error};
-use crate::with_pool;
 
 const INSERT_VERDICT: &str = "INSERT INTO attestations \
     (id, device_id, platform, level, reasons, verified_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)";

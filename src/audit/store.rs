@@ -1,8 +1,8 @@
 //! SQL of the audit log (portable between Postgres and SQLite).
 
 use super::{Actor, Entry, Query};
+use crate::store::with_pool;
 use crate::store::{Durable, Error};
-use crate::with_pool;
 
 const INSERT: &str = "INSERT INTO audit_log \
     (id, at, actor_id, actor_name, actor_role, action, target, details, request_id) \

@@ -445,7 +445,7 @@ impl Ingest {
             }
         };
         let duplicates = events.len() as u64 - accepted;
-        let statuses = self.lockouts.decide(&ordered, &latest, recorded?).await?;
+        let statuses = self.lockouts.settle(&ordered, &latest, recorded?).await?;
         let decisions = groups
             .iter()
             .map(|group| events[group[0]].context.account_name.clone())

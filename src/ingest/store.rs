@@ -3,8 +3,8 @@
 use sqlx::QueryBuilder;
 
 use super::AuthEvent;
+use crate::store::with_pool;
 use crate::store::{Durable, Error, Pool};
-use crate::with_pool;
 
 const PRUNE: &str = "DELETE FROM auth_events WHERE ts < $1";
 

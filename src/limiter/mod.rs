@@ -1,14 +1,14 @@
 //! Layered token buckets: which budgets apply to a request, and checking them all at once.
 //!
 //! Owns the bucket reference model ([`bucket`], pure; read it first), classes and budgets
-//! ([`budgets`]), the in-process and Redis backends, the L1 cache of blocked buckets and the
-//! `tower` middleware ([`layer`]). Reads multipliers published by scoring from the hot
-//! store; never imports `scoring`. Does not know HTTP except in [`layer`].
+//! ([`budgets`]), the canonical request target ([`target`]), the in-process and Redis
+//! backends and the L1 cache of blocked buckets. Reads multipliers published by scoring from
+//! the hot store; never imports `scoring`. Does not know HTTP: `api::layer` is its `tower`
+//! middleware and header rendering.
 
 pub mod bucket;
 pub mod budgets;
 mod l1;
-pub mod layer;
 
 mod redis_backend;
 pub mod target;
@@ -320,7 +320,7 @@ impl Limiter {
             && let Some(outcomes) = self.l1_hit(&scopes, request.cost, now_us)
         {
             metrics::counter!(names::LIMIT_L1_HITS_TOTAL).increment(1);
-            return Ok(self.decide(class_name, outcomes, now_ms, false, true));
+            return Ok(self.conclude(class_name, outcomes, now_ms, false, true));
         }
 
         let mut scopes = scopes;
@@ -388,7 +388,7 @@ impl Limiter {
                 }
             }
         }
-        let mut decision = self.decide(class_name, outcomes, now_ms, false, false);
+        let mut decision = self.conclude(class_name, outcomes, now_ms, false, false);
         decision.challenge = challenge;
         Ok(decision)
     }
@@ -552,12 +552,12 @@ impl Limiter {
                         }
                     })
                     .collect();
-                Ok(self.decide(class_name, outcomes, now_ms, true, false))
+                Ok(self.conclude(class_name, outcomes, now_ms, true, false))
             }
         }
     }
 
-    fn decide(
+    fn conclude(
         &self,
         class: Arc<str>,
         scopes: Vec<ScopeOutcome>,

@@ -140,7 +140,7 @@ pub struct LoginContext {
 }
 
 /// A batch's window counts and lock markers from [`Lockouts::record_windows`], for
-/// [`Lockouts::decide`].
+/// [`Lockouts::settle`].
 #[derive(Debug)]
 pub struct Recorded {
     counts: WindowCounts,
@@ -401,7 +401,7 @@ impl Lockouts {
     /// accounts of the events named in `latest` (indexes into `events`: an ingest batch's
     /// latest event per account). Nothing is decided yet: the caller may store the events
     /// meanwhile (the windows count by event id, so a batch retried after a failed store
-    /// counts nothing twice) and then calls [`Lockouts::decide`].
+    /// counts nothing twice) and then calls [`Lockouts::settle`].
     pub async fn record_windows(
         &self,
         events: &[LoginEvent<'_>],
@@ -433,7 +433,7 @@ impl Lockouts {
     /// returns them), so only the accounts whose latest event is a success are counted
     /// again; lock markers read with the windows are read again only for the accounts this
     /// batch's failures locked.
-    pub async fn decide(
+    pub async fn settle(
         &self,
         events: &[LoginEvent<'_>],
         latest: &[usize],
@@ -453,7 +453,7 @@ impl Lockouts {
             .iter()
             .zip(&locks)
             .map(|(&i, lock)| {
-                let stored = lock.as_ref().map(|(_, _, stored)| *stored);
+                let stored = lock.as_ref().map(|m| m.stored);
                 (&events[i].context.account, stored)
             })
             .collect();
@@ -935,9 +935,13 @@ impl Lockouts {
             let adopted = match velocity::lock_marker(&self.hot, &self.keys, &context.account, now)
                 .await?
             {
-                Some((_, _, true)) => return Ok(None),
-                Some((id, _, false)) if !may_be_orphan(&id, now) => return Ok(None),
-                Some((id, ttl_ms, false)) => {
+                Some(velocity::Marker { stored: true, .. }) => return Ok(None),
+                Some(marker) if !may_be_orphan(&marker.lockout_id, now) => return Ok(None),
+                Some(velocity::Marker {
+                    lockout_id: id,
+                    ttl_ms,
+                    ..
+                }) => {
                     if store::exists(&self.durable, &id).await? {
                         velocity::mark_stored(&self.hot, &self.keys, &context.account, &id)
                             .await?;
@@ -1320,7 +1324,7 @@ impl Lockouts {
             .zip(locks)
             .map(|(counts, lock)| {
                 let known = lock.is_some() && known.next().unwrap_or(false);
-                let lock = lock.map(|(id, ttl_ms, _)| (id, ttl_ms));
+                let lock = lock.map(|m| (m.lockout_id, m.ttl_ms));
                 self.decide_status(&counts, lock, known, now)
             })
             .collect())

@@ -1,8 +1,8 @@
 //! SQL of lockouts (portable between Postgres and SQLite).
 
 use super::{Lockout, LockoutEvent, Query, Status};
+use crate::store::with_pool;
 use crate::store::{Durable, Error, Pool};
-use crate::with_pool;
 
 const EXISTS: &str = "SELECT COUNT(*) FROM lockouts WHERE id = $1";
 /// Rows per multi-row statement: at most eight parameters each, under SQLite's 32766 limit.

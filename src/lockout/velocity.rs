@@ -414,21 +414,35 @@ pub async fn lock_if_absent(
 /// character in `lua/lock_marker.lua`).
 const STORED: char = '!';
 
-/// A lock marker: lockout id, ms until it expires, and whether its lockout is stored.
-pub type Marker = (String, i64, bool);
+/// An account's lock marker: the hot side of a lockout, which enforcement reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    /// The lockout it stands for.
+    pub lockout_id: String,
+    /// Milliseconds until it expires (`i64::MAX` without an expiry).
+    pub ttl_ms: i64,
+    /// The lockout is durably stored (else it is being stored, or its instance died first:
+    /// an orphan to repair).
+    pub stored: bool,
+}
 
 /// A marker read with its PTTL: lockout id, ms until it expires (`i64::MAX` without a TTL)
 /// and whether the lockout is stored; None when the key is gone (PTTL -2).
 fn marker(value: Option<String>, ttl: i64) -> Option<Marker> {
     let value = value.filter(|_| ttl != -2)?;
     let ttl = if ttl < 0 { i64::MAX } else { ttl };
-    Some(match value.strip_suffix(STORED) {
-        Some(id) => (id.to_owned(), ttl, true),
-        None => (value, ttl, false),
+    let (lockout_id, stored) = match value.strip_suffix(STORED) {
+        Some(id) => (id.to_owned(), true),
+        None => (value, false),
+    };
+    Some(Marker {
+        lockout_id,
+        ttl_ms: ttl,
+        stored,
     })
 }
 
-/// The account's lock marker: lockout id, ms until it expires, and whether it is stored.
+/// The account's lock marker, if it has one.
 ///
 /// Not stored: between the marker and the row, and forever if the instance that set the
 /// marker died in between (an orphan to repair).
@@ -437,13 +451,15 @@ pub async fn lock_marker(
     keys: &Keys,
     account: &SubjectKey,
     now_ms: i64,
-) -> Result<Option<(String, i64, bool)>, Error> {
+) -> Result<Option<Marker>, Error> {
     let key = keys.lock(account);
     match hot {
         // In-process markers die with the process, and with them any orphan.
-        Hot::Memory(memory) => Ok(memory
-            .value_get(&key, now_ms)
-            .map(|(id, ttl)| (id, ttl, true))),
+        Hot::Memory(memory) => Ok(memory.value_get(&key, now_ms).map(|(id, ttl)| Marker {
+            lockout_id: id,
+            ttl_ms: ttl,
+            stored: true,
+        })),
         Hot::Redis(redis) => {
             let mut pipe = redis::pipe();
             pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
@@ -478,7 +494,7 @@ pub async fn lock(
 ) -> Result<Option<(String, i64)>, Error> {
     Ok(lock_marker(hot, keys, account, now_ms)
         .await?
-        .map(|(id, ttl, _)| (id, ttl)))
+        .map(|m| (m.lockout_id, m.ttl_ms)))
 }
 
 /// The lock markers of many accounts: one `MGET` and the TTLs of the markers found on a

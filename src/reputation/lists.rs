@@ -22,8 +22,8 @@ use crate::clock::Clock;
 use crate::model::Reason;
 use crate::model::{ClientIp, Identifiers, SubjectKey};
 use crate::scoring::{DecisionChange, Engine, Factor, Signal, Subject};
+use crate::store::with_pool;
 use crate::store::{Durable, Hot, Stores};
-use crate::with_pool;
 
 /// Which list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]

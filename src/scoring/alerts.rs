@@ -17,9 +17,9 @@ use sha2::Sha256;
 use crate::clock::Clock;
 use crate::config::WebhookSettings;
 use crate::model::SubjectKey;
+use crate::store::with_pool;
 use crate::store::{Durable, Error, Hot, Keys};
 use crate::telemetry::metrics as names;
-use crate::with_pool;
 
 /// Deliveries are given up after this many attempts.
 pub const MAX_ATTEMPTS: i64 = 12;

@@ -445,19 +445,19 @@ impl MemoryHot {
         }
     }
 
-    /// Reads the stored states of `keys`, lets `decide` compute new ones, and writes them,
+    /// Reads the stored states of `keys`, lets `compute` make new ones, and writes them,
     /// all under the keys' shard locks (atomic for this process).
     ///
-    /// `decide` gets the states (None: full or absent) and fills `writes` with `Some(tat)`
+    /// `compute` gets the states (None: full or absent) and fills `writes` with `Some(tat)`
     /// for each key to store.
     pub fn update_buckets<R>(
         &self,
         keys: &[&str],
         now_us: f64,
-        decide: impl FnOnce(&[Option<f64>], &mut [Option<f64>]) -> R,
+        compute: impl FnOnce(&[Option<f64>], &mut [Option<f64>]) -> R,
     ) -> R {
         if let [key] = keys {
-            return self.update_bucket(key, now_us, decide);
+            return self.update_bucket(key, now_us, compute);
         }
         let (hashes, shard_ids): (SmallVec<[u64; 8]>, SmallVec<[usize; 8]>) =
             keys.iter().map(|k| self.locate(k)).unzip();
@@ -485,7 +485,7 @@ impl MemoryHot {
             })
             .collect();
         let mut writes: SmallVec<[Option<f64>; 8]> = smallvec::smallvec![None; keys.len()];
-        let result = decide(&states, &mut writes);
+        let result = compute(&states, &mut writes);
         for ((hash, &shard), write) in hashes.iter().zip(&shard_ids).zip(writes) {
             let Some(tat) = write else { continue };
             let guard = &mut guards[slot(shard)];
@@ -513,7 +513,7 @@ impl MemoryHot {
         &self,
         key: &str,
         now_us: f64,
-        decide: impl FnOnce(&[Option<f64>], &mut [Option<f64>]) -> R,
+        compute: impl FnOnce(&[Option<f64>], &mut [Option<f64>]) -> R,
     ) -> R {
         use std::collections::hash_map::Entry;
         let (hash, shard) = self.locate(key);
@@ -524,14 +524,14 @@ impl MemoryHot {
         match guard.buckets.entry(hash) {
             Entry::Occupied(mut entry) => {
                 let state = Some(*entry.get()).filter(|&tat| tat > now_us);
-                let result = decide(&[state], &mut writes);
+                let result = compute(&[state], &mut writes);
                 if let Some(tat) = writes[0] {
                     entry.insert(tat);
                 }
                 result
             }
             Entry::Vacant(entry) => {
-                let result = decide(&[None], &mut writes);
+                let result = compute(&[None], &mut writes);
                 let Some(tat) = writes[0] else {
                     return result;
                 };
@@ -623,13 +623,13 @@ impl MemoryHot {
             .map(|(value, expires)| (value.clone(), expires - now_ms))
     }
 
-    /// Reads a live value and, under the same lock, replaces it with what `decide` returns
+    /// Reads a live value and, under the same lock, replaces it with what `compute` returns
     /// (`Some((value, ttl_ms))`) or leaves it (None): a read-modify-write as one step.
     pub fn value_update<R>(
         &self,
         key: &str,
         now_ms: i64,
-        decide: impl FnOnce(Option<&str>) -> (Option<(String, i64)>, R),
+        compute: impl FnOnce(Option<&str>) -> (Option<(String, i64)>, R),
     ) -> R {
         let mut values = self
             .inner
@@ -640,7 +640,7 @@ impl MemoryHot {
             .get(key)
             .filter(|(_, expires)| *expires > now_ms)
             .map(|(value, _)| value.as_str());
-        let (write, result) = decide(current);
+        let (write, result) = compute(current);
         if let Some((value, ttl_ms)) = write {
             sweep_values(&mut values, now_ms);
             values.insert(key.to_owned(), (value, now_ms + ttl_ms));

@@ -2,7 +2,7 @@
 //!
 //! Owns connecting (URL scheme → backend), migrations, readiness checks, Redis key naming
 //! ([`keys`]) and Lua script loading. No business rules: each domain keeps its own SQL in
-//! `<domain>/store.rs` and runs it through [`with_pool!`](crate::with_pool).
+//! `<domain>/store.rs` and runs it through [`with_pool!`](crate::store::with_pool).
 
 pub mod keys;
 mod memory;
@@ -182,7 +182,6 @@ pub fn is_unique_violation(err: &sqlx::Error) -> bool {
 ///
 /// The SQL is shared between dialects where it is portable (both accept `$1` placeholders);
 /// the body is compiled once per backend.
-#[macro_export]
 macro_rules! with_pool {
     ($durable:expr, |$pool:ident| $body:expr) => {{
         let durable: &$crate::store::Durable = $durable;
@@ -195,6 +194,7 @@ macro_rules! with_pool {
         .await
     }};
 }
+pub(crate) use with_pool;
 
 impl Durable {
     /// The pool.

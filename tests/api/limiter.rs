@@ -713,7 +713,7 @@ async fn both_backends_give_identical_decisions_for_the_same_sequence() {
 /// the envelope and headers; forwarded client addresses count only from trusted proxies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limit_layer_protects_another_axum_service() {
-    use palisade::limiter::layer::{LayerConfig, RateLimitLayer};
+    use palisade::api::layer::{LayerConfig, RateLimitLayer};
     let app = TestApp::spawn(Backend::Embedded).await.unwrap();
     let serve = |trusted: Vec<ipnetwork::IpNetwork>| {
         let layer = RateLimitLayer::new(

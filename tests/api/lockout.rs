@@ -863,14 +863,22 @@ async fn a_late_marker_change_leaves_another_lockouts_marker_alone() {
     velocity::unlock(&stores.hot, &stores.keys, &account, "first", now)
         .await
         .unwrap();
-    let (id, ttl, stored) = marker().await.unwrap().unwrap();
+    let velocity::Marker {
+        lockout_id: id,
+        ttl_ms: ttl,
+        stored,
+    } = marker().await.unwrap().unwrap();
     assert_eq!((id.as_str(), stored), ("second", false));
     assert!(ttl > 0 && ttl <= 60_000, "{ttl}");
     // Its own lockout's changes apply, and the TTL is kept.
     velocity::mark_stored(&stores.hot, &stores.keys, &account, "second")
         .await
         .unwrap();
-    let (id, ttl, stored) = marker().await.unwrap().unwrap();
+    let velocity::Marker {
+        lockout_id: id,
+        ttl_ms: ttl,
+        stored,
+    } = marker().await.unwrap().unwrap();
     assert_eq!((id.as_str(), stored), ("second", true));
     assert!(ttl > 0 && ttl <= 60_000, "{ttl}");
     velocity::unlock(&stores.hot, &stores.keys, &account, "second", now)

@@ -3,8 +3,8 @@
 //! [`RateLimitLayer`] is a `tower::Layer` any axum service can put in front of its routes to
 //! enforce the same buckets directly against Redis (or in-process).
 //!
-//! The one HTTP-aware part of the limiter (ARCHITECTURE.md): `/v1/limit/check` and the
-//! middleware produce identical headers from the same [`Decision`].
+//! It lives in `api` because it speaks HTTP; the limiter itself does not. `/v1/limit/check`
+//! and the middleware produce identical headers from the same [`Decision`].
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,7 +18,7 @@ use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use ipnetwork::IpNetwork;
 
-use super::{Decision, Error, LimitRequest, Limiter};
+use crate::limiter::{Decision, Error, LimitRequest, Limiter};
 use crate::model::ClientIp;
 
 /// `X-Palisade-Degraded: redis-unavailable`: the decision was made without the hot store.
