@@ -1,6 +1,6 @@
 //! Request targets: any bytes are canonicalised or refused, never a panic; the canonical path
-//! is canonical again (idempotent), starts with `/`, and classification of every spelling is
-//! at least as strict as that of its canonical form.
+//! starts with `/` and is canonical again (idempotent), and classification of every spelling
+//! is at least as strict as that of its canonical form.
 #![no_main]
 
 use std::sync::LazyLock;
@@ -21,8 +21,12 @@ fuzz_target!(|data: &[u8]| {
             continue;
         };
         assert!(target.path.starts_with('/'));
-        let again = canonical(&target.path, case_insensitive).expect("a canonical path is valid");
-        assert_eq!(again.path, target.path, "idempotent");
+        // Escaping a raw `\` or `%` makes the canonical form longer than the spelling: past
+        // the input limit it is not itself a valid input, so idempotence is checked below it.
+        if target.path.len() <= palisade::limiter::target::MAX_TARGET_BYTES {
+            let again = canonical(&target.path, case_insensitive).expect("a canonical path is valid");
+            assert_eq!(again.path, target.path, "idempotent");
+        }
         for method in ["GET", "POST"] {
             let spelled = BUDGETS.classify(method, text);
             let plain = BUDGETS.classify(method, &target.path);
