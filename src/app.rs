@@ -30,6 +30,8 @@ pub struct App {
     pub access: Access,
     /// Audit log.
     pub audit: Audit,
+    /// Rendered `/v1/multipliers` answers (the HTTP edge's cache).
+    pub explanations: crate::api::scoring::Explanations,
     /// Layered token buckets (shared with the `tower` middleware, hence the `Arc`).
     pub limiter: Arc<Limiter>,
     /// Login velocity, challenges, lockouts.
@@ -237,6 +239,7 @@ impl App {
             attestation,
             crowdsec,
             clock,
+            explanations: Default::default(),
             metrics: crate::telemetry::metrics::handle(),
         })
     }

@@ -1,0 +1,78 @@
+//! The decision stream (`/v1/decisions`): changes to multipliers, lockouts and list entries
+//! in order, and a snapshot of everything in force for a follower starting over.
+
+use super::*;
+
+impl Engine {
+    /// Appends a lockout or list change to the decision stream.
+    pub async fn record_change(&self, change: DecisionChange) -> Result<(), Error> {
+        self.record_changes(vec![change]).await
+    }
+
+    /// [`Engine::record_change`] for several changes, in order (one pipeline on Redis).
+    pub async fn record_changes(&self, mut changes: Vec<DecisionChange>) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        for change in &mut changes {
+            change.at_ms = now;
+        }
+        Ok(self.store.append_all(&self.keys, &changes).await?)
+    }
+
+    /// Stream entries after `cursor` (None: none, only the current cursor), the next cursor,
+    /// and whether entries after `cursor` were trimmed (start again from a snapshot).
+    pub async fn changes(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<DecisionChange>, String, bool), Error> {
+        Ok(self.store.changes(&self.keys, cursor, limit).await?)
+    }
+
+    /// The multipliers in force for every subject with published multipliers (at most
+    /// [`SNAPSHOT_LIMIT`]), as stream entries.
+    pub async fn snapshot(&self) -> Result<Vec<DecisionChange>, Error> {
+        let now = self.clock.now_ms();
+        let subjects = self.store.active(&self.keys, now, SNAPSHOT_LIMIT).await?;
+        let mut out = Vec::with_capacity(subjects.len());
+        for subject in subjects {
+            let stored = self.store.read(&self.keys, &subject, now).await?;
+            if stored.is_empty() {
+                continue;
+            }
+            let view = Self::subject_of(&subject);
+            let mut all = stored.clone();
+            all.extend(self.pull(&view, &stored, now));
+            let mut classes = BTreeMap::new();
+            let mut reasons = BTreeSet::new();
+            for class in &self.classes {
+                let combined = combine(&all, class, &self.policy, now);
+                classes.insert(class.clone(), combined.multiplier);
+                reasons.extend(
+                    combined
+                        .contributions
+                        .into_iter()
+                        .filter(|c| !c.shadow)
+                        .map(|c| c.code),
+                );
+            }
+            let expires = if stored.iter().any(|f| f.expires_at_ms.is_none()) {
+                None
+            } else {
+                stored.iter().filter_map(|f| f.expires_at_ms).max()
+            };
+            out.push(DecisionChange {
+                cursor: String::new(),
+                kind: "multiplier".to_owned(),
+                action: "set".to_owned(),
+                subject: subject.to_string(),
+                classes,
+                expires_at_ms: expires,
+                reasons: reasons.into_iter().collect(),
+                reference: None,
+                list: None,
+                at_ms: now,
+            });
+        }
+        Ok(out)
+    }
+}
