@@ -1,4 +1,5 @@
 -- velocity_batch.lua: window operations, in order, on packed per-subject window values.
+-- Spec   src/store/window.rs (the window model, its Rust twin, and the cases both must pass).
 -- KEYS   every value the call touches (distinct). On a cluster every window operation runs
 --        here, one call per value (one slot each); on a single Redis the service computes the
 --        values itself (velocity.rs, single_redis) and sends here only those another instance
@@ -29,7 +30,7 @@
 --        first byte of their names; an account has a pair window per IP it failed from) the
 --        call created windows of: windows of that kind with no entry in range are dropped,
 --        then the ones added to least recently (smallest expiry, then smallest name,
---        bytewise). The service does the same (WindowValue::finish in src/store/memory.rs).
+--        bytewise). The service does the same (WindowValue::finish in src/store/window.rs).
 -- Returns per op: {count in window, smallest ms between neighbouring entries ('g') or -1}
 --        (0, -1 for 'x')
 -- Time   windows end at the caller's now_ms, the auth service's clock (not a token bucket).

@@ -8,6 +8,7 @@ pub mod keys;
 mod memory;
 mod redis_hot;
 pub mod scripts;
+pub mod window;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -18,8 +19,9 @@ use sqlx::sqlite::{
 };
 
 pub use keys::Keys;
-pub use memory::{MAX_WINDOWS_PER_KIND, MemoryHot, WindowAction, WindowStep, WindowValue};
+pub use memory::MemoryHot;
 pub use redis_hot::RedisHot;
+pub use window::{MAX_WINDOWS_PER_KIND, WindowAction, WindowStep, WindowValue};
 
 use crate::config::Settings;
 

@@ -902,6 +902,47 @@ async fn with_a_cluster() -> Option<(
     Some((app, cluster, on_cluster))
 }
 
+/// The window model's specification cases (`palisade::store::window::spec`) answer the same on
+/// a single Redis (the service's computation, written by `SET NX` / `lua/window_cas.lua`) and
+/// on a Redis Cluster (`lua/velocity_batch.lua`) as in-process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_window_spec_holds_on_redis_and_on_a_cluster() {
+    use palisade::lockout::velocity;
+    use palisade::model::SubjectKey;
+    let Some((app, _cluster, on_cluster)) = with_a_cluster().await else {
+        return;
+    };
+    let keys = &app.app.stores.keys;
+    let on_cluster = palisade::store::Hot::Redis(on_cluster);
+    for (n, case) in palisade::store::window::spec::cases()
+        .into_iter()
+        .enumerate()
+    {
+        for (store, hot) in [("redis", &app.app.stores.hot), ("cluster", &on_cluster)] {
+            let mut used = Vec::new();
+            for (now, steps, answers) in &case.calls {
+                let steps: Vec<_> = steps
+                    .iter()
+                    .map(|step| {
+                        let key = keys.windows(
+                            &SubjectKey::user(&format!("spec-{n}-{store}-{}", step.key), 64)
+                                .unwrap(),
+                        );
+                        used.push(key.clone());
+                        palisade::store::WindowStep {
+                            key,
+                            ..step.clone()
+                        }
+                    })
+                    .collect();
+                let got = velocity::run_sequence(hot, &steps, *now).await.unwrap();
+                assert_eq!(&got, answers, "{store}: {}", case.name);
+            }
+            velocity::clear(hot, &used).await.unwrap();
+        }
+    }
+}
+
 /// The packed window values give the same answer to every step of a long random sequence on
 /// a single Redis (computed by the service, written by `SET NX` / `lua/window_cas.lua`), on a
 /// Redis Cluster (`lua/velocity_batch.lua`, one call per value) and in-process: additions in
