@@ -616,42 +616,26 @@ impl RedisCluster {
             return None;
         }
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut ports = Vec::new();
         // Clusters started at once by tests of one process search disjoint port ranges
-        // (checking a port free, then binding it later, is not a reservation).
+        // (checking a port free, then binding it later, is not a reservation). Node and
+        // bus ports (+10000) stay below Linux's ephemeral range (32768 and up), where
+        // the tests' own outbound connections would take them.
         static STARTED: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
         let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 4;
-        let mut candidate = 21_000 + (std::process::id() % 100) as u16 * 200 + nth * 50;
+        let mut candidate = 10_000 + (std::process::id() % 60) as u16 * 200 + nth * 50;
+        let mut ports = Vec::new();
+        let mut children = Vec::new();
         while ports.len() < 3 {
-            if port_pair_free(candidate) {
+            if !port_pair_free(candidate) {
+                candidate += 1;
+                continue;
+            }
+            let mut child = spawn_cluster_node(candidate, dir.path());
+            if wait_for_ping(candidate, &mut child).await {
                 ports.push(candidate);
+                children.push(child);
             }
             candidate += 1;
-        }
-        let mut children = Vec::new();
-        for port in &ports {
-            let child = std::process::Command::new("redis-server")
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--cluster-enabled",
-                    "yes",
-                ])
-                .args([
-                    "--cluster-config-file",
-                    &format!("nodes-{port}.conf"),
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
-                .args(["--dir", dir.path().to_str().expect("utf-8 temp dir")])
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .expect("start redis-server");
-            children.push(child);
         }
         let mut cluster = RedisCluster {
             url: format!(
@@ -665,9 +649,6 @@ impl RedisCluster {
             children,
             _dir: dir,
         };
-        for port in &ports {
-            wait_for_ping(*port).await;
-        }
         let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let created = std::process::Command::new("redis-cli")
             .args(["--cluster", "create"])
@@ -702,16 +683,34 @@ impl RedisCluster {
     }
 }
 
-async fn wait_for_ping(port: u16) {
+fn spawn_cluster_node(port: u16, dir: &std::path::Path) -> std::process::Child {
+    std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--cluster-enabled", "yes"])
+        .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(["--dir", dir.to_str().expect("utf-8 temp dir")])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start redis-server")
+}
+
+/// Waits until the node answers; false when it exited first (its port was taken
+/// between the check and its bind), so the caller tries the next port.
+async fn wait_for_ping(port: u16, child: &mut std::process::Child) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .is_err()
     {
+        if child.try_wait().expect("poll redis-server").is_some() {
+            return false;
+        }
         assert!(
             std::time::Instant::now() < deadline,
             "redis-server on {port} did not start"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    true
 }
