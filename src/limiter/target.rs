@@ -16,8 +16,9 @@
 //!
 //! Spellings that servers disagree about (an encoded `/` or `\`, a raw `\`, a double
 //! encoding such as `%256c`, a malformed escape) are **ambiguous**: [`Canonical::readings`]
-//! then also holds the most-decoded reading, and the caller classifies every reading and keeps
-//! the strictest class. NUL and control characters (raw or encoded), and paths over
+//! then also holds the most-decoded readings (decoded before and after path parameters are
+//! dropped, as servers differ in that order too), and the caller classifies every reading and
+//! keeps the strictest class. NUL and control characters (raw or encoded), and paths over
 //! [`MAX_TARGET_BYTES`], are [`Invalid`].
 
 use std::borrow::Cow;
@@ -44,20 +45,22 @@ pub enum Invalid {
 pub struct Canonical<'a> {
     /// The canonical path (RFC 3986 reading).
     pub path: Cow<'a, str>,
-    /// For an ambiguous spelling, the most-decoded reading (every escape decoded until none
-    /// is left, `\` read as `/`), canonicalised the same way; None otherwise.
-    pub decoded: Option<String>,
+    /// For an ambiguous spelling, the most-decoded readings (every escape decoded until none
+    /// is left, `\` read as `/`), canonicalised the same way: one decoded from the raw
+    /// spelling, one from the canonical path (after `;` parameters were dropped) when that
+    /// differs. Empty otherwise.
+    pub decoded: Vec<String>,
 }
 
 impl Canonical<'_> {
-    /// Every reading to classify: the canonical path, then the decoded one if ambiguous.
+    /// Every reading to classify: the canonical path, then the decoded ones if ambiguous.
     pub fn readings(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(&*self.path).chain(self.decoded.as_deref())
+        std::iter::once(&*self.path).chain(self.decoded.iter().map(String::as_str))
     }
 
     /// True when servers may read the spelling differently.
     pub fn is_ambiguous(&self) -> bool {
-        self.decoded.is_some()
+        !self.decoded.is_empty()
     }
 }
 
@@ -103,7 +106,7 @@ pub fn canonical(target: &str, case_insensitive: bool) -> Result<Canonical<'_>, 
     if is_plain(bytes, case_insensitive) {
         return Ok(Canonical {
             path: Cow::Borrowed(path),
-            decoded: None,
+            decoded: Vec::new(),
         });
     }
     // First pass: RFC 3986 decoding of unreserved escapes, noting ambiguity.
@@ -146,13 +149,20 @@ pub fn canonical(target: &str, case_insensitive: bool) -> Result<Canonical<'_>, 
         }
         at += 1;
     }
-    let decoded = if ambiguous {
-        Some(normalise(&most_decoded(bytes)?, case_insensitive))
-    } else {
-        None
-    };
+    let path = normalise(&text, case_insensitive);
+    let mut decoded = Vec::new();
+    if ambiguous {
+        // `/;\%/pay\%`: decoding first reads `/%/pay/%`; dropping the `;\%` parameter first
+        // reads `/pay/%`. Both orders exist among servers.
+        for source in [bytes, path.as_bytes()] {
+            let reading = normalise(&most_decoded(source)?, case_insensitive);
+            if reading != path && !decoded.contains(&reading) {
+                decoded.push(reading);
+            }
+        }
+    }
     Ok(Canonical {
-        path: Cow::Owned(normalise(&text, case_insensitive)),
+        path: Cow::Owned(path),
         decoded,
     })
 }
@@ -340,8 +350,20 @@ mod tests {
                 canonical_path.to_ascii_lowercase(),
                 "{spelling}"
             );
-            assert_eq!(target.decoded.as_deref(), Some(decoded), "{spelling}");
+            assert_eq!(target.decoded, [decoded], "{spelling}");
         }
+    }
+
+    #[test]
+    fn parameters_dropped_before_or_after_decoding_give_two_readings() {
+        // Found by fuzz/fuzz_targets/request_target.rs: the canonical path `/pay%5C%25` is
+        // itself read as `/pay/%` by a server that decodes it, so the spelling must be too.
+        let target = canonical("/;\\%/pay\\%", true).unwrap();
+        assert_eq!(target.path, "/pay%5c%25");
+        assert_eq!(target.decoded, ["/%/pay/%", "/pay/%"]);
+        let budgets = super::super::Budgets::from_settings(&Default::default());
+        let strict = budgets.classify("POST", "/pay/x");
+        assert_eq!(budgets.classify("POST", "/;\\%/pay\\%"), strict);
     }
 
     #[test]
