@@ -293,17 +293,17 @@ async fn decisions(
                 "since is not a cursor returned by this API",
             ));
         }
-        let (items, next_cursor, reset) = app.scoring.changes(Some(since), limit).await?;
-        if !reset {
+        let page = app.scoring.changes(Some(since), limit).await?;
+        if !page.reset {
             return Ok(Json(DecisionPage {
                 snapshot: false,
-                items,
-                next_cursor,
+                items: page.changes,
+                next_cursor: page.next,
             }));
         }
     }
     // The cursor first: a change made while the snapshot is read is then replayed after it.
-    let (_, next_cursor, _) = app.scoring.changes(None, 0).await?;
+    let next_cursor = app.scoring.changes(None, 0).await?.next;
     Ok(Json(DecisionPage {
         snapshot: true,
         items: snapshot(&app).await?,

@@ -153,7 +153,7 @@ impl Engine {
             classes,
             keys: stores.keys.clone(),
             hot: stores.hot.clone(),
-            store: FactorStore::new(&stores.hot),
+            store: store::open(&stores.hot),
             signals: ArcSwap::from_pointee(Vec::new()),
             on_publish: OnceLock::new(),
             l1_ttl_us: (settings.limits.l1_ttl_ms * 1000).min(MAX_L1_TTL_US),

@@ -20,11 +20,7 @@ impl Engine {
 
     /// Stream entries after `cursor` (None: none, only the current cursor), the next cursor,
     /// and whether entries after `cursor` were trimmed (start again from a snapshot).
-    pub async fn changes(
-        &self,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<(Vec<DecisionChange>, String, bool), Error> {
+    pub async fn changes(&self, cursor: Option<&str>, limit: usize) -> Result<store::Page, Error> {
         Ok(self.store.changes(&self.keys, cursor, limit).await?)
     }
 
