@@ -8,9 +8,12 @@
 
 pub mod bucket;
 pub mod budgets;
+mod degraded;
 mod l1;
-
+mod memory_backend;
+mod multipliers;
 mod redis_backend;
+mod request;
 pub mod target;
 
 use std::sync::Arc;
@@ -23,171 +26,14 @@ use crate::store::{Hot, Keys, MemoryHot};
 use crate::telemetry::metrics as names;
 
 pub use budgets::Budgets;
+pub use request::{
+    Challenge, Decision, DefaultMultipliers, Defaults, Error, Exemptions, LimitRequest,
+    ScopeOutcome,
+};
 
 /// `retry_after_ms` reported for a bucket blocked by a multiplier that has no expiry
 /// (e.g. a manual deny): ask again in a minute.
 pub const BLOCKED_RETRY_MS: u64 = 60_000;
-
-/// Multipliers of a request's subjects when nothing is published for them, for its class.
-///
-/// Scoring publishes a multiplier only for subjects with stored factors (a lockout, an
-/// attestation, an anomaly); everything else about a subject (its IP's reputation, an
-/// unattested device) is known locally and passed with each check, so the first request
-/// from a datacenter IP is already judged by it, without a Redis write.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Defaults {
-    /// For the request's IP.
-    pub ip: f64,
-    /// For its user (or account).
-    pub user: f64,
-    /// For its device.
-    pub device: f64,
-}
-
-impl Default for Defaults {
-    fn default() -> Self {
-        Self {
-            ip: 1.0,
-            user: 1.0,
-            device: 1.0,
-        }
-    }
-}
-
-/// The socket scoring plugs into: default multipliers of a request's subjects (the limiter
-/// never imports scoring; `app` wires it).
-pub trait DefaultMultipliers: Send + Sync + std::fmt::Debug {
-    /// The defaults for `request` in endpoint class `class`.
-    fn defaults(&self, class: &str, request: &LimitRequest) -> Defaults;
-}
-
-/// A locked account's request from a context the account knows (the lockout-DoS rule): it
-/// is checked without the lockout and answered with a challenge for the gateway to ask.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Challenge {
-    /// The user's multiplier on the class without the lockout.
-    pub multiplier: f64,
-    /// Why (`known_context`).
-    pub reason: crate::model::Reason,
-    /// The lockout the context is exempt from.
-    pub lockout_id: String,
-}
-
-/// The socket the lockout-DoS rule plugs into (the limiter never imports lockout; `app`
-/// wires it): asked only for a request whose user's multiplier blocks it.
-pub trait Exemptions: Send + Sync + std::fmt::Debug {
-    /// A challenge instead of the block when a lockout is what blocks the request's user and
-    /// the account knows the request's context; None when the block stands.
-    fn exemption<'a>(
-        &'a self,
-        class: &'a str,
-        request: &'a LimitRequest,
-    ) -> futures_util::future::BoxFuture<'a, Result<Option<Challenge>, crate::store::Error>>;
-}
-
-/// One limit check, already parsed and normalised.
-#[derive(Debug, Clone)]
-pub struct LimitRequest {
-    /// HTTP method of the protected request (upper case).
-    pub method: String,
-    /// Path of the protected request (query ignored for classification).
-    pub endpoint: String,
-    /// The client.
-    pub ip: ClientIp,
-    /// `user:…` if the request is authenticated (or the account, on auth endpoints).
-    pub user: Option<SubjectKey>,
-    /// `device:…` if known.
-    pub device: Option<SubjectKey>,
-    /// Tokens this request costs (≥ 1).
-    pub cost: u32,
-    /// False: answer without taking tokens.
-    pub consume: bool,
-}
-
-/// The verdict of one scope (one budget's bucket for one subject).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ScopeOutcome {
-    /// Budget name.
-    pub budget: Arc<str>,
-    /// Scope kind.
-    pub scope: ScopeKind,
-    /// Subject key text (`ip:…`).
-    pub subject: Arc<str>,
-    /// False for shadow budgets/classes: reported, never blocking.
-    pub enforced: bool,
-    /// The bucket held `cost` tokens.
-    pub allowed: bool,
-    /// Effective capacity (budget capacity × multiplier, floored).
-    pub limit: u64,
-    /// Whole tokens left.
-    pub remaining: u64,
-    /// Milliseconds until the bucket is full.
-    pub reset_ms: u64,
-    /// Milliseconds until the bucket holds `cost` tokens (0 if allowed).
-    pub retry_after_ms: u64,
-    /// The subject's multiplier for this class.
-    pub multiplier: f64,
-    /// The budget's configured limit (before the multiplier) and period, for policy headers.
-    pub policy: (u32, u32),
-}
-
-/// The answer to one check.
-#[derive(Debug, Clone)]
-pub struct Decision {
-    /// Every enforced scope allowed (or the store was down and the class fails open).
-    pub allowed: bool,
-    /// The endpoint class.
-    pub class: Arc<str>,
-    /// Every applicable scope, in budget order.
-    pub scopes: Vec<ScopeOutcome>,
-    /// Index of the deciding scope: the blocking one with the longest wait, or when
-    /// allowed the one with the fewest tokens left. None when no budget applies.
-    pub deciding: Option<usize>,
-    /// When a denied request may be retried, ms (0 when allowed).
-    pub retry_after_ms: u64,
-    /// Made without the hot store (fail-open).
-    pub degraded: bool,
-    /// Shadow scopes that would have blocked.
-    pub shadow_blocked: Vec<usize>,
-    /// Answered from the L1 cache of blocked buckets.
-    pub cached: bool,
-    /// The account is locked but knows this context: allowed as if not locked, and the
-    /// gateway should ask for a step-up (the lockout-DoS rule).
-    pub challenge: Option<Challenge>,
-    /// Wall time of the decision, Unix ms (for `reset` in seconds).
-    pub now_ms: i64,
-}
-
-impl Decision {
-    /// The deciding scope, if any budget applied.
-    pub fn deciding_scope(&self) -> Option<&ScopeOutcome> {
-        self.deciding.map(|i| &self.scopes[i])
-    }
-}
-
-/// Why a check could not be answered.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// `cost` exceeds what a budget can ever hold.
-    #[error("cost {cost} exceeds the capacity {capacity} of budget {budget}")]
-    CostAboveCapacity {
-        /// The request's cost.
-        cost: u32,
-        /// The budget's capacity.
-        capacity: u32,
-        /// The budget.
-        budget: String,
-    },
-    /// The hot store failed and the class fails closed.
-    #[error("the hot store is unavailable and class {class} fails closed")]
-    FailClosed {
-        /// The class.
-        class: String,
-        /// The store failure.
-        #[source]
-        source: crate::store::Error,
-    },
-}
 
 /// One scope of a request, resolved to keys and numbers.
 #[derive(Debug, Clone)]
@@ -421,67 +267,6 @@ impl Limiter {
             .filter(|outcomes| outcomes.len() == scopes.len())
     }
 
-    fn evaluate_memory(
-        &self,
-        memory: &MemoryHot,
-        scopes: &[Scope],
-        request: &LimitRequest,
-        now_us: u64,
-    ) -> Vec<RawOutcome> {
-        let multipliers: Vec<(f64, Option<u64>)> = scopes
-            .iter()
-            .map(|s| match s.multiplier_override {
-                Some(value) => (value, None),
-                None => memory
-                    .multiplier(&s.multiplier_key, now_us)
-                    .map_or((s.default_multiplier, None), |(value, ttl_us)| {
-                        (value.max(0.0), ttl_us)
-                    }),
-            })
-            .collect();
-        let keys: smallvec::SmallVec<[&str; 8]> =
-            scopes.iter().map(|s| s.bucket_key.as_str()).collect();
-        let cost = f64::from(request.cost);
-        let now = now_us as f64;
-        memory.update_buckets(&keys, now, |states, writes| {
-            let verdicts: Vec<bucket::Verdict> = scopes
-                .iter()
-                .zip(states)
-                .zip(&multipliers)
-                .map(|((scope, state), (m, _))| {
-                    let params = bucket::Params {
-                        multiplier: *m,
-                        ..scope.params
-                    };
-                    bucket::evaluate(*state, now, params, cost)
-                })
-                .collect();
-            let admitted = scopes
-                .iter()
-                .zip(&verdicts)
-                .all(|(s, v)| v.allowed || !s.enforced);
-            for (write, v) in writes.iter_mut().zip(&verdicts) {
-                *write = (admitted && request.consume && v.allowed).then_some(v.new_tat);
-            }
-            verdicts
-                .iter()
-                .zip(&multipliers)
-                .map(|(v, (m, ttl_us))| RawOutcome {
-                    allowed: v.allowed,
-                    limit: (v.limit + 1e-9).floor() as u64,
-                    remaining: v.remaining,
-                    reset_ms: bucket::ceil_ms(v.reset_us),
-                    retry_after_ms: v
-                        .retry_after_us
-                        .is_finite()
-                        .then(|| bucket::ceil_ms(v.retry_after_us)),
-                    multiplier: *m,
-                    multiplier_ttl_ms: ttl_us.map(|us| us.div_ceil(1000)),
-                })
-                .collect()
-        })
-    }
-
     fn outcome(&self, scope: &Scope, raw: RawOutcome) -> ScopeOutcome {
         let budget = &self.budgets.budgets[scope.budget];
         let retry_after_ms = match raw.retry_after_ms {
@@ -504,56 +289,6 @@ impl Limiter {
             retry_after_ms: if raw.allowed { 0 } else { retry_after_ms },
             multiplier: raw.multiplier,
             policy: (budget.limit, budget.period_s),
-        }
-    }
-
-    fn degraded(
-        &self,
-        class: usize,
-        class_name: Arc<str>,
-        scopes: &[Scope],
-        now_ms: i64,
-        source: crate::store::Error,
-    ) -> Result<Decision, Error> {
-        let fail = self.budgets.classes[class].fail;
-        let outcome_label = match fail {
-            FailMode::Open => "fail_open",
-            FailMode::Closed => "fail_closed",
-        };
-        metrics::counter!(names::FAIL_OPEN_TOTAL, "class" => class_name.to_string(), "outcome" => outcome_label)
-            .increment(1);
-        tracing::warn!(endpoint.class = %class_name, error.cause = %source, "hot store unavailable: {outcome_label}");
-        match fail {
-            FailMode::Closed => {
-                metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class_name.to_string(), "scope" => "none", "outcome" => outcome_label)
-                    .increment(1);
-                Err(Error::FailClosed {
-                    class: class_name.to_string(),
-                    source,
-                })
-            }
-            FailMode::Open => {
-                let outcomes = scopes
-                    .iter()
-                    .map(|scope| {
-                        let budget = &self.budgets.budgets[scope.budget];
-                        ScopeOutcome {
-                            budget: self.budgets.names[scope.budget].clone(),
-                            scope: budget.scope,
-                            subject: scope.subject.shared(),
-                            enforced: scope.enforced,
-                            allowed: true,
-                            limit: u64::from(budget.capacity()),
-                            remaining: u64::from(budget.capacity()),
-                            reset_ms: 0,
-                            retry_after_ms: 0,
-                            multiplier: 1.0,
-                            policy: (budget.limit, budget.period_s),
-                        }
-                    })
-                    .collect();
-                Ok(self.conclude(class_name, outcomes, now_ms, true, false))
-            }
         }
     }
 
@@ -615,55 +350,6 @@ impl Limiter {
             now_ms,
         }
     }
-
-    /// Publishes a multiplier for `subject`, for one endpoint class or (None) every class,
-    /// read by the next bucket check on every instance. `ttl` None: until replaced.
-    ///
-    /// Written directly, beside scoring: scoring's publishes write (or delete) only the
-    /// classes its factors set, so a key written here for another class stays until its TTL.
-    pub async fn publish_multiplier(
-        &self,
-        subject: &SubjectKey,
-        class: Option<&str>,
-        value: f64,
-        ttl: Option<Duration>,
-    ) -> Result<(), crate::store::Error> {
-        let value = if value.is_finite() {
-            value.max(0.0)
-        } else {
-            0.0
-        };
-        let classes: Vec<&str> = match class {
-            Some(class) => vec![class],
-            None => self.budgets.classes.iter().map(|c| &*c.name).collect(),
-        };
-        let now_us = self.clock.monotonic_us();
-        for class in classes {
-            let key = self.keys.multiplier(subject, class);
-            match &self.hot {
-                Hot::Memory(memory) => {
-                    memory.set_multiplier(
-                        &key,
-                        value,
-                        now_us,
-                        ttl.map(|t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX)),
-                    );
-                }
-                Hot::Redis(redis) => {
-                    let mut cmd = redis::cmd("SET");
-                    cmd.arg(&key).arg(value.to_string());
-                    if let Some(ttl) = ttl {
-                        cmd.arg("PX")
-                            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1));
-                    }
-                    redis.query::<()>(&cmd).await?;
-                }
-            }
-        }
-        // A raised multiplier must not be hidden by a cached block on this instance.
-        self.l1.clear();
-        Ok(())
-    }
 }
 
 /// A scope keyed by the request's user (or account).
@@ -715,28 +401,7 @@ impl RawOutcome {
     }
 }
 
-impl Limiter {
-    /// Removes a subject's multiplier for one class or (None) every class: back to 1.
-    pub async fn clear_multiplier(
-        &self,
-        subject: &SubjectKey,
-        class: Option<&str>,
-    ) -> Result<(), crate::store::Error> {
-        let classes: Vec<&str> = match class {
-            Some(class) => vec![class],
-            None => self.budgets.classes.iter().map(|c| &*c.name).collect(),
-        };
-        for class in classes {
-            let key = self.keys.multiplier(subject, class);
-            match &self.hot {
-                Hot::Memory(memory) => memory.clear_multiplier(&key),
-                Hot::Redis(redis) => redis.query::<()>(redis::cmd("DEL").arg(&key)).await?,
-            }
-        }
-        self.l1.clear();
-        Ok(())
-    }
-}
+impl Limiter {}
 
 /// What a backend reports per scope, before the limiter adds names.
 #[derive(Debug, Clone, Copy)]

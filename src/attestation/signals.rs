@@ -1,0 +1,81 @@
+//! What attestation tells the rest of the service: the `unverified` pull signal for devices
+//! without a valid verdict, and attested devices as a known context for the lockout-DoS rule.
+
+use super::*;
+
+impl Attestation {
+    /// The pull signal giving devices without a verdict the `unverified` factor.
+    pub fn unverified_signal(&self) -> UnverifiedSignal {
+        UnverifiedSignal {
+            settings: self.settings.clone(),
+            public_classes: self.public_classes.clone(),
+        }
+    }
+
+    /// Which devices count as attested (a fresh verdict of device integrity or better), for
+    /// the lockout-DoS rule.
+    pub fn attested_devices(&self) -> AttestedDevices {
+        AttestedDevices {
+            scoring: self.scoring.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+/// Devices holding an unexpired `strong` or `device` verdict (read from the device's stored
+/// factors, which every instance shares): a known context for the lockout-DoS rule.
+#[derive(Debug)]
+pub struct AttestedDevices {
+    scoring: Arc<Engine>,
+    clock: Arc<dyn Clock>,
+}
+
+impl crate::lockout::AttestedDevices for AttestedDevices {
+    fn is_attested<'a>(
+        &'a self,
+        device: &'a SubjectKey,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>> {
+        Box::pin(async move {
+            let now = self.clock.now_ms();
+            let factors = self.scoring.stored(device).await.map_err(|err| match err {
+                crate::scoring::Error::Store(store) => store,
+            })?;
+            Ok(factors.iter().any(|f| {
+                f.signal == SIGNAL
+                    && matches!(f.code.as_str(), "attestation_strong" | "attestation_device")
+                    && f.expires_at_ms.is_none_or(|at| at > now)
+            }))
+        })
+    }
+}
+
+/// Devices without a valid verdict are `unverified` (a pull signal: no write per device).
+#[derive(Debug)]
+pub struct UnverifiedSignal {
+    settings: AttestationSettings,
+    public_classes: Vec<String>,
+}
+
+impl Signal for UnverifiedSignal {
+    fn name(&self) -> &'static str {
+        SIGNAL
+    }
+
+    fn factors(&self, subject: &Subject<'_>, stored: &[Factor], _now_ms: i64) -> Vec<Factor> {
+        if subject.key.kind() != SubjectKind::Device || stored.iter().any(|f| f.signal == SIGNAL) {
+            return Vec::new();
+        }
+        vec![
+            Factor::scale(
+                SIGNAL,
+                "attestation_unverified",
+                self.settings.factor("unverified", false),
+                "no valid attestation for this device",
+            )
+            .with_class_value(
+                &self.public_classes,
+                self.settings.factor("unverified", true),
+            ),
+        ]
+    }
+}

@@ -1,0 +1,56 @@
+//! A check when the hot store fails: a class that fails open allows every scope (counted
+//! and logged as `fail_open`); one that fails closed answers [`Error::FailClosed`].
+
+use super::*;
+
+impl Limiter {
+    pub(super) fn degraded(
+        &self,
+        class: usize,
+        class_name: Arc<str>,
+        scopes: &[Scope],
+        now_ms: i64,
+        source: crate::store::Error,
+    ) -> Result<Decision, Error> {
+        let fail = self.budgets.classes[class].fail;
+        let outcome_label = match fail {
+            FailMode::Open => "fail_open",
+            FailMode::Closed => "fail_closed",
+        };
+        metrics::counter!(names::FAIL_OPEN_TOTAL, "class" => class_name.to_string(), "outcome" => outcome_label)
+            .increment(1);
+        tracing::warn!(endpoint.class = %class_name, error.cause = %source, "hot store unavailable: {outcome_label}");
+        match fail {
+            FailMode::Closed => {
+                metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class_name.to_string(), "scope" => "none", "outcome" => outcome_label)
+                    .increment(1);
+                Err(Error::FailClosed {
+                    class: class_name.to_string(),
+                    source,
+                })
+            }
+            FailMode::Open => {
+                let outcomes = scopes
+                    .iter()
+                    .map(|scope| {
+                        let budget = &self.budgets.budgets[scope.budget];
+                        ScopeOutcome {
+                            budget: self.budgets.names[scope.budget].clone(),
+                            scope: budget.scope,
+                            subject: scope.subject.shared(),
+                            enforced: scope.enforced,
+                            allowed: true,
+                            limit: u64::from(budget.capacity()),
+                            remaining: u64::from(budget.capacity()),
+                            reset_ms: 0,
+                            retry_after_ms: 0,
+                            multiplier: 1.0,
+                            policy: (budget.limit, budget.period_s),
+                        }
+                    })
+                    .collect();
+                Ok(self.conclude(class_name, outcomes, now_ms, true, false))
+            }
+        }
+    }
+}

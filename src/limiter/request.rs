@@ -1,0 +1,165 @@
+//! What a check is asked and what it answers: the request, the multipliers known locally,
+//! exemptions, the per-scope outcomes and the decision.
+
+use super::*;
+
+/// Multipliers of a request's subjects when nothing is published for them, for its class.
+///
+/// Scoring publishes a multiplier only for subjects with stored factors (a lockout, an
+/// attestation, an anomaly); everything else about a subject (its IP's reputation, an
+/// unattested device) is known locally and passed with each check, so the first request
+/// from a datacenter IP is already judged by it, without a Redis write.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Defaults {
+    /// For the request's IP.
+    pub ip: f64,
+    /// For its user (or account).
+    pub user: f64,
+    /// For its device.
+    pub device: f64,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            ip: 1.0,
+            user: 1.0,
+            device: 1.0,
+        }
+    }
+}
+
+/// The socket scoring plugs into: default multipliers of a request's subjects (the limiter
+/// never imports scoring; `app` wires it).
+pub trait DefaultMultipliers: Send + Sync + std::fmt::Debug {
+    /// The defaults for `request` in endpoint class `class`.
+    fn defaults(&self, class: &str, request: &LimitRequest) -> Defaults;
+}
+
+/// A locked account's request from a context the account knows (the lockout-DoS rule): it
+/// is checked without the lockout and answered with a challenge for the gateway to ask.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Challenge {
+    /// The user's multiplier on the class without the lockout.
+    pub multiplier: f64,
+    /// Why (`known_context`).
+    pub reason: crate::model::Reason,
+    /// The lockout the context is exempt from.
+    pub lockout_id: String,
+}
+
+/// The socket the lockout-DoS rule plugs into (the limiter never imports lockout; `app`
+/// wires it): asked only for a request whose user's multiplier blocks it.
+pub trait Exemptions: Send + Sync + std::fmt::Debug {
+    /// A challenge instead of the block when a lockout is what blocks the request's user and
+    /// the account knows the request's context; None when the block stands.
+    fn exemption<'a>(
+        &'a self,
+        class: &'a str,
+        request: &'a LimitRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<Option<Challenge>, crate::store::Error>>;
+}
+
+/// One limit check, already parsed and normalised.
+#[derive(Debug, Clone)]
+pub struct LimitRequest {
+    /// HTTP method of the protected request (upper case).
+    pub method: String,
+    /// Path of the protected request (query ignored for classification).
+    pub endpoint: String,
+    /// The client.
+    pub ip: ClientIp,
+    /// `user:…` if the request is authenticated (or the account, on auth endpoints).
+    pub user: Option<SubjectKey>,
+    /// `device:…` if known.
+    pub device: Option<SubjectKey>,
+    /// Tokens this request costs (≥ 1).
+    pub cost: u32,
+    /// False: answer without taking tokens.
+    pub consume: bool,
+}
+
+/// The verdict of one scope (one budget's bucket for one subject).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScopeOutcome {
+    /// Budget name.
+    pub budget: Arc<str>,
+    /// Scope kind.
+    pub scope: ScopeKind,
+    /// Subject key text (`ip:…`).
+    pub subject: Arc<str>,
+    /// False for shadow budgets/classes: reported, never blocking.
+    pub enforced: bool,
+    /// The bucket held `cost` tokens.
+    pub allowed: bool,
+    /// Effective capacity (budget capacity × multiplier, floored).
+    pub limit: u64,
+    /// Whole tokens left.
+    pub remaining: u64,
+    /// Milliseconds until the bucket is full.
+    pub reset_ms: u64,
+    /// Milliseconds until the bucket holds `cost` tokens (0 if allowed).
+    pub retry_after_ms: u64,
+    /// The subject's multiplier for this class.
+    pub multiplier: f64,
+    /// The budget's configured limit (before the multiplier) and period, for policy headers.
+    pub policy: (u32, u32),
+}
+
+/// The answer to one check.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// Every enforced scope allowed (or the store was down and the class fails open).
+    pub allowed: bool,
+    /// The endpoint class.
+    pub class: Arc<str>,
+    /// Every applicable scope, in budget order.
+    pub scopes: Vec<ScopeOutcome>,
+    /// Index of the deciding scope: the blocking one with the longest wait, or when
+    /// allowed the one with the fewest tokens left. None when no budget applies.
+    pub deciding: Option<usize>,
+    /// When a denied request may be retried, ms (0 when allowed).
+    pub retry_after_ms: u64,
+    /// Made without the hot store (fail-open).
+    pub degraded: bool,
+    /// Shadow scopes that would have blocked.
+    pub shadow_blocked: Vec<usize>,
+    /// Answered from the L1 cache of blocked buckets.
+    pub cached: bool,
+    /// The account is locked but knows this context: allowed as if not locked, and the
+    /// gateway should ask for a step-up (the lockout-DoS rule).
+    pub challenge: Option<Challenge>,
+    /// Wall time of the decision, Unix ms (for `reset` in seconds).
+    pub now_ms: i64,
+}
+
+impl Decision {
+    /// The deciding scope, if any budget applied.
+    pub fn deciding_scope(&self) -> Option<&ScopeOutcome> {
+        self.deciding.map(|i| &self.scopes[i])
+    }
+}
+
+/// Why a check could not be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `cost` exceeds what a budget can ever hold.
+    #[error("cost {cost} exceeds the capacity {capacity} of budget {budget}")]
+    CostAboveCapacity {
+        /// The request's cost.
+        cost: u32,
+        /// The budget's capacity.
+        capacity: u32,
+        /// The budget.
+        budget: String,
+    },
+    /// The hot store failed and the class fails closed.
+    #[error("the hot store is unavailable and class {class} fails closed")]
+    FailClosed {
+        /// The class.
+        class: String,
+        /// The store failure.
+        #[source]
+        source: crate::store::Error,
+    },
+}
