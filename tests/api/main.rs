@@ -4,6 +4,7 @@
 mod helpers;
 
 mod attestation;
+mod auth_events;
 mod caddy;
 mod cli;
 mod docs;
@@ -21,3 +22,4 @@ mod scaleout;
 mod scoring;
 mod security;
 mod trust;
+mod window;
