@@ -3,7 +3,8 @@
 //! This is the specification, and its in-process implementation. `lua/velocity_batch.lua`
 //! implements the same steps in Redis (on a cluster, and for values another instance changed
 //! between a read and a write); `lua/window_cas.lua` writes values computed here. The cases in
-//! [`spec`] run against all three (`tests/api/lockout.rs`).
+//! [`spec`] run against all three (`tests/api/window.rs`). Spec, twin and cases stay in one
+//! file (a little over 600 lines) so that a change to one is read beside the others.
 //!
 //! - **A value** holds named windows (an account's failures `f`, its failures per IP `i…` and
 //!   per device `d…`, its quick-login window `q`; an IP's failures `f` and distinct accounts
@@ -366,7 +367,7 @@ pub struct WindowStep {
 /// The specification's cases: each a sequence of calls and what each step must answer.
 ///
 /// `spec::cases` runs in-process here and against Redis and a Redis Cluster in
-/// `tests/api/lockout.rs`, so the Rust twin and `lua/velocity_batch.lua` are held to the same
+/// `tests/api/window.rs`, so the Rust twin and `lua/velocity_batch.lua` are held to the same
 /// answers.
 pub mod spec {
     use super::{WindowAction, WindowStep};

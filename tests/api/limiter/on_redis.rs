@@ -1,0 +1,275 @@
+//! The limiter on Redis: one script call for many requests, key TTLs, SCRIPT FLUSH, instance clocks, Redis down and a cluster.
+
+use super::*;
+
+/// Several requests in one `token_bucket.lua` call run one after another: a later request
+/// sees what an earlier one took from a shared bucket, a denied or `consume: false` request
+/// takes nothing, and the bucket is written once with its final state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_script_call_with_several_requests_runs_them_in_order() {
+    let Some((_, redis_url)) = production_urls() else {
+        return;
+    };
+    let client = redis::Client::open(redis_url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("test:{{coalesce-{}}}:b", ulid::Ulid::new());
+    let multiplier = format!("{key}:m");
+    let mut invocation = palisade::store::scripts::TOKEN_BUCKET.prepare_invoke();
+    // 4 requests on one bucket of capacity 2, refilling 1 token/s: take, peek, take, take.
+    invocation.arg(4);
+    for consume in [1, 0, 1, 1] {
+        invocation.key(&key).key(&multiplier);
+        invocation.arg(1).arg(consume).arg(1);
+        invocation.arg(2).arg(1).arg(1).arg(1);
+    }
+    let packed: Vec<u8> = invocation.invoke_async(&mut conn).await.unwrap();
+    // Little-endian 8-byte integers.
+    let reply: Vec<i64> = packed
+        .chunks_exact(8)
+        .map(|v| i64::from_le_bytes(v.try_into().unwrap()))
+        .collect();
+    // Per request: admitted, then allowed, limit, remaining, reset_ms, retry_ms, multiplier,
+    // multiplier TTL.
+    let requests: Vec<&[i64]> = reply.chunks(8).collect();
+    assert_eq!(requests.len(), 4, "{reply:?}");
+    assert_eq!(requests[0][..4], [1, 1, 2, 1], "first take: one left");
+    assert_eq!(
+        requests[1][..4],
+        [1, 1, 2, 0],
+        "a peek answers as if it took one"
+    );
+    assert_eq!(requests[2][..4], [1, 1, 2, 0], "the peek took nothing");
+    assert_eq!(requests[3][..3], [0, 0, 2], "the bucket is empty");
+    assert!(
+        (990..=1000).contains(&requests[3][5]),
+        "retry {:?}",
+        requests[3]
+    );
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        (1980..=2000).contains(&ttl),
+        "written once, full again in 2 s: {ttl}"
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Field-guide defect: a non-integer PEXPIRE (capacity 100, refill 30/s) errored after the
+/// write and left the key without a TTL. Ours writes value and TTL in one `SET … PX`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_bucket_keys_always_get_an_integer_ttl() {
+    let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.limits.budgets = vec![palisade::config::BudgetSettings {
+            name: "odd".to_owned(),
+            scope: palisade::config::ScopeKind::Ip,
+            classes: vec![],
+            limit: 30,
+            period_s: 1,
+            burst: Some(100),
+            when: palisade::config::When::Always,
+            shadow: false,
+        }];
+    })
+    .await
+    else {
+        return;
+    };
+    assert_eq!(
+        app.limit_check(&json!({"endpoint": "/x", "ip": "192.0.2.50"}))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    let ip = ClientIp::parse("192.0.2.50", 64).unwrap();
+    let key = app.app.stores.keys.bucket(&SubjectKey::ip(&ip), "odd");
+    let redis = redis::Client::open(app.settings.redis_url.clone().unwrap()).unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // One token of 30/s is 33.3 ms of window: the key lives until the bucket is full.
+    assert!((1..=34).contains(&ttl), "PTTL {ttl}");
+    let size: i64 = redis::cmd("STRLEN")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(size, 8, "one packed double per bucket");
+}
+
+/// After `SCRIPT FLUSH` the next check reloads the script (NOSCRIPT → load → retry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_survived() {
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    let body = json!({"endpoint": "/v1/x", "ip": "192.0.2.60"});
+    assert_eq!(app.limit_check(&body).await.status(), StatusCode::OK);
+    let redis = redis::Client::open(app.settings.redis_url.clone().unwrap()).unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let response = app.limit_check(&body).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["x-ratelimit-remaining"], "58");
+}
+
+/// Field-guide defect: the caller's clock drove the bucket, so a caller whose clock lagged
+/// burned tokens. Two instances whose clocks disagree by a century share one bucket exactly:
+/// time comes from Redis `TIME`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_clocks_do_not_change_redis_buckets() {
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    let past = app.another_instance_with_wall_clock(0).await;
+    let future = app
+        .another_instance_with_wall_clock(4_102_444_800_000)
+        .await;
+    let mut admitted = 0;
+    for instance in [&past, &future, &past, &future, &past, &future, &past] {
+        if instance
+            .limit_check(&login("ivan", "192.0.2.70"))
+            .await
+            .status()
+            == StatusCode::OK
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 5);
+}
+
+/// Redis going away mid-run: the auth class fails closed (503), the read class passes with
+/// the degraded header, account statuses are 503; when Redis returns, decisions and
+/// statuses are normal again within 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_auth_fails_closed_reads_fail_open_and_recover() {
+    let Some((_, redis_url)) = production_urls() else {
+        return;
+    };
+    let proxy = ChaosProxy::start(socket_of(&redis_url)).await;
+    let proxied = proxy.proxied_url(&redis_url);
+    let app = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(proxied);
+        settings.store.redis_timeout_ms = 100;
+    })
+    .await
+    .unwrap();
+    let read = json!({"endpoint": "/v1/feed", "ip": "192.0.2.80"});
+    assert_eq!(app.limit_check(&read).await.status(), StatusCode::OK);
+
+    proxy.break_connections();
+    for _ in 0..3 {
+        let auth = app.limit_check(&login("judy", "192.0.2.80")).await;
+        assert_eq!(auth.headers()["x-palisade-degraded"], "redis-unavailable");
+        assert!(auth.headers().contains_key("retry-after"));
+        assert_envelope(auth, StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE").await;
+        let read_response = app.limit_check(&read).await;
+        assert_eq!(read_response.status(), StatusCode::OK);
+        assert_eq!(
+            read_response.headers()["x-palisade-degraded"],
+            "redis-unavailable"
+        );
+        // The account status (read on its own Redis connection) says so too.
+        let status = app
+            .get("/v1/accounts/judy/status?ip=192.0.2.80", Some(ADMIN_TOKEN))
+            .await;
+        assert_envelope(status, StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE").await;
+    }
+
+    proxy.restore();
+    let restored = std::time::Instant::now();
+    loop {
+        let response = app.limit_check(&login("judy", "192.0.2.80")).await;
+        let status = app
+            .get("/v1/accounts/judy/status?ip=192.0.2.80", Some(ADMIN_TOKEN))
+            .await
+            .status();
+        if response.status() == StatusCode::OK
+            && !response.headers().contains_key("x-palisade-degraded")
+            && status == StatusCode::OK
+        {
+            break;
+        }
+        assert!(
+            restored.elapsed() < Duration::from_secs(1),
+            "not recovered within 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let metrics = app.get("/metrics", None).await.text().await.unwrap();
+    assert!(
+        metrics.contains("palisade_fail_open_total{class=\"read\",outcome=\"fail_open\"}"),
+        "{metrics}"
+    );
+}
+
+/// Against a 3-master Redis Cluster: scopes of different subjects live in different slots
+/// and are checked per slot; the budget still holds exactly, across two instances, and a
+/// multiplier published next to its buckets is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_keeps_every_budget() {
+    let Some((_cluster, app)) = TestApp::on_cluster().await else {
+        return;
+    };
+    assert_eq!(
+        app.get("/readyz", None)
+            .await
+            .json::<Value>()
+            .await
+            .unwrap()["hot"]["kind"],
+        "redis-cluster"
+    );
+    let second = app.another_instance().await;
+    let mut admitted = 0;
+    for i in 0..12 {
+        let instance = if i % 2 == 0 { &app } else { &second };
+        let mut body = login("kate", "203.0.113.90");
+        body["device_id"] = json!("phone-1");
+        let response = instance.limit_check(&body).await;
+        assert!(matches!(
+            response.status(),
+            StatusCode::OK | StatusCode::TOO_MANY_REQUESTS
+        ));
+        admitted += u32::from(response.status() == StatusCode::OK);
+    }
+    assert_eq!(
+        admitted, 5,
+        "auth-account holds 5 across slots and instances"
+    );
+
+    let ip = ClientIp::parse("203.0.113.91", 64).unwrap();
+    app.app
+        .limiter
+        .publish_multiplier(
+            &SubjectKey::ip(&ip),
+            Some("auth"),
+            0.0,
+            Some(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    let blocked = second.limit_check(&login("leo", "203.0.113.91")).await;
+    let body = assert_envelope(blocked, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    let scope = body["error"]["details"]["scope"].as_str().unwrap();
+    assert!(
+        scope == "endpoint_ip" || scope == "ip",
+        "both IP-keyed scopes are blocked: {scope}"
+    );
+    // The denied check consumed nothing in the other slots: leo's account still has 5.
+    let other_ip = second.limit_check(&login("leo", "203.0.113.92")).await;
+    assert_eq!(other_ip.headers()["x-ratelimit-remaining"], "4");
+}
