@@ -247,8 +247,8 @@ async fn run_scripts(
 /// Values per script call on a single Redis (`window_cas.lua`: about 0.2 ms of Redis time;
 /// `velocity_batch.lua` on values another instance changed: about 1.3 ms), so a command from
 /// another connection waits at most that long behind an ingest batch's writes. (Batches
-/// failing the same 500 accounts at once, as the bench's posters did until its eighth
-/// session, conflicted on all of them, and the script over all 500 took 10-11 ms.)
+/// failing the same 500 accounts at once conflict on all of them, and the script over all
+/// 500 takes 10-11 ms.)
 const VALUES_PER_CALL: usize = 64;
 
 /// `steps`, grouped by value, cut into script calls of at most `values_per_call` values

@@ -110,11 +110,11 @@ impl RedisHot {
     /// The same store on a second connection, for reads a caller waits on (an account's
     /// status): on the shared connection they queued behind whatever bulk commands were
     /// written before them (an ingest batch's reads, writes and consequences are thousands of
-    /// commands). Redis still runs one command at a time, but the read no longer waits for
+    /// commands). Redis still runs one command at a time, but the read does not wait for
     /// the replies to everything queued ahead of it on this side. Measured during ingest at
     /// 10k events/s: status p99 21.7-29.2 ms -> 12.1-18.1 ms, p50 0.32-0.35 -> 0.34-0.54 ms;
     /// saturated, p99 halves too but p50 rises from 0.5 to 2-3 ms, a worker's wait. A
-    /// cluster connection is shared as before (one per node).
+    /// cluster connection stays shared (one per node).
     pub fn interactive(&self) -> RedisHot {
         RedisHot {
             conn: self.interactive.clone(),
