@@ -27,10 +27,11 @@ pub(crate) fn limit_http_section(redis_port: u16, server: &Server, levels: &[u64
     println!("\n## `/v1/limit/check`, 4 scopes, 100k users/IPs/devices, over HTTP vs raw script\n");
     println!(
         "The Rust client (reqwest) runs in the same process; wrk is C, like redis-benchmark. Each\n\
-         ratio is against the redis-benchmark row of the same concurrency.\n"
+         ratio is against a redis-benchmark row of the same concurrency: the same script with\n\
+         the same 4 scopes, and with one scope (a plain token bucket).\n"
     );
     println!(
-        "| c | what | requests/s | p50 ms | p99 ms | p99.9 ms | ratio |\n|---|---|---|---|---|---|---|"
+        "| c | what | requests/s | p50 ms | p99 ms | p99.9 ms | ratio to 4 scopes | ratio to 1 scope |\n|---|---|---|---|---|---|---|---|"
     );
     for &concurrency in levels {
         let (http, http_server_p99) = server_p99_during(&server.base, LIMIT_ROUTE, || {
@@ -46,9 +47,16 @@ pub(crate) fn limit_http_section(redis_port: u16, server: &Server, levels: &[u64
             redis_port,
             concurrency,
             (http.rps() as u64 * seconds).max(50_000),
+            true,
+        );
+        let (one_rps, one_p99) = redis_benchmark(
+            redis_port,
+            concurrency,
+            (http.rps() as u64 * seconds).max(50_000),
+            false,
         );
         println!(
-            "| {concurrency} | palisade HTTP, Rust client (200: {}, 429: {}, other: {}; server p99 <= {}) | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {concurrency} | palisade HTTP, Rust client (200: {}, 429: {}, other: {}; server p99 <= {}) | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             http.statuses[0],
             http.statuses[1],
             http.statuses[2],
@@ -57,18 +65,25 @@ pub(crate) fn limit_http_section(redis_port: u16, server: &Server, levels: &[u64
             http.percentile_ms(0.5),
             http.percentile_ms(0.99),
             http.percentile_ms(0.999),
-            http.rps() / raw_rps
+            http.rps() / raw_rps,
+            http.rps() / one_rps
         );
         if let Some((rps, p50, p99, p999, non_2xx, cpu_us)) = wrk {
             println!(
-                "| {concurrency} | palisade HTTP, wrk -t{} (non-2xx: {non_2xx}; service CPU {cpu_us:.1} µs/request; server p99 <= {}) | {rps:.0} | {p50:.2} | {p99:.2} | {p999:.2} | {:.2} |",
+                "| {concurrency} | palisade HTTP, wrk -t{} (non-2xx: {non_2xx}; service CPU {cpu_us:.1} µs/request; server p99 <= {}) | {rps:.0} | {p50:.2} | {p99:.2} | {p999:.2} | {:.2} | {:.2} |",
                 concurrency.clamp(1, env_or("LOAD_WRK_THREADS", 2).max(1)),
                 server_p99(wrk_server_p99),
-                rps / raw_rps
+                rps / raw_rps,
+                rps / one_rps
             );
         }
         println!(
-            "| {concurrency} | redis-benchmark EVALSHA, same script and keys | {raw_rps:.0} | | {raw_p99:.2} | | 1.00 |"
+            "| {concurrency} | redis-benchmark EVALSHA, same script and keys | {raw_rps:.0} | | {raw_p99:.2} | | 1.00 | {:.2} |",
+            raw_rps / one_rps
+        );
+        println!(
+            "| {concurrency} | redis-benchmark EVALSHA, one scope (a plain token bucket) | {one_rps:.0} | | {one_p99:.2} | | {:.2} | 1.00 |",
+            one_rps / raw_rps
         );
     }
 }
@@ -158,6 +173,7 @@ pub(crate) fn coalesce_section(redis_port: u16, concurrency: u64, seconds: u64) 
         redis_port,
         concurrency,
         (single as u64 * seconds).max(100_000),
+        true,
     );
     println!(
         "\n## Coalesced checks: `Limiter::check` on Redis without HTTP, {concurrency} tasks, 4 scopes\n"

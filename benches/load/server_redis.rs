@@ -213,7 +213,15 @@ pub(crate) async fn evalsha_calls(conn: &mut redis::aio::MultiplexedConnection) 
 
 /// `redis-benchmark` EVALSHA of the 4-scope call `/v1/limit/check` makes for a read with
 /// user and device (global, ip-authn, user-read, device): requests per second and p99.
-pub(crate) fn redis_benchmark(port: u16, concurrency: u64, requests: u64) -> (f64, f64) {
+/// `redis-benchmark` EVALSHA of `lua/token_bucket.lua` with the 4 scopes of the HTTP runs
+/// (`four: true`) or with one scope (an IP's bucket and multiplier: a plain token bucket, what
+/// a user compares a limiter with); requests/s and p99 ms.
+pub(crate) fn redis_benchmark(
+    port: u16,
+    concurrency: u64,
+    requests: u64,
+    four: bool,
+) -> (f64, f64) {
     let sha = TOKEN_BUCKET.get_hash();
     let keys = [
         "rb:v1:{global}:b:global".to_owned(),
@@ -231,6 +239,11 @@ pub(crate) fn redis_benchmark(port: u16, concurrency: u64, requests: u64) -> (f6
         "1", "1", "1", "4", "100000", "100000", "1", "1", "600", "10", "1", "1", "300", "5", "1",
         "1", "600", "10", "1", "1",
     ];
+    let (keys, args): (&[String], &[&str]) = if four {
+        (&keys, &args)
+    } else {
+        (&keys[2..4], &["1", "1", "1", "1", "600", "10", "1", "1"])
+    };
     let output = Command::new("redis-benchmark")
         .args([
             "-p",
@@ -240,8 +253,9 @@ pub(crate) fn redis_benchmark(port: u16, concurrency: u64, requests: u64) -> (f6
             "-n",
             &requests.to_string(),
         ])
-        .args(["-r", "100000", "--csv", "EVALSHA", sha, "8"])
-        .args(&keys)
+        .args(["-r", "100000", "--csv", "EVALSHA", sha])
+        .arg(keys.len().to_string())
+        .args(keys)
         .args(args)
         .output()
         .expect("redis-benchmark on PATH");

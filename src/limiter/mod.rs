@@ -61,6 +61,17 @@ pub struct Limiter {
     coalescer: redis_backend::Coalescer,
     defaults: std::sync::OnceLock<Arc<dyn DefaultMultipliers>>,
     exemptions: std::sync::OnceLock<Arc<dyn Exemptions>>,
+    metrics: Metrics,
+}
+
+/// The handles of the metrics every check records.
+#[derive(Debug, Default)]
+struct Metrics {
+    /// By class (its name's address), deciding scope and outcome.
+    decisions: names::Handles<(usize, &'static str, &'static str), metrics::Counter>,
+    /// By class (its name's address).
+    remaining: names::Handles<usize, metrics::Histogram>,
+    redis_latency: std::sync::OnceLock<metrics::Histogram>,
 }
 
 impl Limiter {
@@ -78,6 +89,7 @@ impl Limiter {
             ),
             defaults: std::sync::OnceLock::new(),
             exemptions: std::sync::OnceLock::new(),
+            metrics: Metrics::default(),
         }
     }
 
@@ -251,7 +263,11 @@ impl Limiter {
             Hot::Redis(redis) => {
                 let started = std::time::Instant::now();
                 let result = redis_backend::evaluate(redis, &self.coalescer, scopes, request).await;
-                metrics::histogram!(names::REDIS_LATENCY_SECONDS, "op" => "token_bucket")
+                self.metrics
+                    .redis_latency
+                    .get_or_init(|| {
+                        metrics::histogram!(names::REDIS_LATENCY_SECONDS, "op" => "token_bucket")
+                    })
                     .record(started.elapsed().as_secs_f64());
                 result
             }
@@ -329,13 +345,21 @@ impl Limiter {
             (true, false, false) => "shadow_limited",
             (true, false, true) => "allowed",
         };
-        metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class.to_string(), "scope" => scope_label, "outcome" => outcome)
-            .increment(1);
+        // Keyed by the class name's address: the names live in `budgets` as long as `self`.
+        let class_id = class.as_ptr() as usize;
+        self.metrics.decisions.with(
+            (class_id, scope_label, outcome),
+            || metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class.to_string(), "scope" => scope_label, "outcome" => outcome),
+            |counter| counter.increment(1),
+        );
         if let Some(scope) = deciding.map(|i| &scopes[i])
             && scope.limit > 0
         {
-            metrics::histogram!(names::LIMIT_REMAINING_RATIO, "class" => class.to_string())
-                .record(scope.remaining as f64 / scope.limit as f64);
+            self.metrics.remaining.with(
+                class_id,
+                || metrics::histogram!(names::LIMIT_REMAINING_RATIO, "class" => class.to_string()),
+                |histogram| histogram.record(scope.remaining as f64 / scope.limit as f64),
+            );
         }
         Decision {
             allowed,

@@ -86,6 +86,56 @@ pub const ALL: &[&str] = &[
     CROWDSEC_PULLS_TOTAL,
 ];
 
+/// Metric handles by their label values, for the metrics every request records.
+///
+/// `metrics::counter!` with labels builds the key, hashes it and looks it up in the
+/// recorder's registry on every call (allocating the labels); a handle found here is one
+/// read-locked map lookup on a key of `&'static str`s and indices. A handle is registered on
+/// its first use, so with the recorder in force then (requests come after `App::build`
+/// installed it).
+pub struct Handles<K, H> {
+    map: std::sync::RwLock<std::collections::HashMap<K, H, foldhash::fast::RandomState>>,
+}
+
+impl<K: std::hash::Hash + Eq + Copy, H: Clone> Handles<K, H> {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Handles {
+            map: std::sync::RwLock::new(std::collections::HashMap::default()),
+        }
+    }
+
+    /// Runs `use_it` on the handle of `key`, registering it with `make` the first time.
+    pub fn with(&self, key: K, make: impl FnOnce() -> H, use_it: impl FnOnce(&H)) {
+        let read = self
+            .map
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(handle) = read.get(&key) {
+            return use_it(handle);
+        }
+        drop(read);
+        let handle = make();
+        use_it(&handle);
+        self.map
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key, handle);
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Copy, H: Clone> Default for Handles<K, H> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K, H> std::fmt::Debug for Handles<K, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Handles")
+    }
+}
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// How often buffered histogram samples are folded into their buckets.

@@ -14,8 +14,12 @@ use crate::config::LogFormat;
 /// Safe to call more than once; later calls do nothing.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a terminal: a log file or collector gets plain text (and formatting
+    // every span's fields with escape codes is work on every request).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _already_set = match format {
         LogFormat::Text => builder.try_init(),
