@@ -48,6 +48,8 @@ pub struct App {
     pub attestation: Attestation,
     /// IP bans as CrowdSec's decisions stream.
     pub crowdsec: crate::crowdsec::Crowdsec,
+    /// Notices a hot store that lost its data and rebuilds it from the durable store.
+    pub recovery: crate::recovery::Recovery,
     /// Wall and monotonic time for every domain.
     pub clock: Arc<dyn Clock>,
     /// Prometheus exposition of this process's metrics.
@@ -225,7 +227,21 @@ impl App {
             clock.clone(),
             settings.crowdsec.clone(),
         );
+        let recovery = crate::recovery::Recovery::new(
+            &stores,
+            clock.clone(),
+            lockouts.clone(),
+            scoring.clone(),
+            ingest.clone(),
+            settings.limits.ipv6_prefix_len,
+        );
+        // Before serving: a hot store without its epoch marker (in process: every start) is
+        // rebuilt from the durable store. A failure is retried every second once serving.
+        if let Err(err) = recovery.check().await {
+            tracing::warn!(error.cause = %err, "could not check the hot store's epoch; will retry");
+        }
         Ok(App {
+            recovery,
             settings: Arc::new(settings),
             stores,
             access,
@@ -244,8 +260,9 @@ impl App {
         })
     }
 
-    /// Starts the background tasks (list refresh, scoring's due republishing, offender
-    /// flushes and webhook delivery every second, hourly retention pruning); they stop when
+    /// Starts the background tasks (list refresh, the hot store's epoch check, scoring's due
+    /// republishing, offender flushes and webhook delivery every second, hourly retention
+    /// pruning); they stop when
     /// `shutdown` fires. Each has a one-step function tests call instead
     /// (`Ingest::prune_once`, `Engine::republish_due`, `Engine::flush_offenders`,
     /// `Alerts::deliver_pending`).
@@ -274,6 +291,21 @@ impl App {
                 }
                 let (tracked, _, _) = app.scoring.baseline_keys();
                 metrics::gauge!(crate::telemetry::metrics::BASELINE_KEYS).set(tracked as f64);
+            }
+        });
+        // A hot store that lost its data is noticed (and rebuilt) within a second or two.
+        let app = state.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {}
+                    _ = stop.changed() => return,
+                }
+                if let Err(err) = app.recovery.check().await {
+                    tracing::debug!(error.cause = %err, "checking the hot store's epoch failed; will retry");
+                }
             }
         });
         // Lists changed on another instance are picked up within half a second.
@@ -310,6 +342,9 @@ impl App {
                     .clock
                     .now_ms()
                     .saturating_sub(hours.saturating_mul(3_600_000));
+                if let Err(err) = app.scoring.prune_factors().await {
+                    tracing::warn!(error.cause = %err, "pruning expired factors failed; will retry");
+                }
                 if let Err(err) = app.ingest.prune_requests_once(telemetry_cutoff).await {
                     tracing::warn!(error.cause = %err, "pruning request telemetry failed; will retry");
                 }

@@ -29,6 +29,7 @@ pub mod ingest;
 pub mod limiter;
 pub mod lockout;
 pub mod model;
+pub mod recovery;
 pub mod reputation;
 pub mod scoring;
 pub mod store;

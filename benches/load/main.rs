@@ -29,7 +29,10 @@
 //!    `LOAD_REDIS_TIMEOUT_MS` sets the service's Redis command timeout (default 250);
 //! 5. scoring (`LOAD_ONLY=scoring` alone): `GET /v1/multipliers` with L1 hits vs a static
 //!    axum handler, both driven by `wrk`; request-telemetry ingest (batches of 5000) vs an
-//!    axum handler that only parses the same bodies.
+//!    axum handler that only parses the same bodies;
+//! 6. rebuild (`LOAD_ONLY=rebuild` alone): accounts locked over HTTP, Redis flushed, the
+//!    rebuild from Postgres timed and a sample of the lockouts checked, against a raw
+//!    pipeline writing as many markers (`LOAD_REBUILD_LOCKOUTS=10000,100000`).
 //!
 //! Everything shares the machine's cores (server, load generator, Redis), as the baselines do.
 
@@ -46,12 +49,14 @@ use rand::Rng;
 mod drive;
 mod ingest;
 mod limit;
+mod rebuild;
 mod scoring;
 mod server_redis;
 
 use drive::*;
 use ingest::*;
 use limit::*;
+use rebuild::*;
 use scoring::*;
 use server_redis::*;
 
@@ -88,6 +93,7 @@ fn main() {
         Ok("flood") => return flood_section(env_or("LOAD_FLOOD_KEYS", 1_000_000)),
         Ok("mixed") => return mixed_section(redis.port, seconds),
         Ok("coalesce") => return coalesce_section(redis.port, concurrency, seconds),
+        Ok("rebuild") => return rebuild_section(redis.port),
         Ok("limit") => {
             // A latency curve: each concurrency against the raw script at the same one.
             let levels: Vec<u64> = match std::env::var("LOAD_CONCURRENCY") {

@@ -47,6 +47,9 @@ pub struct Readiness {
     pub durable: StoreState,
     /// The hot store.
     pub hot: StoreState,
+    /// Whether the hot store's enforcement state is complete, or being rebuilt from the
+    /// durable store after it lost its data (`phase`: `current`, `rebuilding`, `waiting`).
+    pub hot_state: crate::recovery::HotState,
 }
 
 /// Liveness: the process is up.
@@ -81,9 +84,10 @@ async fn readyz(State(app): State<AppState>) -> Result<Json<Readiness>, ApiError
             status: "ready",
             durable,
             hot,
+            hot_state: app.recovery.state(),
         }))
     } else {
-        let details = serde_json::json!({ "durable": durable, "hot": hot });
+        let details = serde_json::json!({ "durable": durable, "hot": hot, "hot_state": app.recovery.state() });
         Err(ApiError::new(ErrorCode::Unavailable, "a store is unreachable").with_details(details))
     }
 }

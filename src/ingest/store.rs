@@ -242,3 +242,28 @@ pub(super) async fn prune_request_batches(
     .map(|done| done.rows_affected()))?;
     Ok(deleted)
 }
+
+/// Events a hot-store rebuild replays: successes from `successes_since`, failures from
+/// `failures_since`, after `(ts, event_id)`, oldest first.
+const REPLAY: &str = "SELECT event_id, kind, account, ip, device_id, endpoint, ts FROM auth_events \
+    WHERE ts >= $1 AND (ts, event_id) > ($2, $3) \
+      AND (kind = 'login_success' OR ts >= $4) \
+    ORDER BY ts, event_id LIMIT $5";
+
+/// A page of the events a rebuild of the hot store's windows replays (see [`REPLAY`]).
+pub(super) async fn replay_page(
+    durable: &Durable,
+    successes_since: i64,
+    failures_since: i64,
+    after: (i64, &str),
+    limit: u32,
+) -> Result<Vec<StoredEvent>, Error> {
+    Ok(with_pool!(durable, |pool| sqlx::query_as(REPLAY)
+        .bind(successes_since.min(failures_since))
+        .bind(after.0)
+        .bind(after.1)
+        .bind(failures_since)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await)?)
+}

@@ -14,6 +14,7 @@
 mod locks; // storing and announcing lockouts (one instance wins each)
 pub mod policy; // the pure decision: counts in, action and reasons out
 mod record; // a batch's window operations and each failure's consequences
+mod restore; // markers of the lockouts in force, put back after the hot store lost its data
 mod review; // listing, one lockout, release
 mod status; // the status of a login context and the lockout-DoS rule
 mod store; // SQL of lockouts
@@ -328,6 +329,15 @@ impl Lockouts {
         usize::try_from(threshold)
             .unwrap_or(velocity::WINDOW_CAP)
             .min(velocity::WINDOW_CAP)
+    }
+
+    /// Since when (Unix ms, at `now`) stored auth events still count in the hot store's
+    /// windows: failures (the failure window), successes (the known contexts).
+    pub fn replay_horizons(&self, now: i64) -> (i64, i64) {
+        (
+            now.saturating_sub(self.window_ms()),
+            now.saturating_sub(self.known_ms()),
+        )
     }
 
     fn known_ms(&self) -> i64 {

@@ -320,3 +320,36 @@ pub(super) async fn events(durable: &Durable, id: &str) -> Result<Vec<LockoutEve
         })
         .collect())
 }
+
+const ACTIVE_AFTER: &str = "SELECT id, account, scope, reason, failures, level, created_at, locked_until, released_at, released_by, release_reason \
+    FROM lockouts WHERE released_at IS NULL AND locked_until > $1 AND id > $2 ORDER BY id LIMIT $3";
+
+/// A page of the lockouts in force at `now_ms` whose id is after `after`, by id.
+pub(super) async fn active_after(
+    durable: &Durable,
+    now_ms: i64,
+    after: &str,
+    limit: u32,
+) -> Result<Vec<Lockout>, Error> {
+    let rows: Vec<Row> = with_pool!(durable, |pool| sqlx::query_as(ACTIVE_AFTER)
+        .bind(now_ms)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await)?;
+    Ok(rows.into_iter().map(Lockout::from).collect())
+}
+
+const RELEASED_SINCE: &str =
+    "SELECT account, MAX(released_at) FROM lockouts WHERE released_at >= $1 GROUP BY account";
+
+/// Per account, its latest release at or after `since_ms`.
+pub(super) async fn released_since(
+    durable: &Durable,
+    since_ms: i64,
+) -> Result<Vec<(String, i64)>, Error> {
+    Ok(with_pool!(durable, |pool| sqlx::query_as(RELEASED_SINCE)
+        .bind(since_ms)
+        .fetch_all(pool)
+        .await)?)
+}

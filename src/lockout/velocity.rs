@@ -410,6 +410,25 @@ pub async fn lock_if_absent(
     }
 }
 
+/// Puts back the marker of a stored lockout (the hot store lost it), expiring in `ttl_ms`;
+/// a marker already there stays. True if this call set it.
+pub async fn restore_marker(
+    hot: &Hot,
+    keys: &Keys,
+    account: &SubjectKey,
+    lockout_id: &str,
+    now_ms: i64,
+    ttl_ms: i64,
+) -> Result<bool, Error> {
+    match hot {
+        Hot::Memory(_) => lock_if_absent(hot, keys, account, lockout_id, now_ms, ttl_ms).await,
+        Hot::Redis(_) => {
+            let stored = format!("{lockout_id}{STORED}");
+            lock_if_absent(hot, keys, account, &stored, now_ms, ttl_ms).await
+        }
+    }
+}
+
 /// Appended to a lock marker's lockout id once the lockout is durably stored (the same
 /// character in `lua/lock_marker.lua`).
 const STORED: char = '!';

@@ -121,6 +121,8 @@ pub struct Engine {
     settings: crate::config::ScoringSettings,
     keys: Keys,
     hot: Hot,
+    /// Where stored factors are kept for good ([`store::durable`]).
+    durable: crate::store::Durable,
     store: FactorStore,
     clock: Arc<dyn Clock>,
     signals: ArcSwap<Vec<Arc<dyn Signal>>>,
@@ -130,6 +132,8 @@ pub struct Engine {
     l1: Mutex<HashMap<String, Arc<Cached>>>,
     /// See [`Engine::generation`].
     generation: std::sync::atomic::AtomicU64,
+    /// Unix ms when the hot store's current epoch began (its decision stream with it).
+    stream_since_ms: std::sync::atomic::AtomicI64,
     baselines: Baselines,
     key_hasher: foldhash::fast::RandomState,
     sketch: Mutex<SpaceSaving>,
@@ -153,12 +157,14 @@ impl Engine {
             classes,
             keys: stores.keys.clone(),
             hot: stores.hot.clone(),
+            durable: stores.durable.clone(),
             store: store::open(&stores.hot),
             signals: ArcSwap::from_pointee(Vec::new()),
             on_publish: OnceLock::new(),
             l1_ttl_us: (settings.limits.l1_ttl_ms * 1000).min(MAX_L1_TTL_US),
             l1: Mutex::new(HashMap::new()),
             generation: std::sync::atomic::AtomicU64::new(0),
+            stream_since_ms: std::sync::atomic::AtomicI64::new(0),
             baselines: Baselines::new(&scoring.anomaly),
             key_hasher: foldhash::fast::RandomState::default(),
             sketch: Mutex::new(SpaceSaving::new(scoring.offenders.sketch_capacity)),

@@ -65,8 +65,28 @@ impl Engine {
         self.apply_many(&items).await
     }
 
-    /// [`Engine::apply`] on each of distinct subjects, together.
+    /// [`Engine::apply`] on each of distinct subjects, together: the changes are written to
+    /// the durable store (the truth a rebuild reads) while they are applied and published in
+    /// the hot store. A durable store that fails does not stop enforcement: the change is
+    /// published all the same, logged and counted (`palisade_factor_persist_failures_total`).
     pub(super) async fn apply_many(&self, items: &[(&SubjectKey, &[Change])]) -> Result<(), Error> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let (persisted, applied) = tokio::join!(
+            store::durable::write(&self.durable, items, self.clock.now_ms()),
+            self.apply_hot(items),
+        );
+        if let Err(err) = persisted {
+            metrics::counter!(names::FACTOR_PERSIST_FAILURES_TOTAL).increment(items.len() as u64);
+            tracing::warn!(error.cause = %err, subjects = items.len(), "stored factors not written to the durable store; enforced from the hot store only");
+        }
+        applied
+    }
+
+    /// The hot half of [`Engine::apply_many`] (a rebuild applies what it read from the
+    /// durable store with it).
+    pub(super) async fn apply_hot(&self, items: &[(&SubjectKey, &[Change])]) -> Result<(), Error> {
         if items.is_empty() {
             return Ok(());
         }
@@ -313,5 +333,59 @@ impl Engine {
             self.rescore(subject).await?;
         }
         Ok(subjects.len())
+    }
+}
+
+/// Subjects restored per [`Engine::apply_hot`] call by [`Engine::restore`].
+const RESTORE_SUBJECTS_PER_CALL: usize = 256;
+/// Factor rows read per page by [`Engine::restore`].
+const RESTORE_PAGE: u32 = 5000;
+
+impl Engine {
+    /// Puts every live stored factor of the durable store back into the hot store and
+    /// publishes the multipliers, as after its assertion (the hot store lost its data).
+    /// Returns how many subjects.
+    pub async fn restore(&self) -> Result<usize, Error> {
+        let now = self.clock.now_ms();
+        let (mut subject, mut id) = (String::new(), String::new());
+        let mut pending: Vec<(SubjectKey, Vec<Change>)> = Vec::new();
+        let mut restored = 0;
+        loop {
+            let page =
+                store::durable::live(&self.durable, now, (&subject, &id), RESTORE_PAGE).await?;
+            let done = page.len() < RESTORE_PAGE as usize;
+            if let Some((last_subject, last_id, _)) = page.last() {
+                (subject, id) = (last_subject.as_str().to_owned(), last_id.clone());
+            }
+            for (key, _, factor) in page {
+                match pending.last_mut() {
+                    Some((last, changes)) if *last == key => changes.push(Change::Set(factor)),
+                    _ => pending.push((key, vec![Change::Set(factor)])),
+                }
+            }
+            // The last subject of a page may go on in the next: it waits for it.
+            let ready = if done {
+                pending.len()
+            } else {
+                pending.len().saturating_sub(1)
+            };
+            for chunk in pending[..ready].chunks(RESTORE_SUBJECTS_PER_CALL) {
+                let items: Vec<(&SubjectKey, &[Change])> = chunk
+                    .iter()
+                    .map(|(key, changes)| (key, &changes[..]))
+                    .collect();
+                self.apply_hot(&items).await?;
+                restored += chunk.len();
+            }
+            pending.drain(..ready);
+            if done {
+                return Ok(restored);
+            }
+        }
+    }
+
+    /// Deletes the durable copies of factors expired by now; how many.
+    pub async fn prune_factors(&self) -> Result<u64, Error> {
+        Ok(store::durable::prune(&self.durable, self.clock.now_ms()).await?)
     }
 }

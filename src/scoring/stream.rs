@@ -20,8 +20,28 @@ impl Engine {
 
     /// Stream entries after `cursor` (None: none, only the current cursor), the next cursor,
     /// and whether entries after `cursor` were trimmed (start again from a snapshot).
+    ///
+    /// A cursor from before the hot store's current epoch (the stream was lost with it and
+    /// rebuilt) is answered with a reset too: what changed in between is not in the stream.
     pub async fn changes(&self, cursor: Option<&str>, limit: usize) -> Result<store::Page, Error> {
-        Ok(self.store.changes(&self.keys, cursor, limit).await?)
+        let mut page = self.store.changes(&self.keys, cursor, limit).await?;
+        let since = self
+            .stream_since_ms
+            .load(std::sync::atomic::Ordering::Acquire);
+        // Redis cursors are `<ms>-<seq>`; in-process ones count from the process's start and
+        // are answered by the in-process store (a cursor it never issued is a reset).
+        if let Some((ms, _)) = cursor.and_then(|c| c.split_once('-'))
+            && ms.parse::<i64>().is_ok_and(|ms| ms > 0 && ms < since)
+        {
+            page.reset = true;
+        }
+        Ok(page)
+    }
+
+    /// The hot store's current epoch began at `since_ms` (recovery tells every instance).
+    pub fn set_stream_since(&self, since_ms: i64) {
+        self.stream_since_ms
+            .store(since_ms, std::sync::atomic::Ordering::Release);
     }
 
     /// The multipliers in force for every subject with published multipliers (at most

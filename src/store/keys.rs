@@ -93,6 +93,17 @@ impl Keys {
         format!("{}:{{lists}}:version", self.prefix)
     }
 
+    /// The hot store's epoch marker (`pal:v1:{hot}:epoch`): written when its enforcement
+    /// state is complete; gone means the hot store lost its data.
+    pub fn epoch(&self) -> String {
+        format!("{}:{{hot}}:epoch", self.prefix)
+    }
+
+    /// The lease of the instance rebuilding the hot store (`pal:v1:{hot}:rebuilding`).
+    pub fn rebuild_lease(&self) -> String {
+        format!("{}:{{hot}}:rebuilding", self.prefix)
+    }
+
     /// A revoked API token's marker (`pal:v1:{access}:revoked:<token id>`): instances that
     /// cannot reach the database while it lives still drop the token from their caches.
     pub fn revoked_token(&self, token_id: &str) -> String {

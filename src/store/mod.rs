@@ -4,6 +4,7 @@
 //! ([`keys`]) and Lua script loading. No business rules: each domain keeps its own SQL in
 //! `<domain>/store.rs` and runs it through [`with_pool!`](crate::store::with_pool).
 
+pub mod epoch;
 pub mod keys;
 mod memory;
 mod redis_hot;

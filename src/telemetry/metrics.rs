@@ -57,6 +57,16 @@ pub const GRPC_REQUESTS_TOTAL: &str = "palisade_grpc_requests_total";
 pub const FORWARD_AUTH_TOTAL: &str = "palisade_forward_auth_total";
 /// CrowdSec stream pulls, by `startup` (`true`, `false`).
 pub const CROWDSEC_PULLS_TOTAL: &str = "palisade_crowdsec_pulls_total";
+/// Rebuilds of the hot store's enforcement state from the durable store, by `outcome`
+/// (`done`, `failed`).
+pub const HOT_REBUILDS_TOTAL: &str = "palisade_hot_rebuilds_total";
+/// 1 while this instance rebuilds the hot store (or waits for another instance's rebuild).
+pub const HOT_REBUILDING: &str = "palisade_hot_rebuilding";
+/// Seconds the last rebuild of the hot store took.
+pub const HOT_REBUILD_SECONDS: &str = "palisade_hot_rebuild_seconds";
+/// Scoring factors enforced but not written to the durable store (it failed): they are lost
+/// if the hot store loses its data before they are asserted again.
+pub const FACTOR_PERSIST_FAILURES_TOTAL: &str = "palisade_factor_persist_failures_total";
 /// Every metric name, for the dashboard test.
 pub const ALL: &[&str] = &[
     HTTP_REQUESTS_TOTAL,
@@ -84,6 +94,10 @@ pub const ALL: &[&str] = &[
     GRPC_REQUESTS_TOTAL,
     FORWARD_AUTH_TOTAL,
     CROWDSEC_PULLS_TOTAL,
+    HOT_REBUILDS_TOTAL,
+    HOT_REBUILDING,
+    HOT_REBUILD_SECONDS,
+    FACTOR_PERSIST_FAILURES_TOTAL,
 ];
 
 /// Metric handles by their label values, for the metrics every request records.
@@ -253,6 +267,23 @@ fn describe() {
     );
     metrics::describe_counter!(FORWARD_AUTH_TOTAL, "Forward-auth answers by outcome");
     metrics::describe_counter!(CROWDSEC_PULLS_TOTAL, "CrowdSec decision stream pulls");
+    metrics::describe_counter!(
+        HOT_REBUILDS_TOTAL,
+        "Rebuilds of the hot store's enforcement state from the durable store, by outcome"
+    );
+    metrics::describe_gauge!(
+        HOT_REBUILDING,
+        "1 while the hot store's enforcement state is being rebuilt"
+    );
+    metrics::describe_gauge!(
+        HOT_REBUILD_SECONDS,
+        metrics::Unit::Seconds,
+        "Duration of the last rebuild of the hot store"
+    );
+    metrics::describe_counter!(
+        FACTOR_PERSIST_FAILURES_TOTAL,
+        "Scoring factors enforced without a durable copy (the durable store failed)"
+    );
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ mod limiter;
 mod lists;
 mod lockout;
 mod nginx;
+mod recovery;
 mod reputation;
 mod scaleout;
 mod scoring;

@@ -201,7 +201,9 @@ impl Factors for MemoryFactors {
                 .1
                 .front()
                 .map_or(newest + 1, |c| stream_id(&c.cursor).0);
-            let reset = after + 1 < oldest && after < newest;
+            // Trimmed entries after the cursor, or a cursor this process never issued (one
+            // from before a restart: the stream in between is gone).
+            let reset = (after + 1 < oldest && after < newest) || after > newest;
             let items: Vec<DecisionChange> = stream
                 .1
                 .iter()

@@ -1,5 +1,7 @@
-//! Where factors and published multipliers live: Redis (`lua/factors_update.lua`,
-//! `lua/multiplier_publish.lua`, one slot per subject) or in-process.
+//! Where factors and published multipliers live.
+//!
+//! Redis (`lua/factors_update.lua`, `lua/multiplier_publish.lua`, one slot per subject) or
+//! in-process, with the truth of the factors in the durable store ([`durable`]).
 //!
 //! Per subject: a hash of its stored factors with a version. Deployment-wide, in one slot
 //! (`{scoring}`): the due set (subjects whose multiplier changes at a known time), the active
@@ -15,6 +17,7 @@ use super::Factor;
 use crate::model::SubjectKey;
 use crate::store::{Error, Hot, Keys};
 
+pub(crate) mod durable;
 mod memory;
 mod redis;
 
