@@ -21,6 +21,23 @@ on_both_backends!(enforcement_survives_losing_the_hot_store);
 async fn lose_hot_store(app: &TestApp) -> Option<TestApp> {
     match app.backend {
         Backend::Embedded => Some(app.another_instance().await),
+        Backend::Production
+            if let Some(nodes) = app
+                .settings
+                .redis_url
+                .as_deref()
+                .and_then(|url| url.strip_prefix("redis+cluster://")) =>
+        {
+            // A cluster of this test's own: every master emptied.
+            for node in nodes.split(',') {
+                let client = redis::Client::open(format!("redis://{node}")).unwrap();
+                let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+                let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+            }
+            let phase = app.app.recovery.check().await.expect("rebuild");
+            assert_eq!(phase, palisade::recovery::Phase::Current);
+            None
+        }
         Backend::Production => {
             let client = redis::Client::open(app.settings.redis_url.clone().unwrap()).unwrap();
             let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -184,6 +201,15 @@ async fn enforcement_survives_losing_the_hot_store(app: TestApp) {
     let ready: Value = ready.json().await.unwrap();
     assert_eq!(ready["hot_state"]["phase"], "current", "{ready}");
     assert_eq!(ready["hot_state"]["last_rebuild"]["lockouts"], 2, "{ready}");
+}
+
+/// The same on a local 3-master Redis Cluster whose every master is emptied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforcement_survives_a_redis_cluster_losing_its_data() {
+    let Some((_cluster, app)) = TestApp::on_cluster().await else {
+        return;
+    };
+    enforcement_survives_losing_the_hot_store(app).await;
 }
 
 /// A Palisade process (the real binary).
