@@ -303,6 +303,9 @@ async fn post_request_events(
     }))
 }
 
+/// The endpoint class whose IP signals the account status reports.
+const AUTH_CLASS: &str = "auth";
+
 /// `GET /v1/accounts/{account}/status` query.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -332,6 +335,20 @@ pub struct StatusView {
     pub failures_in_window: u32,
     /// Why.
     pub reasons: Vec<Reason>,
+    /// What the limiter holds against the attempt's IP on the `auth` class (spraying,
+    /// reputation, deny lists), so the auth service can act on it too; absent when no
+    /// `auth` class is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip_signals: Option<IpSignals>,
+}
+
+/// The IP's multiplier on the `auth` class and its reasons.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct IpSignals {
+    /// The IP's multiplier on `auth` (0 blocks, 1 is the plain budget).
+    pub multiplier: f64,
+    /// Reason codes of the enforced factors, e.g. `spraying`, `reputation_tor`, `list_deny`.
+    pub reasons: Vec<String>,
 }
 
 /// What the auth service must do for this login attempt (role `ingest`). Served from the
@@ -368,7 +385,26 @@ async fn account_status(
             .map_err(|e| ApiError::invalid(e.to_string()))?,
     };
     let status: AccountStatus = app.lockouts.status(&context).await?;
+    let ip_signals = if app.scoring.classes().iter().any(|c| c == AUTH_CLASS) {
+        let explained = app
+            .scoring
+            .explain(AUTH_CLASS, &[(context.ip_key.clone(), Some(ip.addr()))])
+            .await?;
+        explained.into_iter().next().map(|ip| IpSignals {
+            multiplier: ip.combined.multiplier,
+            reasons: ip
+                .combined
+                .contributions
+                .iter()
+                .filter(|c| !c.shadow)
+                .map(|c| c.code.clone())
+                .collect(),
+        })
+    } else {
+        None
+    };
     Ok(Json(StatusView {
+        ip_signals,
         account,
         action: status.action,
         locked_until: status.locked_until_ms.map(rfc3339),

@@ -147,6 +147,22 @@ async fn enforcement_survives_losing_the_hot_store(app: TestApp) {
     assert_eq!(sprayer.status(), StatusCode::TOO_MANY_REQUESTS);
     let other = auth_check(after, "203.0.113.67", "fresh-account").await;
     assert_eq!(other.status(), StatusCode::OK);
+    // The account status tells the auth service about the IP too.
+    let from_sprayer = after.status("fresh-account", "203.0.113.66", None).await;
+    assert_eq!(
+        from_sprayer["ip_signals"]["multiplier"], 0.0,
+        "{from_sprayer}"
+    );
+    assert!(
+        from_sprayer["ip_signals"]["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "spraying"),
+        "{from_sprayer}"
+    );
+    let from_other = after.status("fresh-account", "203.0.113.67", None).await;
+    assert_eq!(from_other["ip_signals"]["multiplier"], 1.0, "{from_other}");
     // The lockout-DoS rule still knows carol's phone: a challenge, not a lockout.
     let phone = after
         .status("carol", "198.51.100.50", Some("carols-phone"))
