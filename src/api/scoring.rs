@@ -255,9 +255,12 @@ pub struct DecisionParams {
     /// The `next_cursor` of the previous answer; absent: a full snapshot.
     #[param(pattern = "^[0-9]{1,20}(-[0-9]{1,20})?$")]
     pub since: Option<String>,
-    /// Most changes per answer, 1–1000 (default 500).
+    /// Most changes (or snapshot entries) per answer, 1–1000 (default 500).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+    /// The `snapshot_next` of the previous snapshot page: the snapshot's next page.
+    #[param(pattern = "^[0-9]{1,20}(-[0-9]{1,20})?\\.[A-Za-z0-9_-]{0,4096}$")]
+    pub snapshot_after: Option<String>,
 }
 
 /// Decisions for an enforcer's local copy.
@@ -268,14 +271,18 @@ pub struct DecisionPage {
     pub snapshot: bool,
     /// Changes in order (or the snapshot).
     pub items: Vec<DecisionChange>,
-    /// Pass as `since` next time.
+    /// Pass as `since` next time (every page of one snapshot carries the same).
     pub next_cursor: String,
+    /// While a snapshot has more pages: pass as `snapshot_after` for the next one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_next: Option<String>,
 }
 
 /// Multipliers, lockouts and list entries changed since a cursor, so a gateway can keep a
 /// local copy and keep enforcing when Palisade is unreachable (role `limiter`). Without
-/// `since` (or when `since` is older than the last 100,000 changes kept) the answer is a
-/// snapshot of everything in force; follow `next_cursor` from there. Changes after the
+/// `since` (or when `since` is older than the changes kept, or from before the hot store
+/// lost its data) the answer is a snapshot of everything in force, `limit` entries a page
+/// (follow `snapshot_next` as `snapshot_after`); then follow `next_cursor` from there. Changes after the
 /// snapshot's cursor may repeat what the snapshot holds: apply them in order.
 #[utoipa::path(get, path = "/v1/decisions", tag = "scoring", security(("bearer" = [])),
     params(DecisionParams),
@@ -287,6 +294,12 @@ async fn decisions(
     ApiQuery(params): ApiQuery<DecisionParams>,
 ) -> Result<Json<DecisionPage>, ApiError> {
     let limit = parse_limit(params.limit, 500, 1000)? as usize;
+    if let Some(token) = params.snapshot_after.as_deref() {
+        let (cursor, after) = parse_snapshot_token(token).ok_or_else(|| {
+            ApiError::invalid("snapshot_after is not a snapshot_next returned by this API")
+        })?;
+        return snapshot_page(&app, cursor.to_owned(), Some(&after), limit).await;
+    }
     if let Some(since) = params.since.as_deref() {
         if !valid_cursor(since) {
             return Err(ApiError::invalid(
@@ -299,15 +312,68 @@ async fn decisions(
                 snapshot: false,
                 items: page.changes,
                 next_cursor: page.next,
+                snapshot_next: None,
             }));
         }
     }
     // The cursor first: a change made while the snapshot is read is then replayed after it.
     let next_cursor = app.scoring.changes(None, 0).await?.next;
+    snapshot_page(&app, next_cursor, None, limit).await
+}
+
+/// A snapshot entry's place in the snapshot's order.
+fn snapshot_key(change: &DecisionChange) -> String {
+    format!(
+        "{}\u{0}{}\u{0}{}",
+        change.kind,
+        change.subject,
+        change.reference.as_deref().unwrap_or("")
+    )
+}
+
+/// `<stream cursor>.<base64url of the last entry's key>`.
+fn snapshot_token(cursor: &str, last: &DecisionChange) -> String {
+    use base64::Engine as _;
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(snapshot_key(last));
+    format!("{cursor}.{key}")
+}
+
+fn parse_snapshot_token(token: &str) -> Option<(&str, String)> {
+    use base64::Engine as _;
+    let (cursor, key) = token.split_once('.')?;
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(key)
+        .ok()?;
+    valid_cursor(cursor).then_some(())?;
+    Some((cursor, String::from_utf8(key).ok()?))
+}
+
+/// One page of the snapshot (entries in `(kind, subject, reference)` order after `after`),
+/// answered with the stream cursor taken before its first page.
+async fn snapshot_page(
+    app: &AppState,
+    next_cursor: String,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Json<DecisionPage>, ApiError> {
+    let mut items: Vec<(String, DecisionChange)> = snapshot(app)
+        .await?
+        .into_iter()
+        .map(|change| (snapshot_key(&change), change))
+        .filter(|(key, _)| after.is_none_or(|after| key.as_str() > after))
+        .collect();
+    items.sort_by(|a, b| a.0.cmp(&b.0));
+    let more = items.len() > limit;
+    items.truncate(limit);
+    let items: Vec<DecisionChange> = items.into_iter().map(|(_, change)| change).collect();
+    let snapshot_next = more
+        .then(|| items.last().map(|last| snapshot_token(&next_cursor, last)))
+        .flatten();
     Ok(Json(DecisionPage {
         snapshot: true,
-        items: snapshot(&app).await?,
+        items,
         next_cursor,
+        snapshot_next,
     }))
 }
 

@@ -8,6 +8,7 @@ on_both_backends!(
     concurrent_changes_from_two_instances_publish_the_latest_factors,
     a_cached_multiplier_answer_never_outlives_a_change,
     factors_asserted_together_publish_as_one_by_one,
+    a_snapshot_comes_in_pages_of_limit,
 );
 
 /// An enforcer keeping a local copy: a snapshot, then every change after its cursor.
@@ -110,6 +111,57 @@ async fn the_decision_stream_follows_changes_and_snapshots(app: TestApp) {
         .get("/v1/decisions?since=not-a-cursor", Some(ADMIN_TOKEN))
         .await;
     assert_envelope(bad, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+}
+
+/// A snapshot larger than `limit` comes in pages: each entry once, every page with the
+/// cursor taken before the first; a forged page token is a 400.
+async fn a_snapshot_comes_in_pages_of_limit(app: TestApp) {
+    for i in 0..25 {
+        let user = palisade::model::SubjectKey::user(&format!("paged-{i:02}"), 64).unwrap();
+        app.app
+            .scoring
+            .assert(
+                &user,
+                palisade::scoring::Factor::scale("test", "paged", 0.5, "paged"),
+            )
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut cursors = std::collections::BTreeSet::new();
+    let mut path = "/v1/decisions?limit=10".to_owned();
+    let mut pages = 0;
+    loop {
+        let page: Value = app.admin_json(&path).await;
+        pages += 1;
+        assert_eq!(page["snapshot"], true, "{page}");
+        let items = page["items"].as_array().unwrap();
+        assert!(items.len() <= 10, "{page}");
+        seen.extend(
+            items
+                .iter()
+                .map(|i| i["subject"].as_str().unwrap().to_owned()),
+        );
+        cursors.insert(page["next_cursor"].as_str().unwrap().to_owned());
+        match page["snapshot_next"].as_str() {
+            Some(next) => path = format!("/v1/decisions?limit=10&snapshot_after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3, "25 entries, 10 a page");
+    assert_eq!(cursors.len(), 1, "one cursor for the whole snapshot");
+    let unique: std::collections::BTreeSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "no entry twice: {seen:?}");
+    assert_eq!(seen.len(), 25);
+    for forged in ["0-0.%%%", "abc.AAAA", "1-1"] {
+        let bad = app
+            .get(
+                &format!("/v1/decisions?snapshot_after={forged}"),
+                Some(ADMIN_TOKEN),
+            )
+            .await;
+        assert_envelope(bad, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    }
 }
 
 /// Two factors with different lifetimes: when the shorter one ends, the due loop
