@@ -516,6 +516,9 @@ impl Ingest {
         }
         metrics::counter!(names::TELEMETRY_EVENTS_TOTAL).increment(events.len() as u64);
         let mut anomalies = Vec::new();
+        // Per key and minute, what this batch counted: merged with the other instances'.
+        let shared = self.scoring.shares_counts();
+        let mut counts: HashMap<(crate::model::SubjectKey, u32), u32> = HashMap::new();
         for event in events {
             metrics::histogram!(names::INGEST_LAG_SECONDS, "source" => "requests")
                 .record((now - event.ts_ms).max(0) as f64 / 1000.0);
@@ -523,11 +526,20 @@ impl Ingest {
             let mut keys = vec![&ip];
             keys.extend(event.user.as_ref());
             keys.extend(event.device.as_ref());
-            anomalies.extend(self.scoring.observe(
-                &keys,
-                crate::scoring::minute_of(event.ts_ms),
-                event.status == 429,
-            ));
+            let minute = crate::scoring::minute_of(event.ts_ms);
+            anomalies.extend(self.scoring.observe(&keys, minute, event.status == 429));
+            if shared {
+                for key in keys {
+                    *counts.entry(((*key).clone(), minute)).or_default() += 1;
+                }
+            }
+        }
+        if shared {
+            let merged = self
+                .scoring
+                .merge_counts(counts.into_iter().collect())
+                .await?;
+            anomalies.extend(merged);
         }
         let found = anomalies.len();
         self.scoring.handle_anomalies(anomalies).await?;

@@ -138,6 +138,37 @@ impl Baselines {
 
     /// Counts `n` requests of the key with `hash` (of kind `kind`) in `minute`; returns the
     /// anomaly if this made the key anomalous (once per cooling period).
+    /// Brings the key's count of `minute` up to `total` (the count over every instance) and
+    /// judges it, as [`Baselines::observe`] does with what this instance had not counted.
+    pub fn observe_total(
+        &self,
+        hash: u64,
+        kind: SubjectKind,
+        minute: u32,
+        total: u32,
+    ) -> Option<Anomaly> {
+        // A minute this instance has folded already keeps what it folded (adding the rest
+        // there would count this instance's share twice into the average).
+        let current = self.count_in(hash, minute)?;
+        match total.saturating_sub(current) {
+            0 => None,
+            more => self.observe(hash, kind, minute, more),
+        }
+    }
+
+    /// The key's count in `minute` on this instance: 0 when untracked or at an earlier
+    /// minute, None when the key is past `minute`.
+    fn count_in(&self, hash: u64, minute: u32) -> Option<u32> {
+        let hash = hash.max(1);
+        let shard = lock(&self.shards[(hash % SHARDS as u64) as usize]);
+        let set_index = ((hash / SHARDS as u64) % shard.sets.len() as u64) as usize;
+        match shard.sets[set_index].iter().find(|s| s.hash == hash) {
+            Some(slot) if slot.minute > minute => None,
+            Some(slot) if slot.minute == minute => Some(slot.count),
+            _ => Some(0),
+        }
+    }
+
     pub fn observe(&self, hash: u64, kind: SubjectKind, minute: u32, n: u32) -> Option<Anomaly> {
         let hash = hash.max(1);
         let kind = kind_index(kind);
@@ -258,6 +289,29 @@ mod tests {
                 .next()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn merged_totals_raise_the_current_minute_and_leave_folded_ones_alone() {
+        let b = Baselines::new(&settings());
+        // This instance saw half of a key's steady 10/min.
+        assert_eq!(steady(&b, 11, 0, 60, 5), 0);
+        // The merged total of a past minute changes nothing (no double counting).
+        assert!(
+            b.observe_total(11, SubjectKind::Device, 30, 10_000)
+                .is_none()
+        );
+        // The current minute: 400 here (80x, below the ratio), 1000 over every instance:
+        // one anomaly, on the total.
+        for _ in 0..400 {
+            assert!(b.observe(11, SubjectKind::Device, 60, 1).is_none());
+        }
+        let anomaly = b
+            .observe_total(11, SubjectKind::Device, 60, 1000)
+            .expect("the merged count is 200x this instance's baseline");
+        assert_eq!(anomaly.count, 1000);
+        // A total no larger than what is counted here adds nothing.
+        assert!(b.observe_total(11, SubjectKind::Device, 60, 400).is_none());
     }
 
     #[test]

@@ -5,6 +5,10 @@ use super::*;
 
 /// Shared offender totals are kept for this many minutes.
 pub(super) const OFFENDER_MINUTES: i64 = 60;
+/// Merged per-minute request counts are kept for this many minutes.
+const RATE_MINUTES_KEPT: i64 = 3;
+/// A key counted fewer times than this in a telemetry batch is not merged.
+pub const MERGE_MIN: u32 = 2;
 
 /// Unix ms → minute number.
 pub fn minute_of(ms: i64) -> u32 {
@@ -40,6 +44,62 @@ impl Engine {
             }
         }
         anomalies
+    }
+
+    /// True when several instances may count the same keys (the hot store is shared): then
+    /// [`Engine::merge_counts`] has work to do.
+    pub fn shares_counts(&self) -> bool {
+        matches!(self.hot, Hot::Redis(_))
+    }
+
+    /// Adds this instance's per-minute counts of a telemetry batch to the counts of every
+    /// instance (one pipeline on Redis) and judges each key on the merged count: a spike a
+    /// load balancer spread over instances is seen as on one. Keys counted fewer than
+    /// [`MERGE_MIN`] times in the batch stay local (a low-rate key's baseline is then this
+    /// instance's share: if anything more sensitive). Nothing to do in process.
+    pub async fn merge_counts(
+        &self,
+        counts: Vec<((SubjectKey, u32), u32)>,
+    ) -> Result<Vec<(SubjectKey, Anomaly)>, Error> {
+        let Hot::Redis(redis) = &self.hot else {
+            return Ok(Vec::new());
+        };
+        let counts: Vec<((SubjectKey, u32), u32)> = counts
+            .into_iter()
+            .filter(|(_, n)| *n >= MERGE_MIN)
+            .collect();
+        if counts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        let mut minutes: Vec<u32> = Vec::new();
+        for ((key, minute), n) in &counts {
+            pipe.cmd("HINCRBY")
+                .arg(self.keys.scoring(&format!("rates:{minute}")))
+                .arg(key.as_str())
+                .arg(*n);
+            if !minutes.contains(minute) {
+                minutes.push(*minute);
+            }
+        }
+        for minute in minutes {
+            pipe.cmd("EXPIRE")
+                .arg(self.keys.scoring(&format!("rates:{minute}")))
+                .arg(RATE_MINUTES_KEPT * 60)
+                .ignore();
+        }
+        let totals: Vec<i64> = redis.query_pipeline(&pipe).await.map_err(Error::Store)?;
+        Ok(counts
+            .into_iter()
+            .zip(totals)
+            .filter_map(|(((key, minute), _), total)| {
+                let total = u32::try_from(total).unwrap_or(u32::MAX);
+                let anomaly =
+                    self.baselines
+                        .observe_total(self.key_hash(&key), key.kind(), minute, total)?;
+                Some((key, anomaly))
+            })
+            .collect())
     }
 
     /// Feeds one limit decision: the request's keys towards their baselines, and a denial

@@ -78,7 +78,7 @@ impl Keys {
 
     /// A deployment-wide scoring key, all in one slot: `pal:v1:{scoring}:due` (subjects to
     /// republish), `:active` (subjects with published multipliers), `:decisions` (the
-    /// change stream), `:offenders:<minute>`.
+    /// change stream), `:offenders:<minute>`, `:rates:<minute>` (request counts per key).
     pub fn scoring(&self, name: &str) -> String {
         let mut key = String::with_capacity(self.prefix.len() + name.len() + 12);
         key.push_str(&self.prefix);

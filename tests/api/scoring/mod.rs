@@ -13,6 +13,7 @@ use crate::helpers::{ADMIN_TOKEN, Backend, TestApp, assert_envelope};
 
 use crate::on_both_backends;
 
+mod instances;
 mod publish;
 
 on_both_backends!(
