@@ -232,6 +232,7 @@ impl App {
             clock.clone(),
             lockouts.clone(),
             scoring.clone(),
+            limiter.clone(),
             ingest.clone(),
             settings.limits.ipv6_prefix_len,
         );

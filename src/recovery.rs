@@ -5,12 +5,14 @@
 //! complete. Every instance reads it every second ([`Recovery::check`], also once before
 //! serving); gone means the hot store lost its data (a restart without persistence, a failover
 //! to an empty replica, `FLUSHALL`, eviction of the marker) or is new. One instance takes the
-//! rebuild lease and rebuilds, the others wait for the new epoch:
+//! rebuild lease and rebuilds, the others wait for the new epoch; meanwhile classes that fail
+//! closed do (as when Redis is down):
 //! 1. the lock markers of the lockouts in force (enforcement of lockouts first),
 //! 2. every live stored factor, published again (lockouts, escalations, spraying and ASN
 //!    blocks, list entries, attestation verdicts, offender and anomaly flags),
-//! 3. the velocity windows and known contexts, replayed from the stored auth events (an
-//!    attacker gets no fresh set of attempts because Redis restarted).
+//! 3. the new epoch is written (every instance answers normally again), then the velocity
+//!    windows and known contexts are replayed from the stored auth events (an attacker gets
+//!    no fresh set of attempts because Redis restarted).
 //!
 //! Token buckets are not rebuilt: they refill to their budgets (a burst of at most one
 //! budget per key).
@@ -103,6 +105,7 @@ pub struct Recovery {
     clock: Arc<dyn Clock>,
     lockouts: Arc<Lockouts>,
     scoring: Arc<Engine>,
+    limiter: Arc<crate::limiter::Limiter>,
     ingest: Ingest,
     ipv6_prefix_len: u8,
     /// This instance's name on the lease.
@@ -117,6 +120,7 @@ impl Recovery {
         clock: Arc<dyn Clock>,
         lockouts: Arc<Lockouts>,
         scoring: Arc<Engine>,
+        limiter: Arc<crate::limiter::Limiter>,
         ingest: Ingest,
         ipv6_prefix_len: u8,
     ) -> Self {
@@ -127,6 +131,7 @@ impl Recovery {
             clock,
             lockouts,
             scoring,
+            limiter,
             ingest,
             ipv6_prefix_len,
             state: Mutex::new(HotState {
@@ -159,10 +164,10 @@ impl Recovery {
             self.scoring
                 .set_stream_since(i64::try_from(began.timestamp_ms()).unwrap_or(0));
         }
-        metrics::gauge!(names::HOT_REBUILDING).set(match state.phase {
-            Phase::Rebuilding | Phase::Waiting => 1.0,
-            Phase::Unknown | Phase::Current => 0.0,
-        });
+        let rebuilding = matches!(state.phase, Phase::Rebuilding | Phase::Waiting);
+        metrics::gauge!(names::HOT_REBUILDING).set(if rebuilding { 1.0 } else { 0.0 });
+        // Until lockouts and factors are back, classes that fail closed do.
+        self.limiter.set_rebuilding(rebuilding);
     }
 
     /// Reads the epoch marker; when it is gone, rebuilds the hot store's state (if this
@@ -240,11 +245,15 @@ impl Recovery {
         let markers_ms = started.elapsed().as_millis() as u64;
         let subjects = self.scoring.restore().await? as u64;
         let factors_ms = started.elapsed().as_millis() as u64 - markers_ms;
+        // Lockouts and factors are back: the new epoch ends every instance's fail-closed
+        // period; the windows follow (an instance that dies meanwhile leaves them partial,
+        // they fill again with new events).
+        let id = self.clock.new_id().to_string();
+        epoch::set(&self.hot, &self.keys, &id, self.clock.now_ms()).await?;
+        self.limiter.set_rebuilding(false);
         let events = self.ingest.replay_windows(self.ipv6_prefix_len).await?;
         let windows_ms = started.elapsed().as_millis() as u64 - markers_ms - factors_ms;
         let now = self.clock.now_ms();
-        let id = self.clock.new_id().to_string();
-        epoch::set(&self.hot, &self.keys, &id, now).await?;
         let rebuilt = Rebuilt {
             at_ms: now,
             took_ms: started.elapsed().as_millis() as u64,

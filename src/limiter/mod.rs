@@ -61,6 +61,9 @@ pub struct Limiter {
     coalescer: redis_backend::Coalescer,
     defaults: std::sync::OnceLock<Arc<dyn DefaultMultipliers>>,
     exemptions: std::sync::OnceLock<Arc<dyn Exemptions>>,
+    /// The hot store is being rebuilt after it lost its data (lockouts and factors not back
+    /// yet): classes that fail closed do.
+    rebuilding: std::sync::atomic::AtomicBool,
     metrics: Metrics,
 }
 
@@ -89,8 +92,16 @@ impl Limiter {
             ),
             defaults: std::sync::OnceLock::new(),
             exemptions: std::sync::OnceLock::new(),
+            rebuilding: std::sync::atomic::AtomicBool::new(false),
             metrics: Metrics::default(),
         }
+    }
+
+    /// While `on`, the hot store lacks lockouts and factors it lost (`crate::recovery`): a
+    /// class that fails closed answers as when the hot store is down.
+    pub fn set_rebuilding(&self, on: bool) {
+        self.rebuilding
+            .store(on, std::sync::atomic::Ordering::Release);
     }
 
     /// Installs the lockout-DoS rule (once; later calls are ignored).
@@ -181,6 +192,15 @@ impl Limiter {
             return Ok(self.conclude(class_name, outcomes, now_ms, false, true));
         }
 
+        if self.rebuilding.load(std::sync::atomic::Ordering::Acquire)
+            && self.budgets.classes[class].fail == FailMode::Closed
+        {
+            let source = crate::store::Error::Unavailable {
+                store: "hot",
+                source: "it is being rebuilt after losing its data".into(),
+            };
+            return self.degraded(class, class_name, &scopes, now_ms, source);
+        }
         let mut scopes = scopes;
         let mut outcomes = match self.evaluate(&scopes, request, now_us).await {
             Ok(outcomes) => outcomes,

@@ -219,6 +219,66 @@ async fn enforcement_survives_losing_the_hot_store(app: TestApp) {
     assert_eq!(ready["hot_state"]["last_rebuild"]["lockouts"], 2, "{ready}");
 }
 
+/// While another instance holds the rebuild lease, lockouts are not back yet: classes that
+/// fail closed do (503, as when Redis is down), the others answer; once the epoch is back,
+/// the lockout refuses again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_fails_closed_until_the_rebuild_brings_lockouts_back() {
+    let Some(app) = TestApp::spawn(Backend::Production).await else {
+        return;
+    };
+    app.fail("wait-alice", "alice", &["203.0.113.1"], 10).await;
+    let client = redis::Client::open(app.settings.redis_url.clone().unwrap()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys = &app.app.stores.keys;
+    let _: () = redis::cmd("DEL")
+        .arg(keys.epoch())
+        .arg(keys.lock(&palisade::model::SubjectKey::user("alice", 64).unwrap()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(keys.rebuild_lease())
+        .arg("another-instance")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let phase = app.app.recovery.check().await.unwrap();
+    assert_eq!(phase, palisade::recovery::Phase::Waiting);
+    let auth = auth_check(&app, "198.51.100.9", "someone").await;
+    assert_eq!(
+        auth.headers()
+            .get("x-palisade-degraded")
+            .and_then(|v| v.to_str().ok()),
+        Some("redis-unavailable")
+    );
+    assert_envelope(auth, StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE").await;
+    let read = app
+        .limit_check(&json!({"endpoint": "/v1/feed", "ip": "198.51.100.9", "user_id": "someone"}))
+        .await;
+    assert_eq!(read.status(), StatusCode::OK);
+    let ready: Value = app.get("/readyz", None).await.json().await.unwrap();
+    assert_eq!(ready["hot_state"]["phase"], "waiting", "{ready}");
+
+    // The other instance is gone: its lease runs out, this one rebuilds.
+    let _: () = redis::cmd("DEL")
+        .arg(keys.rebuild_lease())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let phase = app.app.recovery.check().await.unwrap();
+    assert_eq!(phase, palisade::recovery::Phase::Current);
+    let check = auth_check(&app, "198.51.100.10", "alice").await;
+    let body = assert_envelope(check, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    assert_eq!(body["error"]["details"]["limit"], 0, "{body}");
+    assert_eq!(
+        auth_check(&app, "198.51.100.11", "someone").await.status(),
+        StatusCode::OK
+    );
+}
+
 /// The same on a local 3-master Redis Cluster whose every master is emptied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enforcement_survives_a_redis_cluster_losing_its_data() {
