@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use crate::helpers::{ADMIN_TOKEN, Backend, ChaosProxy, TestApp, production_urls, socket_of};
+use crate::helpers::{
+    ADMIN_TOKEN, Backend, ChaosProxy, Process, TestApp, production_urls, socket_of,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outage_under_ingest_loses_no_acknowledged_event() {
@@ -124,54 +126,6 @@ async fn postgres_outage_under_ingest_loses_no_acknowledged_event() {
         outcomes.len(),
         acknowledged.len()
     );
-}
-
-/// A Palisade process (the real binary) on the production backends.
-struct Process {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Process {
-    async fn start(env: &[(&str, String)]) -> Process {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
-        command
-            .arg("serve")
-            .env("PALISADE_LISTEN", format!("127.0.0.1:{port}"))
-            .env("PALISADE_GRPC_LISTEN", "")
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let process = Process {
-            child: command.spawn().expect("start palisade"),
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        for _ in 0..200 {
-            if reqwest::get(format!("{}/healthz", process.base))
-                .await
-                .is_ok()
-            {
-                return process;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("palisade did not start on {}", process.base);
-    }
 }
 
 /// An instance killed (SIGKILL) while batches are in flight: every acknowledged event is

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{ADMIN_TOKEN, Backend, TestApp, assert_envelope, production_urls};
+use crate::helpers::{
+    ADMIN_TOKEN, Backend, OwnRedis, Process, TestApp, assert_envelope, free_port, production_urls,
+};
 use crate::lockout::failure;
 use crate::on_both_backends;
 
@@ -288,49 +290,7 @@ async fn enforcement_survives_a_redis_cluster_losing_its_data() {
     enforcement_survives_losing_the_hot_store(app).await;
 }
 
-/// A Palisade process (the real binary).
-struct Process {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Process {
-    async fn start(env: &[(&str, String)]) -> Process {
-        let port = free_port();
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
-        command
-            .arg("serve")
-            .env("PALISADE_LISTEN", format!("127.0.0.1:{port}"))
-            .env("PALISADE_GRPC_LISTEN", "")
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let process = Process {
-            child: command.spawn().expect("start palisade"),
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        for _ in 0..200 {
-            if reqwest::get(format!("{}/healthz", process.base))
-                .await
-                .is_ok()
-            {
-                return process;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("palisade did not start on {}", process.base);
-    }
-
     /// `palisade_hot_rebuilds_total{outcome="done"}` of this process.
     async fn rebuilds(&self) -> u64 {
         let text = reqwest::get(format!("{}/metrics", self.base))
@@ -344,67 +304,6 @@ impl Process {
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse::<f64>().ok())
             .map_or(0, |v| v as u64)
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A redis-server of this test's own, without persistence; stopped by PID.
-struct OwnRedis {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl OwnRedis {
-    async fn start(port: u16, dir: tempfile::TempDir) -> OwnRedis {
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server");
-        // Owned at once: stopped (and waited for) on every path, a panic's included.
-        let redis = OwnRedis {
-            child,
-            port,
-            _dir: dir,
-        };
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-        for _ in 0..100 {
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .is_ok()
-            {
-                return redis;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("redis-server on {port} did not start");
-    }
-
-    /// SIGKILL, then a new empty server on the same port.
-    async fn restart_empty(self) -> OwnRedis {
-        let port = self.port;
-        drop(self);
-        OwnRedis::start(port, tempfile::tempdir().unwrap()).await
     }
 }
 

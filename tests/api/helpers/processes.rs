@@ -1,0 +1,357 @@
+//! What tests start beside the app, each stopped by PID when dropped: a chaos proxy, the
+//! real binary, a redis-server of a test's own, a local Redis Cluster.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A TCP proxy a test can break, blackhole and restore, to take a store away from the app
+/// (crates.io's `ChaosProxy` idea). Broken, it drops every connection and refuses new ones;
+/// blackholed, it keeps every connection open and forwards nothing (a network that swallows
+/// packets: the app's reads hang instead of failing).
+pub struct ChaosProxy {
+    /// Where the app should connect.
+    pub addr: SocketAddr,
+    mode: tokio::sync::watch::Sender<ProxyMode>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProxyMode {
+    Open,
+    Broken,
+    Blackhole,
+}
+
+impl ChaosProxy {
+    /// A proxy on a free loopback port forwarding to `target`.
+    pub async fn start(target: SocketAddr) -> ChaosProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let addr = listener.local_addr().expect("addr");
+        let (mode, _) = tokio::sync::watch::channel(ProxyMode::Open);
+        let modes = mode.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut watch = modes.subscribe();
+                let current = *watch.borrow_and_update();
+                match current {
+                    ProxyMode::Broken => drop(inbound),
+                    ProxyMode::Blackhole => {
+                        // Accepted, never answered, closed once the hole is gone.
+                        tokio::spawn(async move {
+                            let _ = watch.wait_for(|m| *m != ProxyMode::Blackhole).await;
+                            drop(inbound);
+                        });
+                    }
+                    ProxyMode::Open => {
+                        tokio::spawn(async move {
+                            let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await
+                            else {
+                                return;
+                            };
+                            let changed = tokio::select! {
+                                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => None,
+                                mode = watch.wait_for(|m| *m != ProxyMode::Open) => mode.ok().map(|m| *m),
+                            };
+                            if changed == Some(ProxyMode::Blackhole) {
+                                // Both sockets stay open and silent until the hole is gone.
+                                let _ = watch.wait_for(|m| *m != ProxyMode::Blackhole).await;
+                            }
+                            drop((inbound, outbound));
+                        });
+                    }
+                }
+            }
+        });
+        ChaosProxy { addr, mode }
+    }
+
+    /// Drops every open connection and refuses new ones.
+    pub fn break_connections(&self) {
+        self.mode.send_replace(ProxyMode::Broken);
+    }
+
+    /// Keeps every connection open and forwards nothing, old connections and new.
+    pub fn blackhole(&self) {
+        self.mode.send_replace(ProxyMode::Blackhole);
+    }
+
+    /// Forwards again (connections held by a blackhole are closed).
+    pub fn restore(&self) {
+        self.mode.send_replace(ProxyMode::Open);
+    }
+
+    /// `url` with its host and port replaced by the proxy's.
+    pub fn proxied_url(&self, url: &str) -> String {
+        let mut parsed = reqwest::Url::parse(url).expect("url");
+        parsed.set_ip_host(self.addr.ip()).expect("host");
+        parsed.set_port(Some(self.addr.port())).expect("port");
+        parsed.to_string()
+    }
+}
+
+/// The socket address of a `redis://` or `postgres://` URL.
+pub fn socket_of(url: &str) -> SocketAddr {
+    let parsed = reqwest::Url::parse(url).expect("url");
+    let host = parsed.host_str().expect("host");
+    let host = if host == "localhost" {
+        "127.0.0.1"
+    } else {
+        host
+    };
+    let port = parsed
+        .port()
+        .unwrap_or(if url.starts_with("redis") { 6379 } else { 5432 });
+    format!("{host}:{port}").parse().expect("socket address")
+}
+
+/// A local 3-master Redis Cluster on free loopback ports, stopped (by PID) when dropped.
+///
+/// Needs `redis-server` and `redis-cli` on PATH; without them the test is skipped locally and
+/// fails in CI.
+pub struct RedisCluster {
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub url: String,
+    children: Vec<std::process::Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn port_pair_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+}
+
+impl RedisCluster {
+    /// Starts the cluster and waits until it reports `cluster_state:ok`.
+    pub async fn start() -> Option<RedisCluster> {
+        let available = std::process::Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_ok();
+        if !available {
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "CI=true but redis-server is not installed"
+            );
+            eprintln!("SKIPPED (no redis-server): install Redis to run the cluster tests");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        // Clusters started at once by tests of one process search disjoint port ranges
+        // (checking a port free, then binding it later, is not a reservation). Node and
+        // bus ports (+10000) stay below Linux's ephemeral range (32768 and up), where
+        // the tests' own outbound connections would take them.
+        static STARTED: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+        let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 4;
+        let mut candidate = 10_000 + (std::process::id() % 60) as u16 * 200 + nth * 50;
+        let mut ports = Vec::new();
+        let mut children = Vec::new();
+        while ports.len() < 3 {
+            if !port_pair_free(candidate) {
+                candidate += 1;
+                continue;
+            }
+            let mut child = spawn_cluster_node(candidate, dir.path());
+            if wait_for_ping(candidate, &mut child).await {
+                ports.push(candidate);
+                children.push(child);
+            }
+            candidate += 1;
+        }
+        let mut cluster = RedisCluster {
+            url: format!(
+                "redis+cluster://{}",
+                ports
+                    .iter()
+                    .map(|p| format!("127.0.0.1:{p}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            children,
+            _dir: dir,
+        };
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let created = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            created.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&created.stdout)
+        );
+        for port in &ports {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            loop {
+                let info = std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "cluster", "info"])
+                    .output()
+                    .expect("cluster info");
+                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "cluster did not become ok"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+        cluster.children.shrink_to_fit();
+        Some(cluster)
+    }
+}
+
+fn spawn_cluster_node(port: u16, dir: &std::path::Path) -> std::process::Child {
+    std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--cluster-enabled", "yes"])
+        .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(["--dir", dir.to_str().expect("utf-8 temp dir")])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start redis-server")
+}
+
+/// Waits until the node answers; false when it exited first (its port was taken
+/// between the check and its bind), so the caller tries the next port.
+async fn wait_for_ping(port: u16, child: &mut std::process::Child) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if child.try_wait().expect("poll redis-server").is_some() {
+            return false;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server on {port} did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    true
+}
+
+/// A Palisade process (the real binary).
+pub struct Process {
+    pub(crate) child: std::process::Child,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Process {
+    /// `palisade serve` with `env` on a free port (gRPC off, logs at warn to stderr dropped),
+    /// once `/healthz` answers.
+    pub async fn start(env: &[(&str, String)]) -> Process {
+        let port = free_port();
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
+        command
+            .arg("serve")
+            .env("PALISADE_LISTEN", format!("127.0.0.1:{port}"))
+            .env("PALISADE_GRPC_LISTEN", "")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let process = Process {
+            child: command.spawn().expect("start palisade"),
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        for _ in 0..200 {
+            if reqwest::get(format!("{}/healthz", process.base))
+                .await
+                .is_ok()
+            {
+                return process;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("palisade did not start on {}", process.base);
+    }
+}
+
+/// A free loopback port (free when asked).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A redis-server of this test's own, without persistence; stopped by PID.
+pub struct OwnRedis {
+    child: std::process::Child,
+    /// Its port.
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl OwnRedis {
+    /// `redis-server` on `port`, data in `dir`, once it answers `PING`.
+    pub async fn start(port: u16, dir: tempfile::TempDir) -> OwnRedis {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        // Owned at once: stopped (and waited for) on every path, a panic's included.
+        let redis = OwnRedis {
+            child,
+            port,
+            _dir: dir,
+        };
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        for _ in 0..100 {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .is_ok()
+            {
+                return redis;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("redis-server on {port} did not start");
+    }
+
+    /// SIGKILL, then a new empty server on the same port.
+    pub async fn restart_empty(self) -> OwnRedis {
+        let port = self.port;
+        drop(self);
+        OwnRedis::start(port, tempfile::tempdir().unwrap()).await
+    }
+}
