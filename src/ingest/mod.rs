@@ -7,6 +7,7 @@
 //! retried batch counts nothing twice even if a previous attempt failed half-way (its store
 //! or its signals).
 
+mod replay; // the stored events back into the hot store's windows after it lost them
 pub mod requests;
 mod store;
 
@@ -22,7 +23,6 @@ use crate::model::{ClientIp, Identifiers, SubjectKey};
 use crate::scoring::Engine;
 use crate::store::Durable;
 use crate::telemetry::metrics as names;
-use requests::RequestEvent;
 
 /// Largest auth batch.
 pub const MAX_AUTH_BATCH: usize = 1000;
@@ -496,114 +496,9 @@ impl Ingest {
         }
     }
 
-    /// Stores a telemetry batch (one row; `batch_id` makes a retry count nothing twice), then
-    /// counts every event into scoring: baselines for its IP, user and device, and 429s
-    /// towards repeat offenders. `body` is the batch as posted.
-    pub async fn requests(
-        &self,
-        batch_id: Option<&str>,
-        events: &[RequestEvent],
-        body: &str,
-    ) -> Result<RequestsOutcome, Error> {
-        let now = self.clock.now_ms();
-        let id = batch_id.map_or_else(|| self.clock.new_id().to_string(), str::to_owned);
-        if !store::insert_request_batch(&self.durable, &id, now, events.len(), body).await? {
-            return Ok(RequestsOutcome {
-                accepted: 0,
-                duplicate: true,
-                anomalies: 0,
-            });
-        }
-        metrics::counter!(names::TELEMETRY_EVENTS_TOTAL).increment(events.len() as u64);
-        let mut anomalies = Vec::new();
-        // Per key and minute, what this batch counted: merged with the other instances'.
-        let shared = self.scoring.shares_counts();
-        let mut counts: HashMap<(crate::model::SubjectKey, u32), u32> = HashMap::new();
-        for event in events {
-            metrics::histogram!(names::INGEST_LAG_SECONDS, "source" => "requests")
-                .record((now - event.ts_ms).max(0) as f64 / 1000.0);
-            let ip = crate::model::SubjectKey::ip(&event.ip);
-            let mut keys = vec![&ip];
-            keys.extend(event.user.as_ref());
-            keys.extend(event.device.as_ref());
-            let minute = crate::scoring::minute_of(event.ts_ms);
-            anomalies.extend(self.scoring.observe(&keys, minute, event.status == 429));
-            if shared {
-                for key in keys {
-                    *counts.entry(((*key).clone(), minute)).or_default() += 1;
-                }
-            }
-        }
-        if shared {
-            let merged = self
-                .scoring
-                .merge_counts(counts.into_iter().collect())
-                .await?;
-            anomalies.extend(merged);
-        }
-        let found = anomalies.len();
-        self.scoring.handle_anomalies(anomalies).await?;
-        Ok(RequestsOutcome {
-            accepted: events.len(),
-            duplicate: false,
-            anomalies: found,
-        })
-    }
-
     /// Deletes telemetry batches received before `older_than_ms`; returns how many.
     pub async fn prune_requests_once(&self, older_than_ms: i64) -> Result<u64, Error> {
         Ok(store::prune_request_batches(&self.durable, older_than_ms).await?)
-    }
-
-    /// Replays the stored auth events into the hot store's windows (it lost its data): the
-    /// failures of the last window (but those before their account's release) and the successes
-    /// of the last `known_for_days`, oldest first, window operations only (nothing is decided again: the lockouts and factors they
-    /// led to are restored from their own rows). The windows count by event id, so an event
-    /// recorded meanwhile counts once. Returns how many events.
-    pub async fn replay_windows(&self, ipv6_prefix_len: u8) -> Result<u64, Error> {
-        const PAGE: u32 = 2000;
-        let now = self.clock.now_ms();
-        let (failures_since, successes_since) = self.lockouts.replay_horizons(now);
-        let limits = Limits {
-            ids: Identifiers {
-                accounts: crate::model::AccountIds::Exact,
-                max_len: usize::MAX,
-            },
-            ipv6_prefix_len,
-        };
-        let released = self.lockouts.released_since(failures_since).await?;
-        let (mut ts, mut id) = (i64::MIN, String::new());
-        let mut replayed = 0u64;
-        loop {
-            let page = store::replay_page(
-                &self.durable,
-                successes_since,
-                failures_since,
-                (ts, &id),
-                PAGE,
-            )
-            .await?;
-            let Some(last) = page.last() else {
-                return Ok(replayed);
-            };
-            (ts, id) = (last.ts, last.event_id.clone());
-            // A failure before its account's release no longer counts (a release clears
-            // the account's windows).
-            let events: Vec<AuthEvent> = page
-                .iter()
-                .filter(|e| {
-                    e.kind != "login_failure"
-                        || released.get(&e.account).is_none_or(|&at| e.ts > at)
-                })
-                .filter_map(|e| e.as_event(limits))
-                .collect();
-            let login: Vec<LoginEvent<'_>> = events.iter().map(AuthEvent::login_event).collect();
-            self.lockouts.record_windows(&login, &[]).await?;
-            replayed += login.len() as u64;
-            if page.len() < PAGE as usize {
-                return Ok(replayed);
-            }
-        }
     }
 
     /// Deletes raw auth events older than `older_than_ms` (lockouts are kept); returns the

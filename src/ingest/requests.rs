@@ -1,9 +1,11 @@
 //! Request telemetry: batches of what a gateway served, parsed with per-index errors, stored
 //! as one row per batch, then counted into scoring's baselines and repeat offenders.
 
+use std::collections::HashMap;
+
 use serde::Deserialize;
 
-use super::{Limits, MAX_AGE_MS, MAX_FUTURE_MS, parse_ts};
+use super::{Error, Limits, MAX_AGE_MS, MAX_FUTURE_MS, RequestsOutcome, names, parse_ts, store};
 use crate::model::{ClientIp, SubjectKey};
 
 /// Largest request-telemetry batch.
@@ -103,6 +105,62 @@ pub fn parse_request_batch(
         Ok(events)
     } else {
         Err(errors)
+    }
+}
+
+impl super::Ingest {
+    /// Stores a telemetry batch (one row; `batch_id` makes a retry count nothing twice), then
+    /// counts every event into scoring: baselines for its IP, user and device, and 429s
+    /// towards repeat offenders. `body` is the batch as posted.
+    pub async fn requests(
+        &self,
+        batch_id: Option<&str>,
+        events: &[RequestEvent],
+        body: &str,
+    ) -> Result<RequestsOutcome, Error> {
+        let now = self.clock.now_ms();
+        let id = batch_id.map_or_else(|| self.clock.new_id().to_string(), str::to_owned);
+        if !store::insert_request_batch(&self.durable, &id, now, events.len(), body).await? {
+            return Ok(RequestsOutcome {
+                accepted: 0,
+                duplicate: true,
+                anomalies: 0,
+            });
+        }
+        metrics::counter!(names::TELEMETRY_EVENTS_TOTAL).increment(events.len() as u64);
+        let mut anomalies = Vec::new();
+        // Per key and minute, what this batch counted: merged with the other instances'.
+        let shared = self.scoring.shares_counts();
+        let mut counts: HashMap<(crate::model::SubjectKey, u32), u32> = HashMap::new();
+        for event in events {
+            metrics::histogram!(names::INGEST_LAG_SECONDS, "source" => "requests")
+                .record((now - event.ts_ms).max(0) as f64 / 1000.0);
+            let ip = crate::model::SubjectKey::ip(&event.ip);
+            let mut keys = vec![&ip];
+            keys.extend(event.user.as_ref());
+            keys.extend(event.device.as_ref());
+            let minute = crate::scoring::minute_of(event.ts_ms);
+            anomalies.extend(self.scoring.observe(&keys, minute, event.status == 429));
+            if shared {
+                for key in keys {
+                    *counts.entry(((*key).clone(), minute)).or_default() += 1;
+                }
+            }
+        }
+        if shared {
+            let merged = self
+                .scoring
+                .merge_counts(counts.into_iter().collect())
+                .await?;
+            anomalies.extend(merged);
+        }
+        let found = anomalies.len();
+        self.scoring.handle_anomalies(anomalies).await?;
+        Ok(RequestsOutcome {
+            accepted: events.len(),
+            duplicate: false,
+            anomalies: found,
+        })
     }
 }
 
