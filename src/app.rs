@@ -70,6 +70,29 @@ pub enum BuildError {
     Attestation(#[from] crate::attestation::LoadError),
 }
 
+/// Runs `step` every `period` (the first at once) until `shutdown` fires.
+fn every<F, Fut>(
+    state: &AppState,
+    shutdown: &tokio::sync::watch::Receiver<bool>,
+    period: std::time::Duration,
+    step: F,
+) where
+    F: Fn(AppState) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let (app, mut stop) = (state.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(period);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.changed() => return,
+            }
+            step(app.clone()).await;
+        }
+    });
+}
+
 /// Shared state of the HTTP application (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct AppState(pub Arc<App>);
@@ -267,96 +290,62 @@ impl App {
     /// `shutdown` fires. Each has a one-step function tests call instead
     /// (`Ingest::prune_once`, `Engine::republish_due`, `Engine::flush_offenders`,
     /// `Alerts::deliver_pending`).
-    pub fn spawn_background(state: &AppState, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let app = state.clone();
-        let mut stop = shutdown.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = every.tick() => {}
-                    _ = stop.changed() => return,
-                }
-                if let Err(err) = app.scoring.republish_due().await {
-                    tracing::warn!(error.cause = %err, "republishing due multipliers failed; will retry");
-                }
-                if let Err(err) = app.scoring.flush_offenders().await {
-                    tracing::warn!(error.cause = %err, "flushing repeat-offender counts failed; will retry");
-                }
-                if let Err(err) = app.scoring.alerts().deliver_pending().await {
-                    tracing::warn!(error.cause = %err, "delivering alerts failed; will retry");
-                }
-                // An admin token made on another instance retires the bootstrap token here.
-                if let Err(err) = app.access.refresh_bootstrap().await {
-                    tracing::debug!(error.cause = %err, "could not check for admin tokens; will retry");
-                }
-                let (tracked, _, _) = app.scoring.baseline_keys();
-                metrics::gauge!(crate::telemetry::metrics::BASELINE_KEYS).set(tracked as f64);
+    pub fn spawn_background(state: &AppState, shutdown: tokio::sync::watch::Receiver<bool>) {
+        let second = std::time::Duration::from_secs(1);
+        every(state, &shutdown, second, |app| async move {
+            if let Err(err) = app.scoring.republish_due().await {
+                tracing::warn!(error.cause = %err, "republishing due multipliers failed; will retry");
             }
+            if let Err(err) = app.scoring.flush_offenders().await {
+                tracing::warn!(error.cause = %err, "flushing repeat-offender counts failed; will retry");
+            }
+            if let Err(err) = app.scoring.alerts().deliver_pending().await {
+                tracing::warn!(error.cause = %err, "delivering alerts failed; will retry");
+            }
+            // An admin token made on another instance retires the bootstrap token here.
+            if let Err(err) = app.access.refresh_bootstrap().await {
+                tracing::debug!(error.cause = %err, "could not check for admin tokens; will retry");
+            }
+            let (tracked, _, _) = app.scoring.baseline_keys();
+            metrics::gauge!(crate::telemetry::metrics::BASELINE_KEYS).set(tracked as f64);
         });
         // A hot store that lost its data is noticed (and rebuilt) within a second or two.
-        let app = state.clone();
-        let mut stop = shutdown.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = every.tick() => {}
-                    _ = stop.changed() => return,
-                }
-                if let Err(err) = app.recovery.check().await {
-                    tracing::debug!(error.cause = %err, "checking the hot store's epoch failed; will retry");
-                }
+        every(state, &shutdown, second, |app| async move {
+            if let Err(err) = app.recovery.check().await {
+                tracing::debug!(error.cause = %err, "checking the hot store's epoch failed; will retry");
             }
         });
         // Lists changed on another instance are picked up within half a second.
-        let app = state.clone();
-        let mut stop = shutdown.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(std::time::Duration::from_millis(500));
-            loop {
-                tokio::select! {
-                    _ = every.tick() => {}
-                    _ = stop.changed() => return,
-                }
-                if let Err(err) = app.lists.refresh_if_changed().await {
-                    tracing::warn!(error.cause = %err, "refreshing allow/deny lists failed; will retry");
-                }
+        every(state, &shutdown, second / 2, |app| async move {
+            if let Err(err) = app.lists.refresh_if_changed().await {
+                tracing::warn!(error.cause = %err, "refreshing allow/deny lists failed; will retry");
             }
         });
-        let app = state.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));
-            loop {
-                tokio::select! {
-                    _ = every.tick() => {}
-                    _ = shutdown.changed() => return,
-                }
-                let days = i64::try_from(app.settings.lockout.retention_days).unwrap_or(i64::MAX);
-                let cutoff = app
-                    .clock
-                    .now_ms()
-                    .saturating_sub(days.saturating_mul(86_400_000));
-                let hours = i64::try_from(app.settings.scoring.telemetry_retention_hours)
-                    .unwrap_or(i64::MAX);
-                let telemetry_cutoff = app
-                    .clock
-                    .now_ms()
-                    .saturating_sub(hours.saturating_mul(3_600_000));
-                if let Err(err) = app.scoring.prune_factors().await {
-                    tracing::warn!(error.cause = %err, "pruning expired factors failed; will retry");
-                }
-                if let Err(err) = app.ingest.prune_requests_once(telemetry_cutoff).await {
-                    tracing::warn!(error.cause = %err, "pruning request telemetry failed; will retry");
-                }
-                match app.ingest.prune_once(cutoff).await {
-                    Ok(deleted) => tracing::info!(
-                        deleted,
-                        "pruned {deleted} auth events older than {days} days"
-                    ),
-                    Err(err) => {
-                        tracing::warn!(error.cause = %err, "pruning auth events failed; will retry")
-                    }
+        every(state, &shutdown, second * 3600, |app| async move {
+            let days = i64::try_from(app.settings.lockout.retention_days).unwrap_or(i64::MAX);
+            let cutoff = app
+                .clock
+                .now_ms()
+                .saturating_sub(days.saturating_mul(86_400_000));
+            let hours =
+                i64::try_from(app.settings.scoring.telemetry_retention_hours).unwrap_or(i64::MAX);
+            let telemetry_cutoff = app
+                .clock
+                .now_ms()
+                .saturating_sub(hours.saturating_mul(3_600_000));
+            if let Err(err) = app.scoring.prune_factors().await {
+                tracing::warn!(error.cause = %err, "pruning expired factors failed; will retry");
+            }
+            if let Err(err) = app.ingest.prune_requests_once(telemetry_cutoff).await {
+                tracing::warn!(error.cause = %err, "pruning request telemetry failed; will retry");
+            }
+            match app.ingest.prune_once(cutoff).await {
+                Ok(deleted) => tracing::info!(
+                    deleted,
+                    "pruned {deleted} auth events older than {days} days"
+                ),
+                Err(err) => {
+                    tracing::warn!(error.cause = %err, "pruning auth events failed; will retry")
                 }
             }
         });

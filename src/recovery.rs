@@ -29,8 +29,10 @@ use crate::scoring::Engine;
 use crate::store::{Hot, Keys, epoch};
 use crate::telemetry::metrics as names;
 
-/// How long a rebuild lease lasts: an instance that dies while rebuilding holds it no longer.
-const LEASE: Duration = Duration::from_secs(300);
+/// How long a rebuild lease lasts: an instance that dies while rebuilding holds it (and the
+/// others' fail-closed classes) no longer than this. A rebuild whose lockouts and factors
+/// take longer gets a second rebuilder, which is harmless (every step is idempotent).
+const LEASE: Duration = Duration::from_secs(30);
 
 /// What a rebuild put back.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]

@@ -391,23 +391,8 @@ pub async fn lock_if_absent(
     now_ms: i64,
     ttl_ms: i64,
 ) -> Result<bool, Error> {
-    let key = keys.lock(account);
-    match hot {
-        Hot::Memory(memory) => Ok(memory.value_set_nx(&key, lockout_id, now_ms, ttl_ms)),
-        Hot::Redis(redis) => {
-            let set: Option<String> = redis
-                .query(
-                    redis::cmd("SET")
-                        .arg(&key)
-                        .arg(lockout_id)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(ttl_ms.max(1)),
-                )
-                .await?;
-            Ok(set.is_some())
-        }
-    }
+    hot.set_nx(&keys.lock(account), lockout_id, now_ms, ttl_ms)
+        .await
 }
 
 /// Puts back the marker of a stored lockout (the hot store lost it), expiring in `ttl_ms`;

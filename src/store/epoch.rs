@@ -8,11 +8,7 @@ use super::{Error, Hot, Keys};
 
 /// The epoch marker: None when the hot store holds none (lost, or never written).
 pub async fn get(hot: &Hot, keys: &Keys, now_ms: i64) -> Result<Option<String>, Error> {
-    let key = keys.epoch();
-    match hot {
-        Hot::Memory(memory) => Ok(memory.value_get(&key, now_ms).map(|(value, _)| value)),
-        Hot::Redis(redis) => redis.query(redis::cmd("GET").arg(&key)).await,
-    }
+    hot.get(&keys.epoch(), now_ms).await
 }
 
 /// Writes the epoch marker (no expiry).
@@ -37,23 +33,8 @@ pub async fn claim(
     now_ms: i64,
     ttl_ms: i64,
 ) -> Result<bool, Error> {
-    let key = keys.rebuild_lease();
-    match hot {
-        Hot::Memory(memory) => Ok(memory.value_set_nx(&key, owner, now_ms, ttl_ms)),
-        Hot::Redis(redis) => {
-            let set: Option<String> = redis
-                .query(
-                    redis::cmd("SET")
-                        .arg(&key)
-                        .arg(owner)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(ttl_ms.max(1)),
-                )
-                .await?;
-            Ok(set.is_some())
-        }
-    }
+    hot.set_nx(&keys.rebuild_lease(), owner, now_ms, ttl_ms)
+        .await
 }
 
 /// Deletes the lease if it still names its owner (`ARGV[1]`).

@@ -320,6 +320,40 @@ impl Hot {
         }
     }
 
+    /// `SET key value NX PX ttl_ms`: true if this call set it.
+    pub async fn set_nx(
+        &self,
+        key: &str,
+        value: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<bool, Error> {
+        match self {
+            Hot::Memory(memory) => Ok(memory.value_set_nx(key, value, now_ms, ttl_ms)),
+            Hot::Redis(redis) => {
+                let set: Option<String> = redis
+                    .query(
+                        redis::cmd("SET")
+                            .arg(key)
+                            .arg(value)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(ttl_ms.max(1)),
+                    )
+                    .await?;
+                Ok(set.is_some())
+            }
+        }
+    }
+
+    /// `GET key` of a value written with [`Hot::set_nx`] (or a plain `SET`).
+    pub async fn get(&self, key: &str, now_ms: i64) -> Result<Option<String>, Error> {
+        match self {
+            Hot::Memory(memory) => Ok(memory.value_get(key, now_ms).map(|(value, _)| value)),
+            Hot::Redis(redis) => redis.query(redis::cmd("GET").arg(key)).await,
+        }
+    }
+
     /// `redis`, `redis-cluster` or `memory`, for logs and `/readyz`.
     pub fn kind(&self) -> &'static str {
         match self {
