@@ -296,6 +296,9 @@ impl App {
             if let Err(err) = app.scoring.republish_due().await {
                 tracing::warn!(error.cause = %err, "republishing due multipliers failed; will retry");
             }
+            if let Err(err) = app.scoring.shared_ips().refresh().await {
+                tracing::warn!(error.cause = %err, "reading shared addresses failed; will retry");
+            }
             if let Err(err) = app.scoring.flush_offenders().await {
                 tracing::warn!(error.cause = %err, "flushing repeat-offender counts failed; will retry");
             }

@@ -189,11 +189,11 @@ fn scopes_named(state: &AppState, descriptor: &proto::RateLimitDescriptor) -> Ve
     for entry in &descriptor.entries {
         let key = entry.key.as_str();
         if envoy.ip_keys.iter().any(|k| k == key) {
-            kinds.extend([ScopeKind::Ip, ScopeKind::EndpointIp]);
+            kinds.extend([ScopeKind::Ip, ScopeKind::EndpointIp, ScopeKind::IpDevice]);
         } else if envoy.user_keys.iter().any(|k| k == key) {
             kinds.extend([ScopeKind::User, ScopeKind::EndpointUser]);
         } else if envoy.device_keys.iter().any(|k| k == key) {
-            kinds.push(ScopeKind::Device);
+            kinds.extend([ScopeKind::Device, ScopeKind::IpDevice]);
         }
     }
     kinds

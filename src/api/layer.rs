@@ -122,6 +122,7 @@ pub fn denial_details(decision: &Decision) -> serde_json::Value {
     let scope = decision.deciding_scope();
     serde_json::json!({
         "retry_after_ms": decision.retry_after_ms,
+        "reason": decision.reason_code(),
         "scope": scope.map(|s| s.scope.as_str()),
         "budget": scope.map(|s| &*s.budget),
         "limit": scope.map(|s| s.limit),

@@ -47,6 +47,9 @@ pub enum ScopeKind {
     EndpointIp,
     /// Per endpoint class and `user_id`.
     EndpointUser,
+    /// Per client IP and `device_id` together (a device behind a shared address); applies
+    /// only to requests with a device id.
+    IpDevice,
 }
 
 impl ScopeKind {
@@ -59,6 +62,7 @@ impl ScopeKind {
             ScopeKind::Device => "device",
             ScopeKind::EndpointIp => "endpoint_ip",
             ScopeKind::EndpointUser => "endpoint_user",
+            ScopeKind::IpDevice => "ip_device",
         }
     }
 }
@@ -166,6 +170,81 @@ pub struct LimitSettings {
     pub classes: BTreeMap<String, ClassSettings>,
     /// Every budget. TOML `[[limits.budgets]]`; giving any replaces the whole default list.
     pub budgets: Vec<BudgetSettings>,
+    /// Addresses many honest users share (carrier-grade NAT, a company's proxy).
+    pub shared_ip: SharedIpSettings,
+}
+
+/// `[limits.shared_ip]`: addresses many honest users share.
+///
+/// An address that many distinct accounts log in from successfully is *shared*. For requests carrying a device id, its `ip` and `endpoint_ip` budgets are then
+/// counted per IP and device (scope `ip_device`, the budget's own numbers) plus one IP-wide
+/// bucket raised to `ceiling` times the budget; requests without a device id keep the strict
+/// IP budget. Spraying and failure flags on a shared IP need `spray_factor` times the
+/// evidence, and its 429s and request counts make no repeat-offender or anomaly flag.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SharedIpSettings {
+    /// Off: every address is treated alike. TOML `limits.shared_ip.enabled`, env
+    /// `PALISADE_LIMITS__SHARED_IP__ENABLED`; default true.
+    pub enabled: bool,
+    /// Distinct accounts with a successful login from one IP (IPv6: its prefix) within
+    /// `window_s` that make it shared. TOML `limits.shared_ip.min_accounts`; default 20
+    /// (accepted 2–1000).
+    pub min_accounts: u32,
+    /// The window those successes are counted in, seconds. TOML `limits.shared_ip.window_s`;
+    /// default 3600.
+    pub window_s: u64,
+    /// How long an address stays shared after it last qualified, seconds. TOML
+    /// `limits.shared_ip.remember_s`; default 604800 (7 days).
+    pub remember_s: u64,
+    /// The IP-wide bucket of a shared address holds this many times each IP budget. TOML
+    /// `limits.shared_ip.ceiling`; default 50 (accepted 1–10000).
+    pub ceiling: f64,
+    /// Spraying and IP-failure thresholds are this many times higher on a shared address.
+    /// TOML `limits.shared_ip.spray_factor`; default 5 (accepted 1–100).
+    pub spray_factor: u32,
+    /// Ranges that are shared whatever their traffic (CIDR), e.g. a carrier's NAT pools.
+    /// TOML `limits.shared_ip.ranges`; default `["100.64.0.0/10"]` (RFC 6598 carrier-grade
+    /// NAT space).
+    pub ranges: Vec<ipnetwork::IpNetwork>,
+}
+
+impl Default for SharedIpSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            min_accounts: 20,
+            window_s: 3600,
+            remember_s: 7 * 86_400,
+            ceiling: 50.0,
+            spray_factor: 5,
+            ranges: vec!["100.64.0.0/10".parse().expect("a valid CIDR")],
+        }
+    }
+}
+
+impl SharedIpSettings {
+    fn validate(&self) -> Result<(), SettingError> {
+        let bad = |key: &str, problem: &str| {
+            Err(SettingError::new(
+                setting_name(&format!("limits.shared_ip.{key}")),
+                problem,
+            ))
+        };
+        if !(2..=1000).contains(&self.min_accounts) {
+            return bad("min_accounts", "must be between 2 and 1000");
+        }
+        if self.window_s == 0 || self.remember_s == 0 {
+            return bad("window_s", "window_s and remember_s must be at least 1");
+        }
+        if !(1.0..=10_000.0).contains(&self.ceiling) {
+            return bad("ceiling", "must be between 1 and 10000");
+        }
+        if !(1..=100).contains(&self.spray_factor) {
+            return bad("spray_factor", "must be between 1 and 100");
+        }
+        Ok(())
+    }
 }
 
 impl Default for LimitSettings {
@@ -291,6 +370,7 @@ impl Default for LimitSettings {
             case_insensitive_paths: true,
             classes,
             budgets,
+            shared_ip: SharedIpSettings::default(),
         }
     }
 }
@@ -304,6 +384,7 @@ fn valid_name(name: &str) -> bool {
 
 impl LimitSettings {
     pub(super) fn validate(&self) -> Result<(), SettingError> {
+        self.shared_ip.validate()?;
         if !(32..=128).contains(&self.ipv6_prefix_len) {
             return Err(SettingError::new(
                 setting_name("limits.ipv6_prefix_len"),

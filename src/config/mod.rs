@@ -26,7 +26,9 @@ pub use attestation::{
 };
 pub use http::HttpSettings;
 pub use integrations::{CrowdsecSettings, EnvoySettings, ForwardAuthSettings};
-pub use limits::{BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, When};
+pub use limits::{
+    BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, SharedIpSettings, When,
+};
 pub use lockout::{Escalation, LockoutSettings};
 pub use reputation::{RangeFormat, ReputationSettings, SourceSettings};
 pub use scoring::{

@@ -194,7 +194,7 @@ impl Budgets {
                 };
                 let subject_ok = match budget.scope {
                     ScopeKind::User | ScopeKind::EndpointUser => authenticated,
-                    ScopeKind::Device => has_device,
+                    ScopeKind::Device | ScopeKind::IpDevice => has_device,
                     ScopeKind::Global | ScopeKind::Ip | ScopeKind::EndpointIp => true,
                 };
                 when_ok && subject_ok

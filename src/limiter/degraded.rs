@@ -33,20 +33,17 @@ impl Limiter {
                 let outcomes = scopes
                     .iter()
                     .map(|scope| {
-                        let budget = &self.budgets.budgets[scope.budget];
-                        ScopeOutcome {
-                            budget: self.budgets.names[scope.budget].clone(),
-                            scope: budget.scope,
-                            subject: scope.subject.shared(),
-                            enforced: scope.enforced,
+                        let capacity = scope.params.capacity as u64;
+                        let raw = RawOutcome {
                             allowed: true,
-                            limit: u64::from(budget.capacity()),
-                            remaining: u64::from(budget.capacity()),
+                            limit: capacity,
+                            remaining: capacity,
                             reset_ms: 0,
-                            retry_after_ms: 0,
+                            retry_after_ms: Some(0),
                             multiplier: 1.0,
-                            policy: (budget.limit, budget.period_s),
-                        }
+                            multiplier_ttl_ms: None,
+                        };
+                        self.outcome(scope, raw)
                     })
                     .collect();
                 Ok(self.conclude(class_name, outcomes, now_ms, true, false))

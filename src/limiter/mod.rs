@@ -39,10 +39,18 @@ pub const BLOCKED_RETRY_MS: u64 = 60_000;
 #[derive(Debug, Clone)]
 struct Scope {
     budget: usize,
+    /// What the bucket is keyed by (the budget's scope, or `ip_device` for a device behind a
+    /// shared address).
+    kind: ScopeKind,
+    /// For `ip_device`: the device (whose multiplier it reads); otherwise the bucket's subject.
     subject: SubjectKey,
+    /// The subject as reported, when it is not `subject` (`device:…@ip:…`).
+    label: Option<Arc<str>>,
+    /// Times the budget's numbers (a shared address's IP-wide ceiling), else 1.
     bucket_key: String,
     multiplier_key: String,
     params: bucket::Params,
+    scale: f64,
     enforced: bool,
     /// Multiplier used when none is published for the subject.
     default_multiplier: f64,
@@ -58,6 +66,8 @@ pub struct Limiter {
     hot: Hot,
     clock: Arc<dyn Clock>,
     l1: l1::L1,
+    /// `limits.shared_ip.ceiling`.
+    shared_ceiling: f64,
     coalescer: redis_backend::Coalescer,
     defaults: std::sync::OnceLock<Arc<dyn DefaultMultipliers>>,
     exemptions: std::sync::OnceLock<Arc<dyn Exemptions>>,
@@ -86,6 +96,7 @@ impl Limiter {
             hot,
             clock,
             l1: l1::L1::new(Duration::from_millis(settings.l1_ttl_ms)),
+            shared_ceiling: settings.shared_ip.ceiling,
             coalescer: redis_backend::Coalescer::new(
                 settings.coalesce,
                 settings.coalesce_in_flight.into(),
@@ -130,36 +141,104 @@ impl Limiter {
             .defaults
             .get()
             .map_or_else(Defaults::default, |d| d.defaults(&class_info.name, request));
-        self.budgets
-            .applicable(class, request.user.is_some(), request.device.is_some())
-            .filter_map(|index| {
-                let budget = &self.budgets.budgets[index];
-                let (subject, default_multiplier) = match budget.scope {
-                    ScopeKind::Global => (SubjectKey::global(), 1.0),
-                    ScopeKind::Ip | ScopeKind::EndpointIp => {
-                        (SubjectKey::ip(&request.ip), defaults.ip)
+        let enforced_class = !class_info.shadow;
+        let mut out = Vec::with_capacity(class_info.budgets.len() + 2);
+        let scope = |index: usize, kind, subject: SubjectKey, default_multiplier: f64| {
+            let budget = &self.budgets.budgets[index];
+            Scope {
+                budget: index,
+                kind,
+                bucket_key: self.keys.bucket(&subject, &budget.name),
+                multiplier_key: self.keys.multiplier(&subject, &class_info.name),
+                subject,
+                label: None,
+                params: bucket::Params {
+                    capacity: f64::from(budget.capacity()),
+                    refill_per_s: budget.refill_per_s(),
+                    multiplier: 1.0,
+                },
+                scale: 1.0,
+                enforced: !budget.shadow && enforced_class,
+                default_multiplier: sanitized(default_multiplier),
+                multiplier_override: None,
+            }
+        };
+        for index in
+            self.budgets
+                .applicable(class, request.user.is_some(), request.device.is_some())
+        {
+            let budget = &self.budgets.budgets[index];
+            match budget.scope {
+                ScopeKind::Global => {
+                    out.push(scope(index, budget.scope, SubjectKey::global(), 1.0));
+                }
+                ScopeKind::Ip | ScopeKind::EndpointIp => {
+                    let ip = SubjectKey::ip(&request.ip);
+                    match &request.device {
+                        Some(device) if defaults.shared_ip => {
+                            // Per device behind the address, with the budget's own numbers,
+                            // and one IP-wide bucket raised to the ceiling.
+                            out.push(self.ip_device(
+                                scope(
+                                    index,
+                                    ScopeKind::IpDevice,
+                                    device.clone(),
+                                    defaults.ip.min(defaults.device),
+                                ),
+                                &ip,
+                            ));
+                            let ceiling = self.shared_ceiling;
+                            let mut shared = scope(index, budget.scope, ip, defaults.ip);
+                            shared.bucket_key = self
+                                .keys
+                                .bucket(&shared.subject, &format!("{}~shared", budget.name));
+                            shared.params.capacity *= ceiling;
+                            shared.params.refill_per_s *= ceiling;
+                            shared.scale = ceiling;
+                            out.push(shared);
+                        }
+                        _ => out.push(scope(index, budget.scope, ip, defaults.ip)),
                     }
-                    ScopeKind::User | ScopeKind::EndpointUser => {
-                        (request.user.clone()?, defaults.user)
+                }
+                ScopeKind::User | ScopeKind::EndpointUser => {
+                    if let Some(user) = &request.user {
+                        out.push(scope(index, budget.scope, user.clone(), defaults.user));
                     }
-                    ScopeKind::Device => (request.device.clone()?, defaults.device),
-                };
-                Some(Scope {
-                    budget: index,
-                    bucket_key: self.keys.bucket(&subject, &budget.name),
-                    multiplier_key: self.keys.multiplier(&subject, &class_info.name),
-                    subject,
-                    params: bucket::Params {
-                        capacity: f64::from(budget.capacity()),
-                        refill_per_s: budget.refill_per_s(),
-                        multiplier: 1.0,
-                    },
-                    enforced: !(budget.shadow || class_info.shadow),
-                    default_multiplier: sanitized(default_multiplier),
-                    multiplier_override: None,
-                })
-            })
-            .collect()
+                }
+                ScopeKind::Device => {
+                    if let Some(device) = &request.device {
+                        out.push(scope(index, budget.scope, device.clone(), defaults.device));
+                    }
+                }
+                ScopeKind::IpDevice => {
+                    if let Some(device) = &request.device {
+                        let ip = SubjectKey::ip(&request.ip);
+                        out.push(self.ip_device(
+                            scope(
+                                index,
+                                budget.scope,
+                                device.clone(),
+                                defaults.ip.min(defaults.device),
+                            ),
+                            &ip,
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Makes a device's scope an IP-and-device one: its own bucket per address (in the
+    /// device's Redis slot, reading the device's multiplier) named `device:…@ip:…`.
+    fn ip_device(&self, mut scope: Scope, ip: &SubjectKey) -> Scope {
+        let budget = &self.budgets.budgets[scope.budget];
+        scope.bucket_key = self
+            .keys
+            .bucket(&scope.subject, &format!("{}~{}", budget.name, ip.as_str()));
+        scope.label = Some(format!("{}@{}", scope.subject.as_str(), ip.as_str()).into());
+        scope.kind = ScopeKind::IpDevice;
+        scope
     }
 
     /// Consumes `cost` tokens from every scope of the request, or from none.
@@ -315,8 +394,11 @@ impl Limiter {
         };
         ScopeOutcome {
             budget: self.budgets.names[scope.budget].clone(),
-            scope: budget.scope,
-            subject: scope.subject.shared(),
+            scope: scope.kind,
+            subject: scope
+                .label
+                .clone()
+                .unwrap_or_else(|| scope.subject.shared()),
             enforced: scope.enforced,
             allowed: raw.allowed,
             limit: raw.limit,
@@ -324,7 +406,11 @@ impl Limiter {
             reset_ms: raw.reset_ms,
             retry_after_ms: if raw.allowed { 0 } else { retry_after_ms },
             multiplier: raw.multiplier,
-            policy: (budget.limit, budget.period_s),
+            shared_ceiling: scope.scale > 1.0,
+            policy: (
+                (f64::from(budget.limit) * scope.scale).min(f64::from(u32::MAX)) as u32,
+                budget.period_s,
+            ),
         }
     }
 
@@ -398,7 +484,7 @@ impl Limiter {
 
 /// A scope keyed by the request's user (or account).
 fn is_user_scope(scope: &Scope) -> bool {
-    scope.subject.kind() == crate::model::SubjectKind::User
+    matches!(scope.kind, ScopeKind::User | ScopeKind::EndpointUser)
 }
 
 /// True when the request was refused only by user scopes whose multiplier allows nothing

@@ -17,6 +17,9 @@ pub struct Defaults {
     pub user: f64,
     /// For its device.
     pub device: f64,
+    /// Many honest users share the request's IP (`limits.shared_ip`): a request with a
+    /// device id is counted per IP and device, under a raised IP-wide ceiling.
+    pub shared_ip: bool,
 }
 
 impl Default for Defaults {
@@ -25,6 +28,7 @@ impl Default for Defaults {
             ip: 1.0,
             user: 1.0,
             device: 1.0,
+            shared_ip: false,
         }
     }
 }
@@ -102,6 +106,8 @@ pub struct ScopeOutcome {
     pub retry_after_ms: u64,
     /// The subject's multiplier for this class.
     pub multiplier: f64,
+    /// The IP-wide bucket of a shared address (`limits.shared_ip.ceiling` times the budget).
+    pub shared_ceiling: bool,
     /// The budget's configured limit (before the multiplier) and period, for policy headers.
     pub policy: (u32, u32),
 }
@@ -137,6 +143,29 @@ impl Decision {
     /// The deciding scope, if any budget applied.
     pub fn deciding_scope(&self) -> Option<&ScopeOutcome> {
         self.deciding.map(|i| &self.scopes[i])
+    }
+
+    /// A refusal's stable reason code, for the app to show a helpful message (it names what
+    /// was limited, never which signal): `account_locked`, `account_rate`, `ip_blocked`,
+    /// `ip_shared_limit`, `ip_rate`, `device_blocked`, `device_untrusted`, `device_rate`,
+    /// `busy` (the global budget). None when allowed.
+    pub fn reason_code(&self) -> Option<&'static str> {
+        if self.allowed {
+            return None;
+        }
+        let scope = self.deciding_scope()?;
+        let blocked = scope.multiplier <= 0.0;
+        Some(match scope.scope {
+            ScopeKind::Global => "busy",
+            ScopeKind::User | ScopeKind::EndpointUser if blocked => "account_locked",
+            ScopeKind::User | ScopeKind::EndpointUser => "account_rate",
+            ScopeKind::Ip | ScopeKind::EndpointIp if blocked => "ip_blocked",
+            ScopeKind::Ip | ScopeKind::EndpointIp if scope.shared_ceiling => "ip_shared_limit",
+            ScopeKind::Ip | ScopeKind::EndpointIp => "ip_rate",
+            ScopeKind::Device | ScopeKind::IpDevice if blocked => "device_blocked",
+            ScopeKind::Device | ScopeKind::IpDevice if scope.multiplier < 1.0 => "device_untrusted",
+            ScopeKind::Device | ScopeKind::IpDevice => "device_rate",
+        })
     }
 }
 

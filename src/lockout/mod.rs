@@ -233,6 +233,10 @@ const QUICK: &str = "q";
 /// Failures kept in the quick-login window: its smallest gap is all that is read of it.
 const QUICK_CAP: usize = 16;
 
+/// The distinct accounts that logged in successfully from an IP, in the IP's value: enough
+/// of them make it a shared address (`limits.shared_ip`).
+const SHARED: &str = "s";
+
 impl Lockouts {
     /// The service. It is the
     /// velocity signal: `scoring` receives its factors (an account's failures and lockout,
@@ -416,6 +420,20 @@ impl Lockouts {
             steps.push(Step {
                 action: WindowAction::Delete,
                 ..self.step(window, None, 0)
+            });
+        }
+        // Last: the distinct accounts logging in from the IP (`limits.shared_ip`).
+        let shared = self.scoring.shared_ips().settings();
+        if shared.enabled {
+            let account = Some(velocity::member_id(context.account.as_str()));
+            steps.push(Step {
+                window_ms: i64::try_from(shared.window_s.saturating_mul(1000)).unwrap_or(i64::MAX),
+                cap: usize::try_from(shared.min_accounts).unwrap_or(velocity::WINDOW_CAP),
+                ..self.step(
+                    (self.keys.windows(&context.ip_key), SHARED.to_owned()),
+                    account,
+                    at,
+                )
             });
         }
     }

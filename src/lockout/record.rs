@@ -282,12 +282,18 @@ impl Lockouts {
         // After the account's windows (2, or 3 with a device): the IP's, then the device's.
         let first_source = if context.device.is_some() { 3 } else { 2 };
         let ip = &context.ip_key;
+        // A shared address's many users fail too: it takes more evidence there.
+        let factor = if self.scoring.shared_ips().is_shared(&context.ip) {
+            self.scoring.shared_ips().settings().spray_factor
+        } else {
+            1
+        };
         let distinct = count(first_source);
-        if distinct >= self.settings.spray_accounts {
+        if distinct >= self.settings.spray_accounts.saturating_mul(factor) {
             out.push((ip, Consequence::Spraying { distinct }));
         }
         let failures = count(first_source + 1);
-        let threshold = self.settings.ip_failures;
+        let threshold = self.settings.ip_failures.saturating_mul(factor);
         if failures >= threshold && (failures - threshold).is_multiple_of(threshold) {
             out.push((ip, Consequence::IpFailures { failures }));
         }
@@ -328,11 +334,23 @@ impl Lockouts {
         now: i64,
     ) -> Result<HashSet<&'a SubjectKey>, Error> {
         let mut planned = Vec::new();
+        let mut shared: Vec<&SubjectKey> = Vec::new();
+        let shared_ips = self.scoring.shared_ips();
+        let min_accounts = shared_ips.settings().min_accounts;
         for (event, span) in events.iter().zip(spans) {
             if event.failure {
                 self.plan_failure(event.context, &counts[span.clone()], &mut planned);
+            } else if shared_ips.settings().enabled
+                && counts[span.clone()]
+                    .last()
+                    .is_some_and(|c| c.0 >= min_accounts)
+                && !shared.contains(&&event.context.ip_key)
+                && shared_ips.needs_mark(&event.context.ip_key, now)
+            {
+                shared.push(&event.context.ip_key);
             }
         }
+        shared_ips.mark(&shared, now).await?;
         let mut locking = HashSet::new();
         // Each account's first lock of the batch; they run together after the lanes (a lock
         // is an account's last consequence in a batch: no challenge at or past the lockout

@@ -18,6 +18,7 @@ pub mod factor;
 mod observe; // baselines, anomalies, repeat offenders
 mod offenders;
 mod publish; // stored factors in, published multipliers out
+pub mod shared; // addresses many honest users share
 pub mod store;
 mod stream; // the decision stream
 
@@ -35,6 +36,7 @@ use arc_swap::ArcSwap;
 pub use alerts::{Alert, Alerts};
 pub use baseline::Anomaly;
 pub use factor::{Combined, Contribution, Effect, Factor, Policy, combine, combine_multiplier};
+pub use shared::SharedIps;
 pub use store::{Change, DecisionChange};
 
 use crate::clock::Clock;
@@ -140,6 +142,7 @@ pub struct Engine {
     /// In-process shared offender totals (embedded mode): minute → key → count.
     offender_totals: Mutex<BTreeMap<i64, HashMap<String, u64>>>,
     alerts: Alerts,
+    shared: SharedIps,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -176,6 +179,12 @@ impl Engine {
                 clock.clone(),
                 scoring.webhooks.clone(),
             ),
+            shared: SharedIps::new(
+                settings.limits.shared_ip.clone(),
+                stores.hot.clone(),
+                &stores.keys,
+                clock.clone(),
+            ),
             settings: scoring,
             clock,
         }
@@ -209,6 +218,11 @@ impl Engine {
     /// The alerts service.
     pub fn alerts(&self) -> &Alerts {
         &self.alerts
+    }
+
+    /// The shared addresses (carrier NAT, company proxies).
+    pub fn shared_ips(&self) -> &SharedIps {
+        &self.shared
     }
 
     /// Keys tracked by the anomaly baselines, the most they can hold, and their bytes (fixed
@@ -250,6 +264,7 @@ impl DefaultMultipliers for Engine {
             ip: of(&ip, Some(request.ip.addr())),
             user: request.user.as_ref().map_or(1.0, |u| of(u, None)),
             device: request.device.as_ref().map_or(1.0, |d| of(d, None)),
+            shared_ip: self.shared.is_shared(&request.ip),
         }
     }
 }

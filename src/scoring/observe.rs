@@ -2,6 +2,7 @@
 //! decisions, and repeat offenders (keys hitting 429 most often) shared across instances.
 
 use super::*;
+use crate::config::ScopeKind;
 
 /// Shared offender totals are kept for this many minutes.
 pub(super) const OFFENDER_MINUTES: i64 = 60;
@@ -110,7 +111,13 @@ impl Engine {
         decision: &Decision,
     ) -> Result<(), Error> {
         let ip = SubjectKey::ip(&request.ip);
-        let mut keys: Vec<&SubjectKey> = vec![&ip];
+        // A shared address's volume is its many users': it is no anomaly, and a 429 of its
+        // IP-wide ceiling makes no offender of everyone behind it.
+        let shared = self.shared.is_shared(&request.ip);
+        let mut keys: Vec<&SubjectKey> = Vec::with_capacity(3);
+        if !shared {
+            keys.push(&ip);
+        }
         keys.extend(request.user.as_ref());
         keys.extend(request.device.as_ref());
         let minute = minute_of(decision.now_ms);
@@ -118,7 +125,16 @@ impl Engine {
         if !decision.allowed
             && let Some(scope) = decision.deciding_scope()
         {
-            lock(&self.sketch).offer(&scope.subject, 1);
+            match scope.scope {
+                // The device behind the address is the one at fault.
+                ScopeKind::IpDevice => {
+                    if let Some(device) = &request.device {
+                        lock(&self.sketch).offer(device.as_str(), 1);
+                    }
+                }
+                ScopeKind::Ip | ScopeKind::EndpointIp if shared => {}
+                _ => lock(&self.sketch).offer(&scope.subject, 1),
+            }
         }
         self.handle_anomalies(anomalies).await
     }

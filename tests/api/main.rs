@@ -9,6 +9,7 @@ mod caddy;
 mod cli;
 mod docs;
 mod edge;
+mod fairness;
 mod faults;
 mod foundation;
 mod fuzz;

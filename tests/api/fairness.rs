@@ -1,0 +1,261 @@
+//! Fairness: many honest users behind one address (carrier NAT), the `ip_device` scope, and
+//! the reason codes a refused app can show.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, assert_envelope};
+use crate::on_both_backends;
+
+on_both_backends!(
+    many_accounts_logging_in_make_an_address_shared_and_each_device_gets_its_own_budget,
+    a_shared_address_has_an_ip_wide_ceiling,
+    a_configured_range_is_shared_from_the_first_request,
+    an_ip_device_budget_counts_each_device_on_each_address,
+    spraying_from_a_shared_address_needs_more_evidence,
+    refusals_carry_a_stable_reason_code,
+);
+
+const NAT: &str = "198.51.100.77";
+
+fn login(user: &str, ip: &str, device: Option<&str>) -> Value {
+    let mut body = json!({"endpoint": "/auth/login", "method": "POST", "ip": ip, "user_id": user});
+    if let Some(device) = device {
+        body["device_id"] = json!(device);
+    }
+    body
+}
+
+/// `n` accounts log in successfully from `ip`, each from its own device.
+async fn successes(app: &TestApp, ip: &str, n: usize) {
+    let events: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({"event_id": format!("ok-{ip}-{i}"), "type": "login_success",
+                   "account": format!("user{i}"), "ip": ip, "device_id": format!("phone{i}")})
+        })
+        .collect();
+    app.post_auth(events).await;
+}
+
+async fn status_of(app: &TestApp, body: &Value) -> (StatusCode, Value) {
+    let response = app.limit_check(body).await;
+    let status = response.status();
+    (status, response.json().await.unwrap())
+}
+
+async fn many_accounts_logging_in_make_an_address_shared_and_each_device_gets_its_own_budget(
+    app: TestApp,
+) {
+    // Not shared yet: the address's auth budget (10/min) is everyone's.
+    for i in 0..10 {
+        let (status, _) = status_of(&app, &login(&format!("a{i}"), NAT, Some("d0"))).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (status, body) = status_of(&app, &login("a10", NAT, Some("d1"))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["error"]["details"]["scope"], "endpoint_ip");
+    assert_eq!(body["error"]["details"]["reason"], "ip_rate");
+
+    // 19 accounts are not enough; the 20th makes it shared.
+    successes(&app, NAT, 19).await;
+    let (status, _) = status_of(&app, &login("b0", NAT, Some("d2"))).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "19 accounts: not shared"
+    );
+    successes(&app, NAT, 20).await;
+    let shared = app.app.scoring.shared_ips().marked();
+    assert_eq!(shared.len(), 1, "{shared:?}");
+    assert_eq!(shared[0].0, format!("ip:{NAT}"));
+
+    // Each device behind it now has the address's budget to itself, scaled by what is
+    // known of the device (unattested: 0.5 on auth): 30 devices × 5.
+    for device in 0..30 {
+        for attempt in 0..5 {
+            let user = format!("u{device}-{}", attempt % 2);
+            let (status, body) =
+                status_of(&app, &login(&user, NAT, Some(&format!("dev{device}")))).await;
+            assert_eq!(
+                status,
+                StatusCode::OK,
+                "device {device} attempt {attempt}: {body}"
+            );
+        }
+    }
+    let (status, body) = status_of(&app, &login("u0-9", NAT, Some("dev0"))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["error"]["details"]["scope"], "ip_device");
+    assert_eq!(body["error"]["details"]["limit"], 5);
+    assert_eq!(body["error"]["details"]["reason"], "device_untrusted");
+
+    // Without a device id the strict budget of the address stands (spent above).
+    let (status, body) = status_of(&app, &login("nodevice", NAT, None)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["error"]["details"]["scope"], "endpoint_ip");
+
+    // Another address is untouched by all this.
+    let (status, _) = status_of(&app, &login("elsewhere", "203.0.113.5", Some("dev0"))).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+async fn a_shared_address_has_an_ip_wide_ceiling(app: TestApp) {
+    let app = TestApp::spawn_with(app.backend, |settings| {
+        settings.limits.shared_ip.ceiling = 2.0;
+    })
+    .await
+    .unwrap();
+    successes(&app, NAT, 20).await;
+    // 2 × 10 auth attempts for the whole address, whatever the devices.
+    for device in 0..20 {
+        let (status, body) = status_of(
+            &app,
+            &login(&format!("c{device}"), NAT, Some(&format!("x{device}"))),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{device}: {body}");
+    }
+    let (status, body) = status_of(&app, &login("c99", NAT, Some("x99"))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["error"]["details"]["reason"], "ip_shared_limit");
+    assert_eq!(body["error"]["details"]["limit"], 20);
+}
+
+async fn a_configured_range_is_shared_from_the_first_request(app: TestApp) {
+    // RFC 6598 space is shared by default: no successes needed.
+    for device in 0..15 {
+        let (status, body) = status_of(
+            &app,
+            &login(
+                &format!("r{device}"),
+                "100.64.1.2",
+                Some(&format!("p{device}")),
+            ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{device}: {body}");
+        assert_ne!(body["scope"], "endpoint_ip", "{body}");
+    }
+    // Turned off, the same traffic meets the address's budget.
+    let strict = TestApp::spawn_with(app.backend, |settings| {
+        settings.limits.shared_ip.enabled = false;
+    })
+    .await
+    .unwrap();
+    let mut refused = 0;
+    for device in 0..15 {
+        let body = login(
+            &format!("r{device}"),
+            "100.64.1.2",
+            Some(&format!("p{device}")),
+        );
+        if strict.limit_check(&body).await.status() == StatusCode::TOO_MANY_REQUESTS {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 5);
+}
+
+async fn an_ip_device_budget_counts_each_device_on_each_address(app: TestApp) {
+    let app = TestApp::spawn_with(app.backend, |settings| {
+        settings
+            .limits
+            .budgets
+            .push(palisade::config::BudgetSettings {
+                name: "otp-ipdev".to_owned(),
+                scope: palisade::config::ScopeKind::IpDevice,
+                classes: vec!["write".to_owned()],
+                limit: 2,
+                period_s: 60,
+                burst: None,
+                when: palisade::config::When::Always,
+                shadow: false,
+            });
+    })
+    .await
+    .unwrap();
+    let write = |ip: &str, device: Option<&str>| {
+        let mut body = json!({"endpoint": "/profile", "method": "POST", "ip": ip});
+        if let Some(device) = device {
+            body["device_id"] = json!(device);
+        }
+        body
+    };
+    for _ in 0..2 {
+        let (status, _) = status_of(&app, &write("192.0.2.1", Some("tab"))).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (status, body) = status_of(&app, &write("192.0.2.1", Some("tab"))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["error"]["details"]["budget"], "otp-ipdev");
+    assert_eq!(body["error"]["details"]["scope"], "ip_device");
+    // The same device elsewhere, and another device here, have their own buckets.
+    let (status, body) = status_of(&app, &write("192.0.2.2", Some("tab"))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = status_of(&app, &write("192.0.2.1", Some("phone"))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // A request without a device id is not counted by it.
+    for _ in 0..5 {
+        let (status, body) = status_of(&app, &write("192.0.2.1", None)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+}
+
+async fn spraying_from_a_shared_address_needs_more_evidence(app: TestApp) {
+    let failures = |ip: &str, n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|i| {
+                json!({"event_id": format!("bad-{ip}-{i}"), "type": "login_failure",
+                       "account": format!("victim{i}"), "ip": ip})
+            })
+            .collect()
+    };
+    // A plain address failing on 25 accounts is spraying: auth multiplier 0.
+    app.post_auth(failures("192.0.2.50", 25)).await;
+    assert_eq!(auth_multiplier(&app, "192.0.2.50").await, 0.0);
+    // A shared one (carrier NAT) is not, at 25 (its threshold is 5 × 20).
+    successes(&app, NAT, 20).await;
+    app.post_auth(failures(NAT, 25)).await;
+    assert_eq!(auth_multiplier(&app, NAT).await, 1.0);
+    // At 100 it is.
+    let more: Vec<Value> = (25..100)
+        .map(|i| {
+            json!({"event_id": format!("bad-{NAT}-{i}"), "type": "login_failure",
+                   "account": format!("victim{i}"), "ip": NAT})
+        })
+        .collect();
+    app.post_auth(more).await;
+    assert_eq!(auth_multiplier(&app, NAT).await, 0.0);
+}
+
+async fn auth_multiplier(app: &TestApp, ip: &str) -> f64 {
+    let view = app
+        .admin_json(&format!(
+            "/v1/multipliers?ip={ip}&endpoint=/auth/login&method=POST"
+        ))
+        .await;
+    view["keys"][&format!("ip:{ip}")]["multiplier"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{view}"))
+}
+
+async fn refusals_carry_a_stable_reason_code(app: TestApp) {
+    for _ in 0..5 {
+        app.limit_check(&login("rita", "203.0.113.9", None)).await;
+    }
+    let response = app.limit_check(&login("rita", "203.0.113.9", None)).await;
+    let body = assert_envelope(response, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    assert_eq!(body["error"]["details"]["reason"], "account_rate");
+
+    // A locked account.
+    let events: Vec<Value> = (0..10)
+        .map(|i| {
+            json!({"event_id": format!("lock-{i}"), "type": "login_failure",
+                   "account": "lena", "ip": format!("192.0.2.{}", 100 + i)})
+        })
+        .collect();
+    app.post_auth(events).await;
+    let response = app.limit_check(&login("lena", "203.0.113.10", None)).await;
+    let body = assert_envelope(response, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    assert_eq!(body["error"]["details"]["reason"], "account_locked");
+}
