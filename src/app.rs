@@ -229,6 +229,7 @@ impl App {
         ]);
         limiter.set_defaults(scoring.clone());
         lockouts.set_attested(Arc::new(attestation.attested_devices()));
+        scoring.set_asn_lookup(reputation.clone());
         limiter.set_exemptions(Arc::new(LockoutRule(lockouts.clone())));
         // Weak: the limiter holds the engine, the engine must not hold the limiter.
         let weak = Arc::downgrade(&limiter);
@@ -298,6 +299,9 @@ impl App {
             }
             if let Err(err) = app.scoring.shared_ips().refresh().await {
                 tracing::warn!(error.cause = %err, "reading shared addresses failed; will retry");
+            }
+            if let Err(err) = app.scoring.network_blocks().refresh().await {
+                tracing::warn!(error.cause = %err, "reading blocked networks failed; will retry");
             }
             if let Err(err) = app.scoring.flush_offenders().await {
                 tracing::warn!(error.cause = %err, "flushing repeat-offender counts failed; will retry");

@@ -255,6 +255,22 @@ impl SubjectKey {
         Self::with_id(SubjectKind::Ip, &ip.key_text())
     }
 
+    /// The network of a client that rotates addresses: an IPv4 address's /24, an IPv6
+    /// address's /48 (`ip:203.0.113.0/24`, `ip:2001:db8:1::/48`).
+    pub fn ip_network(ip: &ClientIp) -> Self {
+        let text = match ip.addr() {
+            IpAddr::V4(v4) => {
+                let [a, b, c, _] = v4.octets();
+                format!("{a}.{b}.{c}.0/24")
+            }
+            IpAddr::V6(v6) => {
+                let bits = u128::from(v6) & (u128::MAX << 80);
+                format!("{}/48", Ipv6Addr::from(bits))
+            }
+        };
+        Self::with_id(SubjectKind::Ip, &text)
+    }
+
     /// A user id of at most `max_len` characters, taken as it is: ids from outside come
     /// through [`Identifiers::user_key`], which makes them canonical first.
     pub fn user(id: &str, max_len: usize) -> Result<Self, InvalidId> {

@@ -51,6 +51,14 @@ pub struct LockoutSettings {
     /// How long a spraying IP/device gets multiplier 0 on the `auth` class, seconds.
     /// Default 1800.
     pub spray_block_s: u64,
+    /// Distinct accounts failing from one network (an IPv4 /24, an IPv6 /48) in the window
+    /// that mark it as spraying when more accounts fail from it than logged in from it
+    /// successfully in the last `limits.shared_ip.window_s` (attackers rotating addresses;
+    /// a carrier's busy network has more successes). 0 turns it off. Default 40 (at most 256).
+    pub network_spray_accounts: u32,
+    /// The same for one autonomous system (needs an ASN database in `data/`). 0 turns it
+    /// off. Default 50 (at most 256).
+    pub asn_spray_accounts: u32,
     /// How long a successful login's IP and device stay "known" for the lockout-DoS rule,
     /// days. Default 90.
     pub known_for_days: u64,
@@ -79,6 +87,8 @@ impl Default for LockoutSettings {
             permanent_after: 0,
             spray_accounts: 20,
             spray_block_s: 1800,
+            network_spray_accounts: 40,
+            asn_spray_accounts: 50,
             known_for_days: 90,
             retention_days: 30,
             failure_factor: 0.5,
@@ -119,6 +129,12 @@ impl LockoutSettings {
             return Err(SettingError::new(
                 setting_name("lockout.failure_factor"),
                 "must be between 0 and 1",
+            ));
+        }
+        if self.network_spray_accounts > 256 || self.asn_spray_accounts > 256 {
+            return Err(SettingError::new(
+                setting_name("lockout.network_spray_accounts"),
+                "network and ASN thresholds are at most 256 (their windows keep that many)",
             ));
         }
         if self.lockout_after > 1000 || self.spray_accounts > 1000 || self.ip_failures > 1000 {

@@ -226,6 +226,16 @@ impl Limiter {
                 }
             }
         }
+        if defaults.ip_blocked {
+            for scope in out.iter_mut().filter(|s| {
+                matches!(
+                    s.kind,
+                    ScopeKind::Ip | ScopeKind::EndpointIp | ScopeKind::IpDevice
+                )
+            }) {
+                scope.multiplier_override = Some(0.0);
+            }
+        }
         out
     }
 

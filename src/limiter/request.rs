@@ -20,6 +20,9 @@ pub struct Defaults {
     /// Many honest users share the request's IP (`limits.shared_ip`): a request with a
     /// device id is counted per IP and device, under a raised IP-wide ceiling.
     pub shared_ip: bool,
+    /// The request's network or ASN is blocked on this class (spraying from rotating
+    /// addresses): its IP scopes block whatever is published for the address.
+    pub ip_blocked: bool,
 }
 
 impl Default for Defaults {
@@ -29,6 +32,7 @@ impl Default for Defaults {
             user: 1.0,
             device: 1.0,
             shared_ip: false,
+            ip_blocked: false,
         }
     }
 }

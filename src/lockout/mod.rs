@@ -234,8 +234,12 @@ const QUICK: &str = "q";
 const QUICK_CAP: usize = 16;
 
 /// The distinct accounts that logged in successfully from an IP, in the IP's value: enough
-/// of them make it a shared address (`limits.shared_ip`).
+/// of them make it a shared address (`limits.shared_ip`). Also in a network's and an ASN's
+/// value, where failures on more accounts than that mean spraying.
 const SHARED: &str = "s";
+
+/// Entries kept in a network's or an ASN's windows (their thresholds are at most this).
+const NETWORK_CAP: usize = 256;
 
 impl Lockouts {
     /// The service. It is the
@@ -305,6 +309,36 @@ impl Lockouts {
             }
         }
         (steps, spans)
+    }
+
+    /// The sources a context's network spraying is judged on, each with its threshold: its
+    /// network (`lockout.network_spray_accounts`) and its ASN (`lockout.asn_spray_accounts`),
+    /// those turned on.
+    pub(super) fn networks(&self, context: &LoginContext) -> Vec<(SubjectKey, u32)> {
+        let mut out = Vec::with_capacity(2);
+        if self.settings.network_spray_accounts > 0 {
+            out.push((
+                SubjectKey::ip_network(&context.ip),
+                self.settings.network_spray_accounts,
+            ));
+        }
+        if self.settings.asn_spray_accounts > 0
+            && let Some(asn) = self.scoring.asn_of(context.ip.addr())
+        {
+            out.push((SubjectKey::asn(asn), self.settings.asn_spray_accounts));
+        }
+        out
+    }
+
+    /// The window of distinct accounts that logged in from a network or ASN (`SHARED`, in
+    /// its value): recorded with `member`, counted without.
+    fn network_successes(&self, key: String, member: Option<u64>, score: i64) -> Step {
+        let shared = self.scoring.shared_ips().settings();
+        Step {
+            cap: NETWORK_CAP,
+            window_ms: i64::try_from(shared.window_s.saturating_mul(1000)).unwrap_or(i64::MAX),
+            ..self.step((key, SHARED.to_owned()), member, score)
+        }
     }
 
     /// A failure-window step (count only without `member`).
@@ -393,6 +427,16 @@ impl Lockouts {
         if let Some(device) = &event.context.device {
             steps.push(self.step((self.keys.windows(device), "a".to_owned()), account, ts));
         }
+        // The source's network and ASN: distinct failing accounts, and (count only) the
+        // distinct accounts that logged in from it.
+        for (source, _) in self.networks(event.context) {
+            let key = self.keys.windows(&source);
+            steps.push(Step {
+                cap: NETWORK_CAP,
+                ..self.step((key.clone(), "a".to_owned()), account, ts)
+            });
+            steps.push(self.network_successes(key, None, ts));
+        }
         steps.push(Step {
             cap: QUICK_CAP,
             ..self.step(
@@ -421,6 +465,10 @@ impl Lockouts {
                 action: WindowAction::Delete,
                 ..self.step(window, None, 0)
             });
+        }
+        let account = Some(velocity::member_id(context.account.as_str()));
+        for (source, _) in self.networks(context) {
+            steps.push(self.network_successes(self.keys.windows(&source), account, at));
         }
         // Last: the distinct accounts logging in from the IP (`limits.shared_ip`).
         let shared = self.scoring.shared_ips().settings();

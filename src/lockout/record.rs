@@ -263,6 +263,7 @@ impl Lockouts {
         context: &'a LoginContext,
         counts: &[(u32, Option<i64>)],
         out: &mut Vec<(&'a SubjectKey, Consequence<'a>)>,
+        networks: &mut Vec<(SubjectKey, u32)>,
     ) {
         let count = |i: usize| counts.get(i).map_or(0, |c| c.0);
         let account_failures = count(0);
@@ -303,6 +304,16 @@ impl Lockouts {
                 out.push((device, Consequence::Spraying { distinct }));
             }
         }
+        // Rotating addresses: more accounts failing from the network (ASN) than logging in
+        // from it, and at least its threshold. A carrier's busy network has more successes.
+        let mut at = first_source + 2 + usize::from(context.device.is_some());
+        for (source, threshold) in self.networks(context) {
+            let (distinct, successes) = (count(at), count(at + 1));
+            if distinct >= threshold && distinct > successes {
+                networks.push((source, distinct));
+            }
+            at += 2;
+        }
         // The lock alone (`policy::decide` would also word every reason, then dropped).
         if policy::locks(account_failures, &self.settings) {
             out.push((
@@ -334,12 +345,18 @@ impl Lockouts {
         now: i64,
     ) -> Result<HashSet<&'a SubjectKey>, Error> {
         let mut planned = Vec::new();
+        let mut networks: Vec<(SubjectKey, u32)> = Vec::new();
         let mut shared: Vec<&SubjectKey> = Vec::new();
         let shared_ips = self.scoring.shared_ips();
         let min_accounts = shared_ips.settings().min_accounts;
         for (event, span) in events.iter().zip(spans) {
             if event.failure {
-                self.plan_failure(event.context, &counts[span.clone()], &mut planned);
+                self.plan_failure(
+                    event.context,
+                    &counts[span.clone()],
+                    &mut planned,
+                    &mut networks,
+                );
             } else if shared_ips.settings().enabled
                 && counts[span.clone()]
                     .last()
@@ -414,6 +431,16 @@ impl Lockouts {
                 return Err(err);
             }
         }
+        // A network's first spraying of the batch (each later one would find its alert).
+        let mut seen = HashSet::new();
+        networks.retain(|(source, _)| seen.insert(source.clone()));
+        let (_, failed) = at_most_lanes(networks, |(source, distinct)| async move {
+            self.spraying(&source, distinct, now).await
+        })
+        .await;
+        if let Some(err) = failed {
+            return Err(err);
+        }
         self.lock_all(&locks, markers, now).await?;
         Ok(locking)
     }
@@ -480,6 +507,10 @@ impl Lockouts {
                     .referring_to(alert.id),
             )
             .await?;
+        // A network or an ASN: every address in it, whatever is published for each.
+        if crate::scoring::NetworkBlocks::is_network(source) {
+            self.scoring.network_blocks().block(source, until).await?;
+        }
         tracing::info!(subject.key = %source, "spraying: {source} failed on many accounts; auth multiplier 0");
         Ok(())
     }

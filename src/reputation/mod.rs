@@ -476,3 +476,9 @@ impl Reputation {
         Ok(snapshot)
     }
 }
+
+impl crate::scoring::AsnLookup for Reputation {
+    fn asn(&self, ip: IpAddr) -> Option<u32> {
+        Reputation::asn(self, ip)
+    }
+}

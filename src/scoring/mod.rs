@@ -36,7 +36,7 @@ use arc_swap::ArcSwap;
 pub use alerts::{Alert, Alerts};
 pub use baseline::Anomaly;
 pub use factor::{Combined, Contribution, Effect, Factor, Policy, combine, combine_multiplier};
-pub use shared::SharedIps;
+pub use shared::{NetworkBlocks, SharedIps};
 pub use store::{Change, DecisionChange};
 
 use crate::clock::Clock;
@@ -143,6 +143,15 @@ pub struct Engine {
     offender_totals: Mutex<BTreeMap<i64, HashMap<String, u64>>>,
     alerts: Alerts,
     shared: SharedIps,
+    networks: NetworkBlocks,
+    asn_lookup: OnceLock<Arc<dyn AsnLookup>>,
+}
+
+/// The autonomous system of an address (the socket reputation's ASN databases plug into;
+/// `app` wires it).
+pub trait AsnLookup: Send + Sync + fmt::Debug {
+    /// The ASN of `ip`, if known.
+    fn asn(&self, ip: IpAddr) -> Option<u32>;
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -185,6 +194,8 @@ impl Engine {
                 &stores.keys,
                 clock.clone(),
             ),
+            networks: NetworkBlocks::new(stores.hot.clone(), &stores.keys, clock.clone()),
+            asn_lookup: OnceLock::new(),
             settings: scoring,
             clock,
         }
@@ -223,6 +234,21 @@ impl Engine {
     /// The shared addresses (carrier NAT, company proxies).
     pub fn shared_ips(&self) -> &SharedIps {
         &self.shared
+    }
+
+    /// Networks and ASNs blocked on `auth` for spraying from rotating addresses.
+    pub fn network_blocks(&self) -> &NetworkBlocks {
+        &self.networks
+    }
+
+    /// Installs the ASN lookup (once; later calls are ignored).
+    pub fn set_asn_lookup(&self, lookup: Arc<dyn AsnLookup>) {
+        let _ = self.asn_lookup.set(lookup);
+    }
+
+    /// The ASN of `ip`, when a lookup is installed and knows it.
+    pub fn asn_of(&self, ip: IpAddr) -> Option<u32> {
+        self.asn_lookup.get()?.asn(ip)
     }
 
     /// Keys tracked by the anomaly baselines, the most they can hold, and their bytes (fixed
@@ -265,6 +291,10 @@ impl DefaultMultipliers for Engine {
             user: request.user.as_ref().map_or(1.0, |u| of(u, None)),
             device: request.device.as_ref().map_or(1.0, |d| of(d, None)),
             shared_ip: self.shared.is_shared(&request.ip),
+            ip_blocked: class == "auth"
+                && self
+                    .networks
+                    .is_blocked(&request.ip, self.asn_of(request.ip.addr())),
         }
     }
 }

@@ -358,6 +358,14 @@ impl Engine {
                 (subject, id) = (last_subject.as_str().to_owned(), last_id.clone());
             }
             for (key, _, factor) in page {
+                // A network's or an ASN's block on `auth` is enforced for its every address.
+                if NetworkBlocks::is_network(&key)
+                    && factor.value <= 0.0
+                    && factor.classes.iter().any(|c| c == "auth")
+                    && let Some(until) = factor.expires_at_ms
+                {
+                    self.networks.block(&key, until).await?;
+                }
                 match pending.last_mut() {
                     Some((last, changes)) if *last == key => changes.push(Change::Set(factor)),
                     _ => pending.push((key, vec![Change::Set(factor)])),

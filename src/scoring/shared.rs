@@ -1,11 +1,11 @@
-//! Shared addresses: IPs many honest users come from (carrier-grade NAT, a company's proxy).
+//! Shared addresses (IPs many honest users come from: carrier-grade NAT, a company's proxy)
+//! and blocked networks (spraying from rotating addresses).
 //!
 //! An address is shared when `limits.shared_ip.min_accounts` distinct accounts logged in
 //! successfully from it within `window_s` (lockout counts them and calls [`SharedIps::mark`]),
-//! or when it is in a configured range. The limiter asks [`SharedIps::is_shared`] on every
-//! check, so the answer comes from memory: marks live in one sorted set in Redis (member the
-//! IP's subject key, score the Unix ms it stays shared until), which every instance reads back
-//! each second ([`SharedIps::refresh`]); in process the memory is the whole truth.
+//! or when it is in a configured range. A network or an ASN is blocked on `auth` when
+//! lockout finds it spraying ([`NetworkBlocks::block`]). The limiter asks both on every
+//! check, so the answers come from memory ([`Marks`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -16,115 +16,69 @@ use crate::config::SharedIpSettings;
 use crate::model::{ClientIp, SubjectKey};
 use crate::store::{Error, Hot, Keys};
 
-/// Most addresses remembered as shared (the oldest marks are dropped beyond it).
-pub const MAX_SHARED: usize = 100_000;
+/// Most subjects one registry remembers (the soonest to expire are dropped beyond it).
+pub const MAX_MARKS: usize = 100_000;
 
-/// The shared addresses known to this instance.
+/// Subjects marked until a time, the same on every instance.
+///
+/// One sorted set in Redis (member the subject key, score the Unix ms it is marked until), read back by every instance each
+/// second ([`Marks::refresh`]); in process the memory is the whole truth.
 #[derive(Debug)]
-pub struct SharedIps {
-    settings: SharedIpSettings,
+pub struct Marks {
     hot: Hot,
     key: String,
     clock: Arc<dyn Clock>,
-    /// IP subject key text → Unix ms it is shared until.
+    /// Subject key text → Unix ms it is marked until.
     marks: RwLock<HashMap<Arc<str>, i64>>,
 }
 
-impl SharedIps {
-    /// The registry of one instance.
-    pub fn new(settings: SharedIpSettings, hot: Hot, keys: &Keys, clock: Arc<dyn Clock>) -> Self {
+impl Marks {
+    /// The marks named `name` (`<prefix>:v1:<name>` in Redis).
+    pub fn new(name: &str, hot: Hot, keys: &Keys, clock: Arc<dyn Clock>) -> Self {
         Self {
-            settings,
             hot,
-            key: format!("{}:shared_ips", keys.prefix()),
+            key: format!("{}:{name}", keys.prefix()),
             clock,
             marks: RwLock::new(HashMap::new()),
         }
     }
 
-    /// The settings in force.
-    pub fn settings(&self) -> &SharedIpSettings {
-        &self.settings
-    }
-
-    /// True when `ip` is shared now: a configured range, or marked and not expired.
-    pub fn is_shared(&self, ip: &ClientIp) -> bool {
-        if !self.settings.enabled {
-            return false;
-        }
-        if self.in_ranges(ip.addr()) {
-            return true;
-        }
+    /// True when `key` (a subject key's text) is marked now.
+    pub fn contains(&self, key: &str) -> bool {
         let marks = self.marks.read().unwrap_or_else(|e| e.into_inner());
-        if marks.is_empty() {
-            return false;
-        }
-        let key = SubjectKey::ip(ip);
-        marks
-            .get(key.as_str())
-            .is_some_and(|&until| until > self.clock.now_ms())
+        !marks.is_empty()
+            && marks
+                .get(key)
+                .is_some_and(|&until| until > self.clock.now_ms())
     }
 
-    /// True when the `ip:` subject `key` is shared now.
-    pub fn is_shared_key(&self, key: &SubjectKey) -> bool {
-        if !self.settings.enabled {
-            return false;
-        }
-        if key.ip_addr().is_some_and(|addr| self.in_ranges(addr)) {
-            return true;
-        }
+    /// Until when `key` is marked, as this instance knows.
+    pub fn until(&self, key: &str) -> Option<i64> {
         let marks = self.marks.read().unwrap_or_else(|e| e.into_inner());
-        marks
-            .get(key.as_str())
-            .is_some_and(|&until| until > self.clock.now_ms())
+        marks.get(key).copied()
     }
 
-    fn in_ranges(&self, addr: IpAddr) -> bool {
-        self.settings
-            .ranges
-            .iter()
-            .any(|range| range.contains(addr))
-    }
-
-    /// True when a qualifying `ip` should be marked (again): not marked here, or marked
-    /// more than a minute ago.
-    pub fn needs_mark(&self, ip: &SubjectKey, now_ms: i64) -> bool {
-        let remember_ms =
-            i64::try_from(self.settings.remember_s.saturating_mul(1000)).unwrap_or(i64::MAX / 2);
-        let marks = self.marks.read().unwrap_or_else(|e| e.into_inner());
-        marks
-            .get(ip.as_str())
-            .is_none_or(|&until| until < now_ms.saturating_add(remember_ms - 60_000))
-    }
-
-    /// Marks the `ip:` subjects `ips` shared for `remember_s` from `now_ms` (every instance
-    /// sees it within a second).
-    pub async fn mark(&self, ips: &[&SubjectKey], now_ms: i64) -> Result<(), Error> {
-        if !self.settings.enabled || ips.is_empty() {
+    /// Marks `subjects` until `until_ms` (a later mark is kept); every instance sees it
+    /// within a second.
+    pub async fn mark(&self, subjects: &[&SubjectKey], until_ms: i64) -> Result<(), Error> {
+        if subjects.is_empty() {
             return Ok(());
         }
-        let remember_ms =
-            i64::try_from(self.settings.remember_s.saturating_mul(1000)).unwrap_or(i64::MAX / 2);
-        let until = now_ms.saturating_add(remember_ms);
         {
             let mut marks = self.marks.write().unwrap_or_else(|e| e.into_inner());
-            for ip in ips {
-                let text: Arc<str> = ip.as_str().into();
-                let entry = marks.entry(text).or_insert(until);
-                *entry = (*entry).max(until);
+            for subject in subjects {
+                let entry = marks.entry(subject.as_str().into()).or_insert(until_ms);
+                *entry = (*entry).max(until_ms);
             }
-            bound(&mut marks, now_ms);
+            bound(&mut marks, self.clock.now_ms());
         }
         if let Hot::Redis(redis) = &self.hot {
             let mut cmd = redis::cmd("ZADD");
             cmd.arg(&self.key).arg("GT");
-            for ip in ips {
-                cmd.arg(until).arg(ip.as_str());
+            for subject in subjects {
+                cmd.arg(until_ms).arg(subject.as_str());
             }
             redis.query::<()>(&cmd).await?;
-        }
-        for ip in ips {
-            tracing::info!(subject.key = %ip, "shared address: many accounts log in from {ip}");
         }
         Ok(())
     }
@@ -146,39 +100,160 @@ impl SharedIps {
             .cmd("ZRANGE")
             .arg(&self.key)
             .arg(0)
-            .arg(MAX_SHARED - 1)
+            .arg(MAX_MARKS - 1)
             .arg("REV")
             .arg("WITHSCORES");
         let (read,): (Vec<(String, i64)>,) = redis.query_pipeline(&pipe).await?;
         let mut marks = self.marks.write().unwrap_or_else(|e| e.into_inner());
-        for (ip, until) in read {
-            let entry = marks.entry(ip.into()).or_insert(until);
+        for (subject, until) in read {
+            let entry = marks.entry(subject.into()).or_insert(until);
             *entry = (*entry).max(until);
         }
         bound(&mut marks, now);
         Ok(())
     }
 
-    /// Addresses marked shared now, with the Unix ms each stays shared until.
+    /// The subjects marked now, with the Unix ms each is marked until.
     pub fn marked(&self) -> Vec<(String, i64)> {
         let now = self.clock.now_ms();
         let marks = self.marks.read().unwrap_or_else(|e| e.into_inner());
         let mut out: Vec<(String, i64)> = marks
             .iter()
             .filter(|(_, until)| **until > now)
-            .map(|(ip, until)| (ip.to_string(), *until))
+            .map(|(subject, until)| (subject.to_string(), *until))
             .collect();
         out.sort();
         out
     }
 }
 
-/// Drops expired marks, then the soonest to expire beyond [`MAX_SHARED`].
+/// The shared addresses known to this instance.
+#[derive(Debug)]
+pub struct SharedIps {
+    settings: SharedIpSettings,
+    marks: Marks,
+}
+
+impl SharedIps {
+    /// The registry of one instance.
+    pub fn new(settings: SharedIpSettings, hot: Hot, keys: &Keys, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            settings,
+            marks: Marks::new("shared_ips", hot, keys, clock),
+        }
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &SharedIpSettings {
+        &self.settings
+    }
+
+    /// True when `ip` is shared now: a configured range, or marked and not expired.
+    pub fn is_shared(&self, ip: &ClientIp) -> bool {
+        if !self.settings.enabled {
+            return false;
+        }
+        self.in_ranges(ip.addr()) || self.marks.contains(SubjectKey::ip(ip).as_str())
+    }
+
+    fn in_ranges(&self, addr: IpAddr) -> bool {
+        self.settings
+            .ranges
+            .iter()
+            .any(|range| range.contains(addr))
+    }
+
+    fn remember_ms(&self) -> i64 {
+        i64::try_from(self.settings.remember_s.saturating_mul(1000)).unwrap_or(i64::MAX / 2)
+    }
+
+    /// True when a qualifying `ip` should be marked (again): not marked here, or marked
+    /// more than a minute ago.
+    pub fn needs_mark(&self, ip: &SubjectKey, now_ms: i64) -> bool {
+        self.marks
+            .until(ip.as_str())
+            .is_none_or(|until| until < now_ms.saturating_add(self.remember_ms() - 60_000))
+    }
+
+    /// Marks the `ip:` subjects `ips` shared for `remember_s` from `now_ms`.
+    pub async fn mark(&self, ips: &[&SubjectKey], now_ms: i64) -> Result<(), Error> {
+        if !self.settings.enabled || ips.is_empty() {
+            return Ok(());
+        }
+        self.marks
+            .mark(ips, now_ms.saturating_add(self.remember_ms()))
+            .await?;
+        for ip in ips {
+            tracing::info!(subject.key = %ip, "shared address: many accounts log in from {ip}");
+        }
+        Ok(())
+    }
+
+    /// Reads every instance's marks back (see [`Marks::refresh`]).
+    pub async fn refresh(&self) -> Result<(), Error> {
+        self.marks.refresh().await
+    }
+
+    /// Addresses marked shared now, with the Unix ms each stays shared until.
+    pub fn marked(&self) -> Vec<(String, i64)> {
+        self.marks.marked()
+    }
+}
+
+/// Networks and autonomous systems blocked on `auth` for spraying from rotating addresses.
+///
+/// A network is an IPv4 /24 or an IPv6 /48. Every address in them is refused there, whatever is
+/// published for the address itself (a block beats every other factor).
+#[derive(Debug)]
+pub struct NetworkBlocks {
+    marks: Marks,
+}
+
+impl NetworkBlocks {
+    /// The registry of one instance.
+    pub fn new(hot: Hot, keys: &Keys, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            marks: Marks::new("blocked_networks", hot, keys, clock),
+        }
+    }
+
+    /// True when `ip`'s network or its autonomous system `asn` is blocked now.
+    pub fn is_blocked(&self, ip: &ClientIp, asn: Option<u32>) -> bool {
+        self.marks.contains(SubjectKey::ip_network(ip).as_str())
+            || asn.is_some_and(|asn| self.marks.contains(SubjectKey::asn(asn).as_str()))
+    }
+
+    /// True for the subjects blocks are kept for: an `asn:` key, or an `ip:` network key
+    /// ([`SubjectKey::ip_network`]).
+    pub fn is_network(subject: &SubjectKey) -> bool {
+        let text = subject.as_str();
+        subject.kind() == crate::model::SubjectKind::Asn
+            || (subject.kind() == crate::model::SubjectKind::Ip
+                && (text.ends_with("/24") || text.ends_with("/48")))
+    }
+
+    /// Blocks `subject` (an `ip:` network or `asn:` key) until `until_ms`.
+    pub async fn block(&self, subject: &SubjectKey, until_ms: i64) -> Result<(), Error> {
+        self.marks.mark(&[subject], until_ms).await
+    }
+
+    /// Reads every instance's blocks back (see [`Marks::refresh`]).
+    pub async fn refresh(&self) -> Result<(), Error> {
+        self.marks.refresh().await
+    }
+
+    /// The networks blocked now, with the Unix ms each is blocked until.
+    pub fn blocked(&self) -> Vec<(String, i64)> {
+        self.marks.marked()
+    }
+}
+
+/// Drops expired marks, then the soonest to expire beyond [`MAX_MARKS`].
 fn bound(marks: &mut HashMap<Arc<str>, i64>, now_ms: i64) {
     marks.retain(|_, until| *until > now_ms);
-    if marks.len() > MAX_SHARED {
+    if marks.len() > MAX_MARKS {
         let mut untils: Vec<i64> = marks.values().copied().collect();
-        let cut = untils.len() - MAX_SHARED;
+        let cut = untils.len() - MAX_MARKS;
         let (_, &mut nth, _) = untils.select_nth_unstable(cut);
         marks.retain(|_, until| *until > nth);
     }

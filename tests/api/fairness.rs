@@ -14,6 +14,10 @@ on_both_backends!(
     an_ip_device_budget_counts_each_device_on_each_address,
     spraying_from_a_shared_address_needs_more_evidence,
     refusals_carry_a_stable_reason_code,
+    spraying_from_rotating_addresses_of_one_slash_24_blocks_the_network,
+    spraying_from_rotating_slash_64s_of_one_slash_48_blocks_the_network,
+    spraying_from_rotating_networks_of_one_asn_blocks_the_asn,
+    a_busy_carrier_network_with_more_successes_is_not_spraying,
 );
 
 const NAT: &str = "198.51.100.77";
@@ -258,4 +262,112 @@ async fn refusals_carry_a_stable_reason_code(app: TestApp) {
     let response = app.limit_check(&login("lena", "203.0.113.10", None)).await;
     let body = assert_envelope(response, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
     assert_eq!(body["error"]["details"]["reason"], "account_locked");
+}
+
+/// `per_source` failures on distinct accounts from each address of `sources`.
+async fn spray(app: &TestApp, sources: &[String], per_source: usize) {
+    let mut events = Vec::new();
+    for (n, ip) in sources.iter().enumerate() {
+        for i in 0..per_source {
+            events.push(
+                json!({"event_id": format!("spray-{n}-{i}"), "type": "login_failure",
+                               "account": format!("target{n}-{i}"), "ip": ip}),
+            );
+        }
+    }
+    app.post_auth(events).await;
+}
+
+fn fresh_login(ip: &str) -> Value {
+    login(&format!("someone-new-{ip}"), ip, None)
+}
+
+async fn spraying_from_rotating_addresses_of_one_slash_24_blocks_the_network(app: TestApp) {
+    // 19 accounts from each of 5 addresses: no address reaches 20.
+    let sources: Vec<String> = (1..=5).map(|i| format!("203.0.113.{i}")).collect();
+    spray(&app, &sources, 19).await;
+    for ip in &sources {
+        assert_eq!(
+            auth_multiplier(&app, ip).await,
+            1.0,
+            "{ip} alone is under 20"
+        );
+    }
+    // An address of the /24 it has not used yet is refused on auth…
+    let (status, body) = status_of(&app, &fresh_login("203.0.113.200")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["details"]["reason"], "ip_blocked");
+    // …but not elsewhere, nor on other classes.
+    let (status, _) = status_of(&app, &fresh_login("203.0.114.200")).await;
+    assert_eq!(status, StatusCode::OK);
+    let read = json!({"endpoint": "/feed", "method": "GET", "ip": "203.0.113.200"});
+    assert_eq!(app.limit_check(&read).await.status(), StatusCode::OK);
+    // One alert names the network.
+    let alerts = app.admin_json("/v1/alerts?kind=spraying").await;
+    let text = alerts.to_string();
+    assert!(text.contains("ip:203.0.113.0/24"), "{text}");
+}
+
+async fn spraying_from_rotating_slash_64s_of_one_slash_48_blocks_the_network(app: TestApp) {
+    let sources: Vec<String> = (1..=3).map(|i| format!("2001:db8:7:{i}::1")).collect();
+    spray(&app, &sources, 19).await;
+    let (status, body) = status_of(&app, &fresh_login("2001:db8:7:ff::9")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let (status, _) = status_of(&app, &fresh_login("2001:db8:8:1::9")).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+async fn spraying_from_rotating_networks_of_one_asn_blocks_the_asn(app: TestApp) {
+    app.load_data(&[(
+        "tests/fixtures/mmdb/GeoLite2-ASN-Test.mmdb",
+        "asn/GeoLite2-ASN-Test.mmdb",
+    )])
+    .await;
+    // Three /24s of AS1221, 19 accounts each: no address or /24 reaches its threshold.
+    let sources: Vec<String> = (1..=3).map(|i| format!("1.128.{i}.1")).collect();
+    spray(&app, &sources, 19).await;
+    let (status, body) = status_of(&app, &fresh_login("1.129.0.1")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let (status, _) = status_of(&app, &fresh_login("203.0.113.1")).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+async fn a_busy_carrier_network_with_more_successes_is_not_spraying(app: TestApp) {
+    // 60 accounts log in from the /24 (many addresses), then 45 fail (typos).
+    let events: Vec<Value> = (0..60)
+        .map(|i| {
+            json!({"event_id": format!("ok-{i}"), "type": "login_success",
+                   "account": format!("customer{i}"), "ip": format!("198.51.100.{}", i + 1)})
+        })
+        .collect();
+    app.post_auth(events).await;
+    let sources: Vec<String> = (1..=5).map(|i| format!("198.51.100.{i}")).collect();
+    spray(&app, &sources, 9).await;
+    let (status, body) = status_of(&app, &fresh_login("198.51.100.200")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// Marks made on one instance are enforced by every instance within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_addresses_and_network_blocks_reach_every_instance() {
+    let Some(first) = TestApp::spawn(crate::helpers::Backend::Production).await else {
+        return;
+    };
+    let second = first.another_instance().await;
+    successes(&first, NAT, 20).await;
+    let sources: Vec<String> = (1..=5).map(|i| format!("203.0.113.{i}")).collect();
+    spray(&first, &sources, 19).await;
+    // The background task reads them back each second; one step of it here.
+    second.app.scoring.shared_ips().refresh().await.unwrap();
+    second.app.scoring.network_blocks().refresh().await.unwrap();
+    let (status, body) = status_of(&second, &fresh_login("203.0.113.200")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    for device in 0..15 {
+        let (status, body) = status_of(
+            &second,
+            &login(&format!("n{device}"), NAT, Some(&format!("q{device}"))),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{device}: {body}");
+    }
 }

@@ -14,7 +14,10 @@ use crate::helpers::{
 use crate::lockout::failure;
 use crate::on_both_backends;
 
-on_both_backends!(enforcement_survives_losing_the_hot_store);
+on_both_backends!(
+    enforcement_survives_losing_the_hot_store,
+    a_blocked_network_stays_blocked_after_the_hot_store_is_lost,
+);
 
 /// Makes the hot store lose this deployment's data: every key under its prefix deleted (as
 /// `FLUSHALL` does, without touching the other tests' keys), then the epoch check that every
@@ -440,4 +443,37 @@ async fn two_instances_reenforce_every_lockout_after_redis_restarts_empty() {
         "redis restarted empty: 100 lockouts enforced again by 2 instances after {seconds:.1} s"
     );
     drop(redis);
+}
+
+/// A /24 blocked for spraying from rotating addresses, then the hot store loses everything:
+/// an instance that never saw the block (its memory is not the one that made it) enforces it.
+async fn a_blocked_network_stays_blocked_after_the_hot_store_is_lost(app: TestApp) {
+    let spray: Vec<Value> = (0..50)
+        .map(|i| {
+            failure(
+                &format!("net-spray-{i}"),
+                &format!("net-user{i}"),
+                &format!("198.51.100.{}", 1 + i % 5),
+            )
+        })
+        .collect();
+    app.post_auth(spray).await;
+    assert_eq!(
+        auth_check(&app, "198.51.100.99", "someone").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let asked = match lose_hot_store(&app).await {
+        Some(restarted) => restarted,
+        None => {
+            let fresh = app.another_instance().await;
+            fresh.app.scoring.network_blocks().refresh().await.unwrap();
+            fresh
+        }
+    };
+    assert_eq!(
+        auth_check(&asked, "198.51.100.98", "someone-else")
+            .await
+            .status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
