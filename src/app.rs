@@ -123,32 +123,54 @@ impl crate::limiter::Exemptions for LockoutRule {
             let Some(account) = &request.user else {
                 return Ok(None);
             };
-            let context = crate::lockout::LoginContext {
-                account: account.clone(),
-                account_name: String::new(),
-                ip: request.ip,
-                ip_key: crate::model::SubjectKey::ip(&request.ip),
-                device: request.device.clone(),
-            };
-            let exemption = match self.0.exemption(&context, class).await {
-                Ok(exemption) => exemption,
-                Err(crate::lockout::Error::Store(store)) => return Err(store),
-                Err(other) => {
-                    return Err(crate::store::Error::Unavailable {
-                        store: "hot",
-                        source: other.to_string().into(),
-                    });
-                }
-            };
+            let context = login_context(account, request);
+            let exemption = self.0.exemption(&context, class).await.map_err(hot_error)?;
             Ok(exemption.map(|e| crate::limiter::Challenge {
                 multiplier: e.multiplier,
                 reason: crate::model::Reason::new(
                     "known_context",
                     "the account is locked, but it knows this context: ask for a step-up",
                 ),
-                lockout_id: e.lockout_id,
+                lockout_id: Some(e.lockout_id),
             }))
         })
+    }
+
+    fn known_context<'a>(
+        &'a self,
+        request: &'a crate::limiter::LimitRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>> {
+        Box::pin(async move {
+            let Some(account) = &request.user else {
+                return Ok(false);
+            };
+            let context = login_context(account, request);
+            self.0.knows(&context).await.map_err(hot_error)
+        })
+    }
+}
+
+fn login_context(
+    account: &crate::model::SubjectKey,
+    request: &crate::limiter::LimitRequest,
+) -> crate::lockout::LoginContext {
+    crate::lockout::LoginContext {
+        account: account.clone(),
+        account_name: String::new(),
+        ip: request.ip,
+        ip_key: crate::model::SubjectKey::ip(&request.ip),
+        device: request.device.clone(),
+    }
+}
+
+/// A lockout error as the limiter's hot-store error.
+fn hot_error(err: crate::lockout::Error) -> crate::store::Error {
+    match err {
+        crate::lockout::Error::Store(store) => store,
+        other => crate::store::Error::Unavailable {
+            store: "hot",
+            source: other.to_string().into(),
+        },
     }
 }
 

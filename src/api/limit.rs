@@ -95,8 +95,9 @@ pub struct ChallengeView {
     pub code: String,
     /// A sentence.
     pub message: String,
-    /// The lockout the context is exempt from.
-    pub lockout_id: String,
+    /// The lockout the context is exempt from (absent for a network's block).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lockout_id: Option<String>,
 }
 
 pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, ApiError> {

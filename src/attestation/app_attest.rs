@@ -120,8 +120,16 @@ fn certificate_nonce(cert: &X509Certificate<'_>) -> Result<Vec<u8>, Rejection> {
     Ok(octets.data.to_vec())
 }
 
+/// Clock skew allowed on a certificate's `notBefore`, seconds: Apple issues the credential
+/// certificate at the moment of attestation, and our clock may be behind Apple's.
+pub const NOT_BEFORE_SKEW_S: i64 = 120;
+
 fn check_validity(cert: &X509Certificate<'_>, now: ASN1Time, what: &str) -> Result<(), Rejection> {
-    if cert.validity().is_valid_at(now) {
+    let validity = cert.validity();
+    let at = now.timestamp();
+    if validity.not_before.timestamp() - NOT_BEFORE_SKEW_S <= at
+        && at <= validity.not_after.timestamp()
+    {
         Ok(())
     } else {
         Err(Rejection::CertificateExpired(format!(

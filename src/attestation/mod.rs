@@ -151,6 +151,9 @@ pub enum Rejection {
     /// A caller-decoded (unsigned) verdict may not replace the device's verified one.
     #[error("a verified verdict of this device stands until {0}; send the integrity token")]
     VerifiedVerdictStands(String),
+    /// The device id belongs to another platform or another App Attest key.
+    #[error("device bound: {0}")]
+    DeviceBound(String),
 }
 
 impl Rejection {
@@ -181,6 +184,7 @@ impl Rejection {
             Rejection::StaleTimestamp(_) => "stale_timestamp",
             Rejection::NotConfigured(_) => "not_configured",
             Rejection::VerifiedVerdictStands(_) => "verified_verdict_stands",
+            Rejection::DeviceBound(_) => "device_bound",
         }
     }
 }

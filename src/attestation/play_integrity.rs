@@ -215,13 +215,36 @@ pub fn evaluate(
     }
 
     let mut reasons = Vec::new();
-    let recognition = app["appRecognitionVerdict"]
-        .as_str()
-        .unwrap_or("UNEVALUATED");
-    let device: Vec<&str> = payload["deviceIntegrity"]["deviceRecognitionVerdict"]
+    // Only the verdict strings Google defines are kept (and echoed in reasons): anything
+    // else is `UNKNOWN`, however long.
+    let recognition = known(
+        app["appRecognitionVerdict"]
+            .as_str()
+            .unwrap_or("UNEVALUATED"),
+        &["PLAY_RECOGNIZED", "UNRECOGNIZED_VERSION", "UNEVALUATED"],
+    );
+    if recognition == "PLAY_RECOGNIZED" {
+        // Google fills both for a recognised app: a verdict without them is not one.
+        let digests = app["certificateSha256Digest"].as_array();
+        if app["packageName"].as_str().is_none() || digests.is_none_or(Vec::is_empty) {
+            return Err(Rejection::Malformed(
+                "a PLAY_RECOGNIZED verdict without appIntegrity.packageName and \
+                 certificateSha256Digest"
+                    .to_owned(),
+            ));
+        }
+    }
+    let mut device: Vec<&str> = payload["deviceIntegrity"]["deviceRecognitionVerdict"]
         .as_array()
-        .map(|v| v.iter().filter_map(Value::as_str).collect())
+        .map(|v| {
+            v.iter()
+                .take(8)
+                .filter_map(Value::as_str)
+                .map(|text| known(text, DEVICE_VERDICTS))
+                .collect()
+        })
         .unwrap_or_default();
+    device.dedup();
     let mut level = if device.contains(&"MEETS_STRONG_INTEGRITY") {
         Level::Strong
     } else if device.contains(&"MEETS_DEVICE_INTEGRITY") {
@@ -269,15 +292,83 @@ pub fn evaluate(
         }
         other => reasons.push(Reason::new(
             "licensing_unevaluated",
-            format!("appLicensingVerdict {}", other.unwrap_or("absent")),
+            format!(
+                "appLicensingVerdict {}",
+                other.map_or("absent", |text| known(text, &["UNEVALUATED"]))
+            ),
         )),
     }
     Ok((level, reasons))
 }
 
+/// The device recognition verdicts Google defines.
+const DEVICE_VERDICTS: &[&str] = &[
+    "MEETS_STRONG_INTEGRITY",
+    "MEETS_DEVICE_INTEGRITY",
+    "MEETS_BASIC_INTEGRITY",
+    "MEETS_VIRTUAL_INTEGRITY",
+];
+
+/// `text` if it is one of `set`, else `UNKNOWN`.
+fn known(text: &str, set: &[&'static str]) -> &'static str {
+    set.iter()
+        .find(|k| **k == text)
+        .copied()
+        .unwrap_or("UNKNOWN")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn verdict_strings_are_kept_only_from_the_defined_set() {
+        let packages = ["com.example.app".to_owned()];
+        let expected = Expected {
+            package_names: &packages,
+            certificate_digests: &[],
+            challenge: "c",
+            max_age_ms: 300_000,
+            now_ms: 1_800_000_000_000,
+            require_licensed: false,
+        };
+        let huge = "X".repeat(100_000);
+        let payload = serde_json::json!({
+            "requestDetails": {"requestPackageName": "com.example.app", "nonce": "c",
+                               "timestampMillis": "1800000000000"},
+            "appIntegrity": {"appRecognitionVerdict": huge, "packageName": "com.example.app"},
+            "deviceIntegrity": {"deviceRecognitionVerdict": [huge, "MEETS_DEVICE_INTEGRITY"]},
+            "accountDetails": {"appLicensingVerdict": huge},
+        });
+        let (level, reasons) = evaluate(&payload, &expected).unwrap();
+        assert_eq!(level, Level::Failed, "not recognised");
+        let text = serde_json::to_string(&reasons).unwrap();
+        assert!(text.len() < 1000, "{text}");
+        assert!(text.contains("UNKNOWN"), "{text}");
+    }
+
+    #[test]
+    fn a_recognised_app_without_package_or_digest_is_malformed() {
+        let packages = ["com.example.app".to_owned()];
+        let expected = Expected {
+            package_names: &packages,
+            certificate_digests: &[],
+            challenge: "c",
+            max_age_ms: 300_000,
+            now_ms: 1_800_000_000_000,
+            require_licensed: false,
+        };
+        let payload = serde_json::json!({
+            "requestDetails": {"requestPackageName": "com.example.app", "nonce": "c",
+                               "timestampMillis": "1800000000000"},
+            "appIntegrity": {"appRecognitionVerdict": "PLAY_RECOGNIZED"},
+            "deviceIntegrity": {"deviceRecognitionVerdict": ["MEETS_STRONG_INTEGRITY"]},
+        });
+        assert!(matches!(
+            evaluate(&payload, &expected),
+            Err(Rejection::Malformed(_))
+        ));
+    }
 
     #[test]
     fn extreme_timestamps_are_stale_not_an_overflow() {

@@ -9,9 +9,12 @@ const INSERT_VERDICT: &str = "INSERT INTO attestations \
 const LATEST: &str = "SELECT id, device_id, platform, level, reasons, verified_at, expires_at \
     FROM attestations WHERE device_id = $1 ORDER BY id DESC LIMIT 1";
 const INSERT_KEY: &str = "INSERT INTO app_attest_keys \
-    (key_id, device_id, app_id, public_key, counter, created_at, last_used_at) VALUES ($1, $2, $3, $4, 0, $5, $5) \
-    ON CONFLICT (key_id) DO NOTHING";
-const KEY: &str = "SELECT device_id, public_key, counter FROM app_attest_keys WHERE key_id = $1";
+    (key_id, device_id, app_id, public_key, counter, created_at, last_used_at, receipt) \
+    VALUES ($1, $2, $3, $4, 0, $5, $5, $6) ON CONFLICT (key_id) DO NOTHING";
+const KEY: &str =
+    "SELECT key_id, device_id, app_id, public_key, counter FROM app_attest_keys WHERE key_id = $1";
+const DEVICE_KEY: &str = "SELECT key_id, device_id, app_id, public_key, counter \
+    FROM app_attest_keys WHERE device_id = $1 ORDER BY created_at LIMIT 1";
 const ADVANCE: &str = "UPDATE app_attest_keys SET counter = $2, last_used_at = $3 \
     WHERE key_id = $1 AND counter < $2";
 
@@ -29,7 +32,10 @@ pub(super) struct VerdictRow {
 /// An attested key.
 #[derive(sqlx::FromRow)]
 pub(super) struct KeyRow {
+    pub(super) key_id: String,
     pub(super) device_id: String,
+    /// The app the key was attested for.
+    pub(super) app_id: String,
     pub(super) public_key: String,
     pub(super) counter: i64,
 }
@@ -65,6 +71,7 @@ pub(super) async fn insert_key(
     device_id: &str,
     app_id: &str,
     public_key: &str,
+    receipt: &str,
     now_ms: i64,
 ) -> Result<bool, Error> {
     let inserted = with_pool!(durable, |pool| sqlx::query(INSERT_KEY)
@@ -73,6 +80,7 @@ pub(super) async fn insert_key(
         .bind(app_id)
         .bind(public_key)
         .bind(now_ms)
+        .bind(receipt)
         .execute(pool)
         .await
         .map(|done| done.rows_affected()))?;
@@ -82,6 +90,17 @@ pub(super) async fn insert_key(
 pub(super) async fn key(durable: &Durable, key_id: &str) -> Result<Option<KeyRow>, Error> {
     Ok(with_pool!(durable, |pool| sqlx::query_as(KEY)
         .bind(key_id)
+        .fetch_optional(pool)
+        .await)?)
+}
+
+/// The first App Attest key attested for `device_id`, if any.
+pub(super) async fn device_key(
+    durable: &Durable,
+    device_id: &str,
+) -> Result<Option<KeyRow>, Error> {
+    Ok(with_pool!(durable, |pool| sqlx::query_as(DEVICE_KEY)
+        .bind(device_id)
         .fetch_optional(pool)
         .await)?)
 }

@@ -80,6 +80,24 @@ impl Attestation {
             }
             _ => {}
         }
+        // A device id belongs to the platform it first attested on.
+        let platform = match &submission {
+            Submission::PlayIntegrityToken(_) | Submission::PlayIntegrityVerdict(_) => {
+                "play_integrity"
+            }
+            Submission::AppAttestAttestation { .. } | Submission::AppAttestAssertion { .. } => {
+                "app_attest"
+            }
+        };
+        if let Some(current) = store::latest(&self.durable, device_id).await?
+            && current.platform != platform
+        {
+            return Err(Rejection::DeviceBound(format!(
+                "this device id attested with {} first; a device id belongs to one platform",
+                current.platform
+            ))
+            .into());
+        }
         self.consume(device, challenge).await?;
         let now = self.clock.now_ms();
         let client_data_hash = Sha256::digest(challenge.as_bytes());
@@ -136,12 +154,25 @@ impl Attestation {
                     now / 1000,
                 )?;
                 let key_hex = hex(&key_id);
+                // One key per device id: a second key (a reinstall, or someone else's
+                // genuine device) must come with a new id.
+                if let Some(bound) = store::device_key(&self.durable, device_id).await?
+                    && bound.key_id != key_hex
+                {
+                    return Err(Rejection::DeviceBound(
+                        "this device id is bound to another App Attest key; a new install \
+                         sends a new device id"
+                            .to_owned(),
+                    )
+                    .into());
+                }
                 if !store::insert_key(
                     &self.durable,
                     &key_hex,
                     device_id,
                     &attested.app_id,
                     &hex(&attested.public_key),
+                    &hex(&attested.receipt),
                     now,
                 )
                 .await?
@@ -174,13 +205,21 @@ impl Attestation {
                     )
                     .into());
                 }
+                // The key's own app, and only while that app is still configured.
+                if !app_ids.contains(&key.app_id) {
+                    return Err(Rejection::AppIdMismatch(format!(
+                        "the key was attested for {}, which is no longer configured",
+                        key.app_id
+                    ))
+                    .into());
+                }
                 let public_key = unhex(&key.public_key).unwrap_or_default();
                 let last = u32::try_from(key.counter).unwrap_or(u32::MAX);
                 let counter = app_attest::verify_assertion(
                     &assertion,
                     &client_data_hash,
                     &public_key,
-                    app_ids,
+                    std::slice::from_ref(&key.app_id),
                     last,
                 )?;
                 // The database decides a race: a counter only passes once.

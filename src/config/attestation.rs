@@ -79,7 +79,8 @@ pub struct AttestationSettings {
     /// device 1.0, basic 1.0, failed 0.5, unverified 1.0.
     pub factors: BTreeMap<String, f64>,
     /// Factor per verdict level on public classes (`scoring.public_classes`). Defaults:
-    /// strong 1.5, device 1.0, basic 0.75, failed 0.25, unverified 0.5.
+    /// strong 1.5, device 1.0, basic 0.75, failed 0.25, unverified 0.25. `unverified` may
+    /// not exceed `failed`: a failed device would present a new id instead.
     pub public_factors: BTreeMap<String, f64>,
     /// Play Integrity.
     pub play_integrity: PlayIntegritySettings,
@@ -100,7 +101,7 @@ impl Default for AttestationSettings {
             challenge_ttl_s: 300,
             verdict_ttl_s: 86_400,
             factors: levels([1.5, 1.0, 1.0, 0.5, 1.0]),
-            public_factors: levels([1.5, 1.0, 0.75, 0.25, 0.5]),
+            public_factors: levels([1.5, 1.0, 0.75, 0.25, 0.25]),
             play_integrity: PlayIntegritySettings {
                 max_age_s: 300,
                 accept_decoded: false,
@@ -150,6 +151,13 @@ impl AttestationSettings {
                     "is not a verdict level (strong, device, basic, failed, unverified)",
                 ));
             }
+        }
+        if self.factor("unverified", true) > self.factor("failed", true) {
+            return Err(SettingError::new(
+                "attestation.public_factors.unverified",
+                "must not exceed public_factors.failed: a device that failed attestation \
+                 would present a never-seen device id instead",
+            ));
         }
         let play = &self.play_integrity;
         if play.max_age_s == 0 {

@@ -230,3 +230,29 @@ fn example_config_lists_every_setting_with_its_default() {
         assert_eq!(got, Some(value), "palisade.example.toml: {key}");
     }
 }
+
+#[test]
+fn an_unverified_device_may_not_be_trusted_more_than_a_failed_one_on_public_classes() {
+    Jail::expect_with(|jail| {
+        let text = "[attestation.public_factors]\nstrong = 1.5\ndevice = 1.0\nbasic = 0.75\n\
+                    failed = 0.25\nunverified = 0.5\n";
+        let err = load_in_jail(jail, Some(text)).unwrap_err().to_string();
+        assert!(err.contains("public_factors.unverified"), "{err}");
+        Ok(())
+    });
+}
+
+#[test]
+fn shared_ip_settings_are_checked() {
+    Jail::expect_with(|jail| {
+        let err = load_in_jail(jail, Some("[limits.shared_ip]\nceiling = 0.5\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("LIMITS__SHARED_IP__CEILING"), "{err}");
+        let err = load_in_jail(jail, Some("[lockout]\nnetwork_spray_accounts = 300\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("network_spray_accounts"), "{err}");
+        Ok(())
+    });
+}

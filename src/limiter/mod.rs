@@ -56,6 +56,8 @@ struct Scope {
     default_multiplier: f64,
     /// Multiplier used whatever is published (a known context of a locked account).
     multiplier_override: Option<f64>,
+    /// Blocked because the request's network or ASN is (the override is then 0).
+    network_blocked: bool,
 }
 
 /// The limiter service.
@@ -161,6 +163,7 @@ impl Limiter {
                 enforced: !budget.shadow && enforced_class,
                 default_multiplier: sanitized(default_multiplier),
                 multiplier_override: None,
+                network_blocked: false,
             }
         };
         for index in
@@ -234,6 +237,7 @@ impl Limiter {
                 )
             }) {
                 scope.multiplier_override = Some(0.0);
+                scope.network_blocked = true;
             }
         }
         out
@@ -319,6 +323,38 @@ impl Limiter {
                 }
             }
         }
+        if challenge.is_none()
+            && request.user.is_some()
+            && let Some(exemptions) = self.exemptions.get()
+            && blocked_only_by_network(&scopes, &outcomes)
+        {
+            match exemptions.known_context(request).await {
+                Ok(true) => {
+                    for scope in scopes.iter_mut().filter(|s| s.network_blocked) {
+                        scope.multiplier_override = None;
+                    }
+                    outcomes = match self.evaluate(&scopes, request, now_us).await {
+                        Ok(outcomes) => outcomes,
+                        Err(source) => {
+                            return self.degraded(class, class_name, &scopes, now_ms, source);
+                        }
+                    };
+                    challenge = Some(Challenge {
+                        multiplier: 1.0,
+                        reason: crate::model::Reason::new(
+                            "known_context",
+                            "the network is blocked, but the account knows this context: ask for a step-up",
+                        ),
+                        lockout_id: None,
+                    });
+                }
+                Ok(false) => {}
+                // The block stands: without the answer the request is a stranger's.
+                Err(err) => {
+                    tracing::warn!(error.cause = %err, "known context unknown; the network's block stands");
+                }
+            }
+        }
         let admitted = scopes
             .iter()
             .zip(&outcomes)
@@ -342,8 +378,8 @@ impl Limiter {
                 // A user blocked by a multiplier may be a locked account whose owner, in a
                 // context the account knows, must get through: never answered from cache.
                 let contextual = self.exemptions.get().is_some()
-                    && is_user_scope(scope)
-                    && outcome.multiplier <= 0.0;
+                    && ((is_user_scope(scope) && outcome.multiplier <= 0.0)
+                        || scope.network_blocked);
                 if outcome.enforced && !outcome.allowed && !contextual {
                     self.l1.remember(
                         &scope.bucket_key,
@@ -508,6 +544,17 @@ fn blocked_only_by_user_multiplier(scopes: &[Scope], outcomes: &[RawOutcome]) ->
         .peekable();
     blocking.peek().is_some()
         && blocking.all(|(s, o)| is_user_scope(s) && o.retry_after_ms.is_none())
+}
+
+/// True when the request was refused only by its network's block (the scopes it forced
+/// to 0): the case an account's known context may lift.
+fn blocked_only_by_network(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
+    let mut blocking = scopes
+        .iter()
+        .zip(outcomes)
+        .filter(|(s, o)| s.enforced && !o.allowed)
+        .peekable();
+    blocking.peek().is_some() && blocking.all(|(s, _)| s.network_blocked)
 }
 
 /// A multiplier as the bucket can use it: finite and not negative (NaN blocks).

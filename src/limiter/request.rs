@@ -52,8 +52,8 @@ pub struct Challenge {
     pub multiplier: f64,
     /// Why (`known_context`).
     pub reason: crate::model::Reason,
-    /// The lockout the context is exempt from.
-    pub lockout_id: String,
+    /// The lockout the context is exempt from (None: a network's block).
+    pub lockout_id: Option<String>,
 }
 
 /// The socket the lockout-DoS rule plugs into (the limiter never imports lockout; `app`
@@ -66,6 +66,13 @@ pub trait Exemptions: Send + Sync + std::fmt::Debug {
         class: &'a str,
         request: &'a LimitRequest,
     ) -> futures_util::future::BoxFuture<'a, Result<Option<Challenge>, crate::store::Error>>;
+
+    /// True when the request's account knows its context (asked only for a request refused
+    /// by its network's block alone: the account's owner gets a challenge instead).
+    fn known_context<'a>(
+        &'a self,
+        request: &'a LimitRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>>;
 }
 
 /// One limit check, already parsed and normalised.

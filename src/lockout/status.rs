@@ -79,6 +79,13 @@ impl Lockouts {
         }))
     }
 
+    /// True when the account knows the context: logged in from its IP, network or device
+    /// before, or the device is attested (the lockout-DoS rule's test).
+    pub async fn knows(&self, context: &LoginContext) -> Result<bool, Error> {
+        let now = self.clock.now_ms();
+        Ok(self.known(&self.status_hot, &[context], now).await?[0])
+    }
+
     /// What the auth service must do for a login attempt in this context, from the hot store
     /// only (no SQL per login).
     pub async fn status(&self, context: &LoginContext) -> Result<AccountStatus, Error> {

@@ -21,6 +21,7 @@ mod nginx;
 mod recovery;
 mod reputation;
 mod scaleout;
+mod scenarios;
 mod scoring;
 mod security;
 mod trust;

@@ -189,6 +189,28 @@ pub(super) async fn app_attest_attestation_and_assertions_verify(app: TestApp) {
         "key_already_attested",
     )
     .await;
+    // A second genuine key for the same id (another device, or a reinstall) is refused: the
+    // id stays bound to its first key.
+    let second = app_key();
+    let challenge = app.challenge_for("iphone-1").await;
+    app.rejected(
+        &apple(
+            "iphone-1",
+            &challenge,
+            &second,
+            "attestation_object",
+            attestation_object(&second, &challenge, &f, Bad::None),
+        ),
+        "device_bound",
+    )
+    .await;
+    let stored: Value = app
+        .get("/v1/attestations/iphone-1", Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stored["level"], "strong", "{stored}");
     for (device, signer) in [("iphone-1", &app_key()), ("iphone-2", &key)] {
         let response = app.assert_with(device, signer, 10, false).await;
         let envelope = assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;

@@ -81,7 +81,7 @@ async fn unsigned_decoded_verdicts_are_off_capped_and_never_replace_a_verified_o
         "{body}"
     );
     // An iPhone attested with App Attest (verified, strong) is not downgraded by a decoded
-    // verdict sent for its id.
+    // Play verdict sent for its id: the id belongs to App Attest.
     let key = app_key();
     let challenge = app.challenge_for("iphone-verified").await;
     let object = attestation_object(&key, &challenge, &f, Bad::None);
@@ -102,7 +102,7 @@ async fn unsigned_decoded_verdicts_are_off_capped_and_never_replace_a_verified_o
             &challenge,
             verdict(&challenge, app.now(), &[], &f),
         ),
-        "verified_verdict_stands",
+        "device_bound",
     )
     .await;
     let stored: Value = app

@@ -495,7 +495,7 @@ async fn strong_and_unverified_devices_get_different_multipliers(app: TestApp) {
     );
     for (endpoint, strong, unverified) in [
         ("/v1/feed&method=GET", 1.5, 1.0),
-        ("/auth/login&method=POST", 1.5, 0.5),
+        ("/auth/login&method=POST", 1.5, 0.25),
     ] {
         let view: Value = app
             .get(
@@ -523,7 +523,7 @@ async fn strong_and_unverified_devices_get_different_multipliers(app: TestApp) {
         assert_eq!(key_view["reasons"][0]["code"], "attestation_unverified");
     }
     // Enforced: the device budget (600/min) is 1.5x for the strong device everywhere and
-    // 0.5x for the unverified one on auth.
+    // 0.25x for the unverified one on auth.
     let device_limit = |device: &str, endpoint: &str, method: &str| {
         let request = palisade::limiter::LimitRequest {
             method: method.to_owned(),
@@ -551,7 +551,7 @@ async fn strong_and_unverified_devices_get_different_multipliers(app: TestApp) {
         900
     );
     assert_eq!(device_limit("iphone-new", "/v1/feed", "GET").await, 600);
-    assert_eq!(device_limit("iphone-new", "/auth/login", "POST").await, 300);
+    assert_eq!(device_limit("iphone-new", "/auth/login", "POST").await, 150);
 }
 
 async fn attestation_routes_need_their_roles(app: TestApp) {

@@ -120,7 +120,7 @@ async fn datacenter_ip_and_failed_logins_each_lower_the_multiplier_and_the_budge
         ))
         .await;
     let device = &view["keys"]["device:phone-1"];
-    assert_eq!(device["multiplier"], 0.5, "{view}");
+    assert_eq!(device["multiplier"], 0.25, "{view}");
     assert_eq!(
         reason(device, "attestation_unverified")["signal"],
         "attestation"
@@ -174,14 +174,14 @@ async fn datacenter_ip_and_failed_logins_each_lower_the_multiplier_and_the_budge
         "{body}"
     );
     assert_eq!(body["multiplier"], 0.5);
-    // The unattested device's budget on auth: device (600/min) x 0.5.
+    // The unattested device's budget on auth: device (600/min) x 0.25.
     let from_device = json!({"endpoint": "/auth/login", "method": "POST", "ip": "192.0.2.10", "device_id": "phone-1", "consume": false});
     let response = app.limit_check(&from_device).await;
     let policy = response.headers()["ratelimit-policy"]
         .to_str()
         .unwrap()
         .to_owned();
-    assert!(policy.contains("\"device\";q=300"), "{policy}");
+    assert!(policy.contains("\"device\";q=150"), "{policy}");
     // Reads are not affected by an auth-class factor.
     let view = app.multipliers("user_id=carol&endpoint=/v1/feed").await;
     assert_eq!(view["keys"]["user:carol"]["multiplier"], 1.0);

@@ -1,0 +1,701 @@
+//! Accuracy scenarios: realistic traffic mixes replayed against a running Palisade, each
+//! scored on what it did to the attacker and to the honest users.
+//!
+//! A scenario is a list of requests at simulated times. Each request is asked of
+//! `POST /v1/limit/check` as a gateway would; an admitted login is then reported to
+//! `POST /v1/events/auth` as the auth service would (a success, or a failure for a wrong
+//! password), in one batch per simulated second. Honest users' mistyped passwords are
+//! failures followed by a success. Nothing retries a refusal: every 429 is counted once.
+//!
+//! Time runs `scale` times faster than in production, with every period of the policy
+//! (budgets, lockout and spraying windows, block and lockout lengths, the shared-address
+//! window) divided by `scale` ([`scale_settings`]): the decisions are those of the default
+//! policy on traffic `scale` times slower. Embedded, the app's manual clock jumps; on
+//! Postgres + Redis the run waits in real time (Redis `TIME` drives the buckets).
+//!
+//! Shared by the `scenarios` bench (every scenario, full size, `docs/ACCURACY.md`) and the
+//! `scenarios` test module (a small carrier-NAT run with its goals asserted, on both
+//! backends).
+
+#![allow(dead_code, reason = "the bench and the tests use different parts")]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use crate::helpers::{ADMIN_TOKEN, TestApp};
+
+/// Who sends a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Side {
+    /// A real user of the app.
+    Honest,
+    /// The attacker.
+    Attacker,
+}
+
+/// What a request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A login with the right password.
+    Login,
+    /// A login with a wrong password (a typo, or an attacker's guess).
+    BadLogin,
+    /// An authenticated read.
+    Read,
+    /// An anonymous search (an expensive class).
+    Search,
+}
+
+/// One request of a scenario.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Simulated ms from the start.
+    pub at_ms: u64,
+    /// Who sends it; `user` numbers the honest users (an attacker's requests count as one).
+    pub side: Side,
+    /// The user it belongs to (honest), for "users who saw a 429".
+    pub user: u32,
+    /// What it is.
+    pub kind: Kind,
+    /// The account (logins) or user id (reads), if any.
+    pub account: Option<String>,
+    /// The client address.
+    pub ip: String,
+    /// The device id, if the client sends one.
+    pub device: Option<String>,
+}
+
+/// A scenario: what it models, its traffic, and what must be loaded first.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Short name.
+    pub name: &'static str,
+    /// One sentence.
+    pub what: &'static str,
+    /// Every request, any order.
+    pub requests: Vec<Request>,
+    /// Auth events of the days before (not measured): e.g. a carrier's NAT seen before.
+    pub history: Vec<Value>,
+    /// Needs the reputation lists and the ASN test database in the data dir.
+    pub data: bool,
+}
+
+/// What a scenario did.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Scenario name.
+    pub name: &'static str,
+    /// Attacker requests and how many were refused.
+    pub attacker: (u64, u64),
+    /// Attacker requests after its first refusal, and how many of them were refused.
+    pub attacker_after_first: (u64, u64),
+    /// Simulated ms from the attacker's first request to its first refusal.
+    pub first_block_ms: Option<u64>,
+    /// Honest requests and how many were refused.
+    pub honest: (u64, u64),
+    /// Honest users, and how many saw at least one 429.
+    pub users: (u64, u64),
+    /// Refusal reasons of honest requests.
+    pub honest_reasons: BTreeMap<String, u64>,
+    /// Wall time of the run.
+    pub wall: Duration,
+}
+
+impl Report {
+    /// Percentage of `part` in `whole` (0 when empty).
+    pub fn pct((whole, part): (u64, u64)) -> f64 {
+        if whole == 0 {
+            0.0
+        } else {
+            part as f64 * 100.0 / whole as f64
+        }
+    }
+}
+
+/// Divides every period of the policy by `scale` (at least 1 s each).
+pub fn scale_settings(settings: &mut palisade::Settings, scale: u64) {
+    let s = |v: u64| (v / scale).max(1);
+    for budget in &mut settings.limits.budgets {
+        if budget.period_s > 1 {
+            budget.period_s = u32::try_from(s(u64::from(budget.period_s))).unwrap_or(1);
+        }
+    }
+    let lockout = &mut settings.lockout;
+    lockout.window_s = s(lockout.window_s);
+    lockout.spray_block_s = s(lockout.spray_block_s);
+    lockout.base_lockout_s = s(lockout.base_lockout_s);
+    lockout.max_lockout_s = s(lockout.max_lockout_s);
+    lockout.human_interval_ms = (lockout.human_interval_ms / scale).max(1);
+    let shared = &mut settings.limits.shared_ip;
+    shared.window_s = s(shared.window_s);
+    shared.remember_s = s(shared.remember_s);
+}
+
+/// The files [`Scenario::data`] scenarios need: (repository file, data dir path).
+pub const DATA: &[(&str, &str)] = &[
+    (
+        "data/ranges/datacenter/x4bnet-datacenter-ipv4.txt.gz",
+        "ranges/datacenter/x4bnet-datacenter-ipv4.txt",
+    ),
+    (
+        "data/ranges/tor/tor-exit-nodes-2024-02.lst.gz",
+        "ranges/tor/tor-exit-nodes-2024-02.lst",
+    ),
+    (
+        "tests/fixtures/mmdb/GeoLite2-ASN-Test.mmdb",
+        "asn/GeoLite2-ASN-Test.mmdb",
+    ),
+];
+
+fn check_body(request: &Request) -> Value {
+    let (method, endpoint) = match request.kind {
+        Kind::Login | Kind::BadLogin => ("POST", "/auth/login"),
+        Kind::Read => ("GET", "/feed"),
+        Kind::Search => ("GET", "/search"),
+    };
+    let mut body = json!({"endpoint": endpoint, "method": method, "ip": request.ip});
+    if let Some(account) = &request.account {
+        body["user_id"] = json!(account);
+    }
+    if let Some(device) = &request.device {
+        body["device_id"] = json!(device);
+    }
+    body
+}
+
+/// Runs `scenario` against `app` (built with [`scale_settings`] of `scale`).
+pub async fn run(app: &TestApp, scenario: &Scenario, scale: u64) -> Report {
+    let started = Instant::now();
+    if scenario.data {
+        app.load_data(DATA).await;
+    }
+    for chunk in scenario.history.chunks(1000) {
+        post_events(app, chunk.to_vec()).await;
+    }
+    let mut requests = scenario.requests.clone();
+    requests.sort_by_key(|r| (r.at_ms, r.side, r.user));
+    let mut report = Report {
+        name: scenario.name,
+        ..Report::default()
+    };
+    let honest_users: BTreeSet<u32> = requests
+        .iter()
+        .filter(|r| r.side == Side::Honest)
+        .map(|r| r.user)
+        .collect();
+    let mut hurt: BTreeSet<u32> = BTreeSet::new();
+    let mut attacker_start = None;
+    let mut event_id = 0u64;
+    let tick_ms = 1000;
+    let mut now_ms = 0u64;
+    let mut tick_started = Instant::now();
+    let mut next = 0;
+    while next < requests.len() {
+        let tick_end = now_ms + tick_ms;
+        let mut events = Vec::new();
+        while next < requests.len() && requests[next].at_ms < tick_end {
+            let request = &requests[next];
+            next += 1;
+            let response = app.limit_check(&check_body(request)).await;
+            let allowed = response.status() == reqwest::StatusCode::OK;
+            assert!(
+                allowed || response.status() == reqwest::StatusCode::TOO_MANY_REQUESTS,
+                "{}: limit check answered {}",
+                scenario.name,
+                response.status()
+            );
+            let reason = if allowed {
+                None
+            } else {
+                let body: Value = response.json().await.unwrap_or_default();
+                body["error"]["details"]["reason"]
+                    .as_str()
+                    .map(str::to_owned)
+            };
+            match request.side {
+                Side::Attacker => {
+                    report.attacker.0 += 1;
+                    let start = *attacker_start.get_or_insert(request.at_ms);
+                    if report.first_block_ms.is_some() {
+                        report.attacker_after_first.0 += 1;
+                    }
+                    if !allowed {
+                        report.attacker.1 += 1;
+                        if report.first_block_ms.is_some() {
+                            report.attacker_after_first.1 += 1;
+                        }
+                        report.first_block_ms.get_or_insert(request.at_ms - start);
+                    }
+                }
+                Side::Honest => {
+                    report.honest.0 += 1;
+                    if !allowed {
+                        report.honest.1 += 1;
+                        hurt.insert(request.user);
+                        *report
+                            .honest_reasons
+                            .entry(reason.unwrap_or_else(|| "-".to_owned()))
+                            .or_default() += 1;
+                    }
+                }
+            }
+            if allowed && matches!(request.kind, Kind::Login | Kind::BadLogin) {
+                event_id += 1;
+                let kind = if request.kind == Kind::Login {
+                    "login_success"
+                } else {
+                    "login_failure"
+                };
+                let mut event = json!({
+                    "event_id": format!("{}-{event_id}", scenario.name),
+                    "type": kind,
+                    "account": request.account,
+                    "ip": request.ip,
+                });
+                if let Some(device) = &request.device {
+                    event["device_id"] = json!(device);
+                }
+                events.push(event);
+            }
+        }
+        if !events.is_empty() {
+            post_events(app, events).await;
+        }
+        // The next simulated second: the manual clock jumps, real time is waited out.
+        let step = Duration::from_millis(tick_ms / scale);
+        match app.clock.as_ref() {
+            Some(_) => app.advance(step).await,
+            None => {
+                let spent = tick_started.elapsed();
+                if spent < step {
+                    tokio::time::sleep(step - spent).await;
+                }
+            }
+        }
+        tick_started = Instant::now();
+        now_ms = tick_end;
+    }
+    report.users = (honest_users.len() as u64, hurt.len() as u64);
+    report.wall = started.elapsed();
+    report
+}
+
+async fn post_events(app: &TestApp, events: Vec<Value>) {
+    let response = app
+        .post(
+            "/v1/events/auth",
+            Some(ADMIN_TOKEN),
+            &json!({ "events": events }),
+        )
+        .await;
+    assert_eq!(response.status(), reqwest::StatusCode::OK, "auth events");
+}
+
+/// How big a scenario is.
+#[derive(Debug, Clone, Copy)]
+pub struct Size {
+    /// Honest users (a scenario may use a multiple).
+    pub users: u32,
+    /// Simulated seconds.
+    pub duration_s: u64,
+}
+
+impl Size {
+    /// The size `docs/ACCURACY.md` reports.
+    pub const FULL: Size = Size {
+        users: 1000,
+        duration_s: 300,
+    };
+}
+
+/// An honest user's day in the app: one login (3 % mistyped first, then right 10 s later)
+/// at a random time, then `reads` authenticated reads spread over the rest.
+fn honest_user(
+    rng: &mut StdRng,
+    out: &mut Vec<Request>,
+    user: u32,
+    ip: String,
+    device: Option<String>,
+    size: Size,
+    reads: u32,
+) {
+    let end = size.duration_s * 1000;
+    let login_at = rng.random_range(0..end * 2 / 3);
+    let account = format!("user{user}");
+    let base = Request {
+        at_ms: login_at,
+        side: Side::Honest,
+        user,
+        kind: Kind::Login,
+        account: Some(account),
+        ip,
+        device,
+    };
+    if rng.random_bool(0.03) {
+        out.push(Request {
+            kind: Kind::BadLogin,
+            ..base.clone()
+        });
+        out.push(Request {
+            at_ms: login_at + 10_000,
+            ..base.clone()
+        });
+    } else {
+        out.push(base.clone());
+    }
+    for _ in 0..reads {
+        out.push(Request {
+            at_ms: rng.random_range(login_at + 11_000..end + 11_000),
+            kind: Kind::Read,
+            ..base.clone()
+        });
+    }
+}
+
+/// One attacker's logins with wrong passwords: `per_s` a second from `from_s` on, each
+/// from the address, account and device `pick` gives for attempt n.
+fn attacker(
+    out: &mut Vec<Request>,
+    size: Size,
+    from_s: u64,
+    per_s: u64,
+    mut pick: impl FnMut(u64) -> (String, String, Option<String>),
+) {
+    let every_ms = 1000 / per_s.max(1);
+    let mut at = from_s * 1000;
+    let mut n = 0;
+    while at < size.duration_s * 1000 {
+        let (ip, account, device) = pick(n);
+        out.push(Request {
+            at_ms: at,
+            side: Side::Attacker,
+            user: 0,
+            kind: Kind::BadLogin,
+            account: Some(account),
+            ip,
+            device,
+        });
+        n += 1;
+        at += every_ms;
+    }
+}
+
+/// Logins of `n` distinct accounts from `ip` (history: the address seen before).
+fn seen_before(name: &str, ip: &str, n: u32) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            json!({"event_id": format!("{name}-history-{i}"), "type": "login_success",
+                   "account": format!("regular{i}"), "ip": ip,
+                   "device_id": format!("regular-phone{i}")})
+        })
+        .collect()
+}
+
+/// 1,000 users behind one carrier-NAT IPv4 (each with its own device id, seen before as a
+/// busy address), and two attackers behind it guessing one account each (one sends a device
+/// id, one does not).
+pub fn carrier_nat(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(1);
+    let nat = "198.51.100.10";
+    let mut requests = Vec::new();
+    for user in 0..size.users {
+        let device = Some(format!("nat-phone{user}"));
+        honest_user(
+            &mut rng,
+            &mut requests,
+            user,
+            nat.to_owned(),
+            device,
+            size,
+            10,
+        );
+    }
+    attacker(&mut requests, size, 5, 1, |_| {
+        (
+            nat.to_owned(),
+            "victim-a".to_owned(),
+            Some("evil-phone".to_owned()),
+        )
+    });
+    attacker(&mut requests, size, 5, 1, |_| {
+        (nat.to_owned(), "victim-b".to_owned(), None)
+    });
+    Scenario {
+        name: "carrier_nat",
+        what: "users behind one carrier-NAT IPv4 + 2 attackers behind it, 1 guess/s each",
+        requests,
+        history: seen_before("carrier_nat", nat, 30),
+        data: false,
+    }
+}
+
+/// Households on their own IPv6 /64 (three users and devices each, addresses rotating in
+/// the /64), one member of one household guessing an account, rotating its address.
+pub fn ipv6_households(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(2);
+    let mut requests = Vec::new();
+    let households = size.users / 3;
+    for user in 0..households * 3 {
+        let home = user / 3;
+        let ip = format!(
+            "2001:db8:{:x}:{:x}::{:x}",
+            home / 256,
+            home % 256,
+            user % 3 + 1
+        );
+        let device = Some(format!("home-phone{user}"));
+        honest_user(&mut rng, &mut requests, user, ip, device, size, 10);
+    }
+    attacker(&mut requests, size, 5, 1, |n| {
+        (
+            format!("2001:db8:0:0:{:x}::1", n % 65536),
+            "victim-c".to_owned(),
+            None,
+        )
+    });
+    Scenario {
+        name: "ipv6_households",
+        what: "households of 3 on their own IPv6 /64; one member guesses an account, rotating addresses in the /64",
+        requests,
+        history: Vec::new(),
+        data: false,
+    }
+}
+
+/// Credential stuffing from a residential proxy pool: one attempt per address, each on
+/// another account of a leaked list, 10 a second, from addresses of one consumer ISP's ASN;
+/// honest users of other networks log in meanwhile.
+pub fn credential_stuffing(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut requests = Vec::new();
+    let mut history = Vec::new();
+    for user in 0..size.users / 2 {
+        // Half are customers of the same ISP, at home where all but one in ten logged in
+        // before (the tenth is new: the ISP's block refuses it).
+        let ip = if user % 2 == 0 {
+            let ip = format!("1.150.{}.{}", user / 250, user % 250 + 1);
+            if user % 20 != 0 {
+                history.push(json!({"event_id": format!("isp-history-{user}"),
+                                    "type": "login_success", "account": format!("user{user}"),
+                                    "ip": ip}));
+            }
+            ip
+        } else {
+            format!("203.0.{}.{}", 113 + user / 250 % 2, user % 250 + 1)
+        };
+        honest_user(&mut rng, &mut requests, user, ip, None, size, 5);
+    }
+    attacker(&mut requests, size, 5, 10, |n| {
+        // AS1221 (1.128.0.0/11 in the ASN test database): a new address each attempt.
+        (
+            format!(
+                "1.{}.{}.{}",
+                128 + n / 65_536 % 32,
+                n / 256 % 256,
+                n % 254 + 1
+            ),
+            format!("leaked{n}"),
+            None,
+        )
+    });
+    Scenario {
+        name: "credential_stuffing",
+        what: "a residential proxy pool in one ISP's ASN, 1 attempt per address on a leaked account list, 10/s; half the honest users are that ISP's customers, 1 in 10 of them new",
+        requests,
+        history,
+        data: true,
+    }
+}
+
+/// Password spraying across one ASN: 10 addresses in 10 networks of one ASN, each trying a
+/// common password on 19 accounts (under the per-address threshold).
+pub fn asn_spraying(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(4);
+    let mut requests = Vec::new();
+    for user in 0..size.users / 2 {
+        let ip = format!("198.18.{}.{}", user / 250, user % 250 + 1);
+        honest_user(&mut rng, &mut requests, user, ip, None, size, 5);
+    }
+    let span = size.duration_s.saturating_sub(10).max(1);
+    for source in 0..10u64 {
+        for target in 0..19u64 {
+            requests.push(Request {
+                at_ms: 5_000 + (target * 10 + source) * span * 1000 / 190,
+                side: Side::Attacker,
+                user: 0,
+                kind: Kind::BadLogin,
+                account: Some(format!("sprayed{source}-{target}")),
+                ip: format!("1.{}.{}.7", 130 + source, source * 3),
+                device: None,
+            });
+        }
+    }
+    Scenario {
+        name: "asn_spraying",
+        what: "password spraying from 10 addresses in 10 networks of one ASN, 19 accounts each",
+        requests,
+        history: Vec::new(),
+        data: true,
+    }
+}
+
+/// A scraper on one datacenter address hammering search (an expensive class), 20 a
+/// second, while honest users search from home.
+pub fn datacenter_scraper(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut requests = Vec::new();
+    for user in 0..size.users / 2 {
+        let ip = format!("203.0.113.{}", user % 250 + 1);
+        let at = rng.random_range(0..size.duration_s * 1000);
+        for k in 0..3 {
+            requests.push(Request {
+                at_ms: at + k * 20_000,
+                side: Side::Honest,
+                user,
+                kind: Kind::Search,
+                account: None,
+                ip: ip.clone(),
+                device: None,
+            });
+        }
+    }
+    let every_ms = 50;
+    let mut at = 5_000;
+    while at < size.duration_s * 1000 {
+        requests.push(Request {
+            at_ms: at,
+            side: Side::Attacker,
+            user: 0,
+            kind: Kind::Search,
+            account: None,
+            // In 1.12.0.0/14, a datacenter range of the shipped lists.
+            ip: "1.12.0.5".to_owned(),
+            device: None,
+        });
+        at += every_ms;
+    }
+    Scenario {
+        name: "datacenter_scraper",
+        what: "one datacenter address scraping search at 20/s; honest users search from home",
+        requests,
+        history: Vec::new(),
+        data: true,
+    }
+}
+
+/// Tor exit nodes shipped in `data/ranges/tor/` (the 2024-02 list).
+const TOR_EXITS: [&str; 10] = [
+    "101.99.92.179",
+    "101.99.92.182",
+    "101.99.92.194",
+    "101.99.92.198",
+    "102.130.113.9",
+    "102.130.127.117",
+    "103.106.3.94",
+    "103.109.101.105",
+    "103.126.161.54",
+    "103.129.222.46",
+];
+
+/// A brute force on one account through Tor, a new exit every attempt, 2 a second.
+pub fn tor_brute_force(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(6);
+    let mut requests = Vec::new();
+    for user in 0..size.users / 2 {
+        let ip = format!("203.0.113.{}", user % 250 + 1);
+        honest_user(&mut rng, &mut requests, user, ip, None, size, 5);
+    }
+    attacker(&mut requests, size, 5, 2, |n| {
+        (
+            TOR_EXITS[(n % 10) as usize].to_owned(),
+            "victim-d".to_owned(),
+            None,
+        )
+    });
+    Scenario {
+        name: "tor_brute_force",
+        what: "one account guessed through 10 Tor exits in turn, 2/s",
+        requests,
+        history: Vec::new(),
+        data: true,
+    }
+}
+
+/// A stolen device id replayed from another address against many accounts, 1 a second,
+/// while the device's owner goes on using the app from home.
+pub fn stolen_device(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut requests = Vec::new();
+    for user in 0..size.users / 2 {
+        let ip = format!("203.0.113.{}", user % 250 + 1);
+        let device = Some(format!("phone{user}"));
+        honest_user(&mut rng, &mut requests, user, ip, device, size, 10);
+    }
+    attacker(&mut requests, size, 5, 1, |n| {
+        (
+            "192.0.2.66".to_owned(),
+            format!("stuffed{n}"),
+            Some("phone0".to_owned()),
+        )
+    });
+    Scenario {
+        name: "stolen_device",
+        what: "a stolen device id replayed from another address on many accounts, 1/s; its owner keeps using the app",
+        requests,
+        history: Vec::new(),
+        data: false,
+    }
+}
+
+/// A flash crowd: a push notification at 60 s brings every user in within 20 s (a login and
+/// 10 reads each, from their own addresses), 10 times the normal traffic.
+pub fn flash_crowd(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(8);
+    let mut requests = Vec::new();
+    for user in 0..size.users * 2 {
+        let ip = format!("10.{}.{}.{}", user / 65_536, user / 256 % 256, user % 256);
+        let login_at = 60_000 + rng.random_range(0..20_000);
+        let base = Request {
+            at_ms: login_at,
+            side: Side::Honest,
+            user,
+            kind: Kind::Login,
+            account: Some(format!("fan{user}")),
+            ip,
+            device: Some(format!("fan-phone{user}")),
+        };
+        requests.push(base.clone());
+        for k in 0..10 {
+            requests.push(Request {
+                at_ms: login_at + 1_000 + k * rng.random_range(500..3_000),
+                kind: Kind::Read,
+                ..base.clone()
+            });
+        }
+    }
+    Scenario {
+        name: "flash_crowd",
+        what: "a push notification: every user logs in and reads 10 times within 20 s",
+        requests,
+        history: Vec::new(),
+        data: false,
+    }
+}
+
+/// Every scenario at `size`.
+pub fn all(size: Size) -> Vec<Scenario> {
+    vec![
+        carrier_nat(size),
+        ipv6_households(size),
+        credential_stuffing(size),
+        asn_spraying(size),
+        datacenter_scraper(size),
+        tor_brute_force(size),
+        stolen_device(size),
+        flash_crowd(size),
+    ]
+}

@@ -1,0 +1,36 @@
+//! The accuracy scenarios of `benches/scenarios` in small: carrier NAT on both backends, its
+//! goals asserted (the bench reports every scenario in full in `docs/ACCURACY.md`).
+
+#[path = "../../benches/scenarios/engine.rs"]
+mod engine;
+
+use crate::helpers::TestApp;
+use crate::on_both_backends;
+
+on_both_backends!(carrier_nat_hurts_no_honest_user_and_stops_both_attackers);
+
+/// Time 20x faster than production.
+const SCALE: u64 = 20;
+
+async fn carrier_nat_hurts_no_honest_user_and_stops_both_attackers(app: TestApp) {
+    let app = TestApp::spawn_with(app.backend, |settings| {
+        engine::scale_settings(settings, SCALE)
+    })
+    .await
+    .unwrap();
+    let size = engine::Size {
+        users: 200,
+        duration_s: 120,
+    };
+    let report = engine::run(&app, &engine::carrier_nat(size), SCALE).await;
+    // Goal: at most 0.5 % of honest users see any 429.
+    assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
+    // Both attackers are stopped after their budget: each account locks after 10 failures.
+    let admitted = report.attacker.0 - report.attacker.1;
+    assert!(report.attacker.0 > 200, "{report:?}");
+    assert!(admitted <= 20, "{admitted} guesses got through: {report:?}");
+    assert!(
+        report.first_block_ms.is_some_and(|ms| ms <= 10_000),
+        "{report:?}"
+    );
+}
