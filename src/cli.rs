@@ -44,6 +44,13 @@ pub enum Command {
         #[command(subcommand)]
         action: RangesCommand,
     },
+    /// Ask a running instance's `/readyz` (the container's and systemd's health check):
+    /// exit 0 when ready, 1 otherwise.
+    Health {
+        /// Base URL of the instance; default: the configured `listen` address.
+        #[arg(long)]
+        url: Option<String>,
+    },
     /// Manage API tokens.
     Token {
         /// What to do with tokens.
@@ -116,6 +123,7 @@ pub fn run() -> ExitCode {
 async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::Serve => serve(settings).await,
+        Command::Health { url } => health(&settings, url).await,
         Command::Budgets => {
             print!(
                 "{}",
@@ -291,4 +299,36 @@ async fn shutdown_signal() {
         () = terminate => {},
     }
     tracing::info!("shutdown requested; draining requests");
+}
+
+/// `palisade health`: `GET /readyz` of a running instance within 3 s.
+async fn health(settings: &Settings, url: Option<String>) -> anyhow::Result<()> {
+    let base = url.unwrap_or_else(|| {
+        let mut listen = settings.listen;
+        // A wildcard listener is asked on loopback.
+        if listen.ip().is_unspecified() {
+            listen.set_ip(if listen.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        format!("http://{listen}")
+    });
+    let url = format!("{}/readyz", base.trim_end_matches('/'));
+    let response = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(3))
+        .build()?
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    if status.is_success() {
+        println!("ready: {body}");
+        Ok(())
+    } else {
+        anyhow::bail!("{url} answered {status}: {body}")
+    }
 }

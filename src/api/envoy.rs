@@ -483,8 +483,37 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    tonic::transport::Server::builder()
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let watched = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => report_health(&watched, &reporter).await,
+                _ = stopped.changed() => return,
+            }
+        }
+    });
+    let served = tonic::transport::Server::builder()
+        .add_service(health)
         .add_service(RateLimitService::new(state))
         .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        .await;
+    let _ = stop.send(true);
+    served
+}
+
+/// `grpc.health.v1.Health`: the server (`""`) and the rate limit service are `SERVING` while
+/// both stores answer (as `/readyz`), `NOT_SERVING` otherwise; `Watch` streams the changes.
+async fn report_health(state: &AppState, reporter: &tonic_health::server::HealthReporter) {
+    let (durable, hot) = tokio::join!(state.stores.durable.ping(), state.stores.hot.ping());
+    let status = if durable.is_ok() && hot.is_ok() {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    for service in ["", RateLimitService::NAME] {
+        reporter.set_service_status(service, status).await;
+    }
 }

@@ -199,6 +199,27 @@ macro_rules! with_pool {
 }
 pub(crate) use with_pool;
 
+/// Creates a database file that does not exist yet readable by its owner only (0600): it
+/// holds accounts, addresses and token hashes. SQLite gives its `-wal` and `-shm` files the
+/// same permissions. An existing file is left as it is; `:memory:` is not a file.
+fn create_private(path: &std::path::Path) -> Result<(), Error> {
+    if path.as_os_str().is_empty() || path.to_str() == Some(":memory:") || path.exists() {
+        return Ok(());
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(err) => Err(Error::Unavailable {
+            store: "durable",
+            source: format!("cannot create {}: {err}", path.display()).into(),
+        }),
+    }
+}
+
 impl Durable {
     /// The pool.
     pub fn pool(&self) -> &Pool {
@@ -253,7 +274,9 @@ impl Durable {
                 timeout,
             })
         } else {
-            let options = SqliteConnectOptions::from_str(url)?
+            let options = SqliteConnectOptions::from_str(url)?;
+            create_private(options.get_filename())?;
+            let options = options
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Full)

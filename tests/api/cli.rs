@@ -1,4 +1,4 @@
-//! The `palisade` binary: settings errors, `migrate`, `token create`.
+//! The `palisade` binary: settings errors, `migrate`, `token create`, `health`.
 
 use std::process::Command;
 
@@ -57,6 +57,16 @@ fn migrate_and_token_create_work_on_a_fresh_sqlite_file() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    // The database holds accounts, addresses and token hashes: its owner's only.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for file in ["p.db", "p.db-wal", "p.db-shm"] {
+            let path = dir.path().join(file);
+            if let Ok(meta) = std::fs::metadata(&path) {
+                assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{file}");
+            }
+        }
+    }
     let output = palisade()
         .current_dir(dir.path())
         .env("PALISADE_DATABASE_URL", &db)
@@ -155,4 +165,37 @@ async fn ranges_update_downloads_sources_and_keeps_old_files_on_error() {
         "old file kept"
     );
     assert!(!data.join("ranges/tor/gone.txt").exists());
+}
+
+/// `palisade health` is the container's health check: 0 for a ready instance, 1 otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_asks_readyz_of_a_running_instance() {
+    let app = crate::helpers::TestApp::spawn(crate::helpers::Backend::Embedded)
+        .await
+        .unwrap();
+    let base = app.base.clone();
+    let ok = tokio::task::spawn_blocking(move || {
+        palisade()
+            .args(["health", "--url", &base])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("ready"));
+    let port = crate::helpers::free_port();
+    let down = tokio::task::spawn_blocking(move || {
+        palisade()
+            .args(["health", "--url", &format!("http://127.0.0.1:{port}")])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(down.status.code(), Some(1));
 }

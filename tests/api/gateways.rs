@@ -19,12 +19,14 @@ on_both_backends!(
     forward_auth_passes_then_blocks_with_headers,
     forward_auth_believes_forwarded_headers_only_from_trusted_proxies,
     crowdsec_stream_follows_the_deny_list,
+    grpc_health_answers_check_and_watch_for_the_server_and_the_rate_limit_service,
     the_rust_client_makes_the_auth_service_calls,
 );
 
 /// A tonic client of the rate limit service of `app`, served on an ephemeral port.
 struct Envoy {
     grpc: tonic::client::Grpc<tonic::transport::Channel>,
+    channel: tonic::transport::Channel,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -47,7 +49,8 @@ impl Envoy {
             .await
             .expect("connect to the gRPC service");
         Envoy {
-            grpc: tonic::client::Grpc::new(channel),
+            grpc: tonic::client::Grpc::new(channel.clone()),
+            channel,
             _stop: stop,
         }
     }
@@ -536,4 +539,43 @@ async fn the_rust_client_makes_the_auth_service_calls(app: TestApp) {
         matches!(err, palisade::client::ClientError::Connect(_)),
         "{err}"
     );
+}
+
+/// `grpc.health.v1.Health`, as Envoy's health checks, grpcurl and Kubernetes gRPC probes use
+/// it: the server and the rate limit service are SERVING, an unknown service is NOT_FOUND,
+/// and Watch streams the status.
+async fn grpc_health_answers_check_and_watch_for_the_server_and_the_rate_limit_service(
+    app: TestApp,
+) {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let envoy = Envoy::start(&app).await;
+    let mut health = HealthClient::new(envoy.channel.clone());
+    let check = |service: &str| HealthCheckRequest {
+        service: service.to_owned(),
+    };
+    let overall = health.check(check("")).await.unwrap().into_inner();
+    assert_eq!(overall.status, ServingStatus::Serving as i32);
+    let name = "envoy.service.ratelimit.v3.RateLimitService";
+    let mut status = None;
+    for _ in 0..50 {
+        match health.check(check(name)).await {
+            Ok(answer) => {
+                status = Some(answer.into_inner().status);
+                break;
+            }
+            // Registered by the first readiness probe, within a second.
+            Err(err) if err.code() == tonic::Code::NotFound => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("{err}"),
+        }
+    }
+    assert_eq!(status, Some(ServingStatus::Serving as i32));
+    let unknown = health.check(check("no.such.Service")).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    let mut watch = health.watch(check(name)).await.unwrap().into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
 }

@@ -7,6 +7,7 @@ mod attestation;
 mod auth_events;
 mod caddy;
 mod cli;
+mod deploy;
 mod docs;
 mod edge;
 mod fairness;
