@@ -24,10 +24,90 @@ const LAST_PULL: &str = "SELECT last_pull_ms FROM crowdsec_pulls WHERE token_id 
 const RECORD_PULL: &str = "INSERT INTO crowdsec_pulls (token_id, last_pull_ms) VALUES ($1, $2) \
     ON CONFLICT (token_id) DO UPDATE SET last_pull_ms = excluded.last_pull_ms";
 
+/// What a bouncer asks for (CrowdSec's query parameters): every list is matched ignoring
+/// ASCII case; an empty list does not filter.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Filters {
+    /// `scopes`: `ip`, `range` (comma-separated).
+    pub scopes: Vec<String>,
+    /// `origins`: only `palisade` matches.
+    pub origins: Vec<String>,
+    /// `scenarios_containing`: keep a decision whose scenario contains one of these.
+    pub scenarios_containing: Vec<String>,
+    /// `scenarios_not_containing`: drop a decision whose scenario contains one of these.
+    pub scenarios_not_containing: Vec<String>,
+}
+
+impl Filters {
+    /// Splits a comma-separated parameter (CrowdSec's form), dropping empty items.
+    pub fn list(text: Option<&str>) -> Vec<String> {
+        text.unwrap_or("")
+            .split(',')
+            .map(|item| item.trim().to_ascii_lowercase())
+            .filter(|item| !item.is_empty())
+            .collect()
+    }
+
+    /// True when `decision` passes every filter.
+    pub fn keeps(&self, decision: &Decision) -> bool {
+        let scenario = decision.scenario.to_ascii_lowercase();
+        (self.scopes.is_empty() || self.scopes.contains(&decision.scope.to_ascii_lowercase()))
+            && (self.origins.is_empty()
+                || self.origins.contains(&decision.origin.to_ascii_lowercase()))
+            && (self.scenarios_containing.is_empty()
+                || self
+                    .scenarios_containing
+                    .iter()
+                    .any(|word| scenario.contains(word.as_str())))
+            && !self
+                .scenarios_not_containing
+                .iter()
+                .any(|word| scenario.contains(word.as_str()))
+    }
+}
+
+/// A live query (`GET /v1/decisions`): the bans that concern an address, a range, or one
+/// scope and value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Lookup {
+    /// `ip`: bans whose address or range holds it.
+    pub ip: Option<std::net::IpAddr>,
+    /// `range`: bans whose range holds all of it.
+    pub range: Option<ipnetwork::IpNetwork>,
+    /// `scope` (`ip` or `range`), with `value`: that exact ban.
+    pub scope: Option<String>,
+    /// `value`: the ban's address or CIDR as written.
+    pub value: Option<String>,
+}
+
+impl Lookup {
+    fn matches(&self, decision: &Decision) -> bool {
+        let net: Option<ipnetwork::IpNetwork> = decision.value.parse().ok();
+        self.ip
+            .is_none_or(|ip| net.is_some_and(|net| net.contains(ip)))
+            && self.range.is_none_or(|range| {
+                net.is_some_and(|net| {
+                    net.contains(range.network())
+                        && net.contains(range.broadcast())
+                        && net.prefix() <= range.prefix()
+                })
+            })
+            && self
+                .scope
+                .as_deref()
+                .is_none_or(|scope| scope.eq_ignore_ascii_case(&decision.scope))
+            && self
+                .value
+                .as_deref()
+                .is_none_or(|value| value == decision.value)
+    }
+}
+
 /// One decision in CrowdSec's format.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Decision {
-    /// A stable number for the entry (CrowdSec ids are integers).
+    /// A stable number for the entry (CrowdSec ids are integers), at most 2^53 − 1 so that
+    /// a JavaScript client reads it exactly.
     pub id: i64,
     /// The list entry's id (ULID).
     pub uuid: String,
@@ -82,7 +162,12 @@ impl Crowdsec {
 
     /// One pull by the bouncer `token_id`: everything live on `startup` (or on its first
     /// pull), else what changed since its previous pull.
-    pub async fn pull(&self, token_id: &str, startup: bool) -> Result<Stream, Error> {
+    pub async fn pull(
+        &self,
+        token_id: &str,
+        startup: bool,
+        filters: &Filters,
+    ) -> Result<Stream, Error> {
         let now = self.clock.now_ms();
         let since = if startup {
             None
@@ -111,11 +196,37 @@ impl Crowdsec {
                     let left = e.expires_at_ms.map_or(permanent_ms, |at| at - now);
                     decision(e, left)
                 })
+                .filter(|d| filters.keeps(d))
                 .collect(),
-            deleted: gone.iter().map(|e| decision(e, 0)).collect(),
+            deleted: gone
+                .iter()
+                .map(|e| decision(e, 0))
+                .filter(|d| filters.keeps(d))
+                .collect(),
         })
     }
+
+    /// The live bans matching `lookup` and `filters` (a bouncer in live mode asks per
+    /// request; nothing is recorded).
+    pub async fn decisions(
+        &self,
+        lookup: &Lookup,
+        filters: &Filters,
+    ) -> Result<Vec<Decision>, Error> {
+        let now = self.clock.now_ms();
+        let (live, _) = self.lists.ip_bans_since(None, now).await?;
+        let permanent_ms =
+            i64::try_from(self.settings.permanent_ban_s.saturating_mul(1000)).unwrap_or(i64::MAX);
+        Ok(live
+            .iter()
+            .map(|e| decision(e, e.expires_at_ms.map_or(permanent_ms, |at| at - now)))
+            .filter(|d| filters.keeps(d) && lookup.matches(d))
+            .collect())
+    }
 }
+
+/// The largest integer a JavaScript number holds exactly.
+const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 
 fn decision(entry: &Entry, duration_ms: i64) -> Decision {
     let (scope, value) = match entry.value.parse::<ipnetwork::IpNetwork>() {
@@ -124,10 +235,13 @@ fn decision(entry: &Entry, duration_ms: i64) -> Decision {
         }
         _ => ("Range", entry.value.clone()),
     };
-    let id = entry
-        .id
-        .parse::<ulid::Ulid>()
-        .map_or(0, |u| (u.0 as u64 & 0x7fff_ffff_ffff_ffff) as i64);
+    // The ULID's 80 random bits folded to 53: two live entries share an id with probability
+    // about n²/2⁵⁴.
+    let id = entry.id.parse::<ulid::Ulid>().map_or(1, |u| {
+        let random = u.random();
+        let folded = (random as u64) ^ ((random >> 64) as u64) << 37;
+        (folded & MAX_SAFE_INTEGER).max(1) as i64
+    });
     Decision {
         id,
         uuid: entry.id.clone(),

@@ -17,12 +17,13 @@ use super::layer;
 use super::limit::{LimitCheck, check_and_observe, parse, respond};
 use crate::access::Role;
 use crate::app::AppState;
-use crate::crowdsec::Stream;
+use crate::crowdsec::{Decision, Filters, Lookup, Stream};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(forward_auth))
         .routes(routes!(crowdsec_stream))
+        .routes(routes!(crowdsec_decisions))
 }
 
 /// `GET /v1/forward-auth` query.
@@ -146,6 +147,98 @@ struct StreamQuery {
     startup: Option<String>,
 }
 
+/// CrowdSec's decision filters, comma-separated and case-insensitive; absent: no filter.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct FilterQuery {
+    /// Scopes to include: `ip`, `range`.
+    #[serde(default)]
+    scopes: Option<String>,
+    /// Origins to include (Palisade's decisions have origin `palisade`).
+    #[serde(default)]
+    origins: Option<String>,
+    /// Keep decisions whose scenario contains one of these words.
+    #[serde(default)]
+    scenarios_containing: Option<String>,
+    /// Drop decisions whose scenario contains one of these words.
+    #[serde(default)]
+    scenarios_not_containing: Option<String>,
+}
+
+impl FilterQuery {
+    fn filters(&self) -> Filters {
+        Filters {
+            scopes: Filters::list(self.scopes.as_deref()),
+            origins: Filters::list(self.origins.as_deref()),
+            scenarios_containing: Filters::list(self.scenarios_containing.as_deref()),
+            scenarios_not_containing: Filters::list(self.scenarios_not_containing.as_deref()),
+        }
+    }
+}
+
+/// `GET /crowdsec/v1/decisions` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct DecisionsQuery {
+    /// An address: the bans whose address or range holds it.
+    #[serde(default)]
+    ip: Option<String>,
+    /// A CIDR: the bans whose range holds all of it.
+    #[serde(default)]
+    range: Option<String>,
+    /// `ip` or `range`, with `value`.
+    #[serde(default)]
+    scope: Option<String>,
+    /// A ban's address or CIDR as written.
+    #[serde(default)]
+    value: Option<String>,
+}
+
+/// CrowdSec LAPI live query of Palisade's IP bans (role `limiter`, token in `X-Api-Key`):
+/// what a bouncer in live mode asks per request. `null` when nothing matches, as LAPI
+/// answers.
+#[utoipa::path(get, path = "/crowdsec/v1/decisions", tag = "gateways",
+    params(DecisionsQuery, FilterQuery, ("X-Api-Key" = String, Header, description = "a limiter token")),
+    responses((status = 200, body = Option<Vec<Decision>>), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
+async fn crowdsec_decisions(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Json<Option<Vec<Decision>>>, ApiError> {
+    let token = header(&headers, "x-api-key");
+    authorize(&app, token, Role::Limiter).await?;
+    let query: DecisionsQuery = parse_query(&uri)?;
+    let filters: FilterQuery = parse_query(&uri)?;
+    let lookup = Lookup {
+        ip: query
+            .ip
+            .as_deref()
+            .map(|ip| {
+                ip.trim()
+                    .parse()
+                    .map_err(|_| ApiError::invalid(format!("ip {ip:.64?} is not an IP address")))
+            })
+            .transpose()?,
+        range: query
+            .range
+            .as_deref()
+            .map(|range| {
+                range
+                    .trim()
+                    .parse()
+                    .map_err(|_| ApiError::invalid(format!("range {range:.64?} is not a CIDR")))
+            })
+            .transpose()?,
+        scope: query.scope,
+        value: query.value,
+    };
+    metrics::counter!(crate::telemetry::metrics::CROWDSEC_PULLS_TOTAL, "startup" => "live")
+        .increment(1);
+    let found = app.crowdsec.decisions(&lookup, &filters.filters()).await?;
+    Ok(Json((!found.is_empty()).then_some(found)))
+}
+
 /// CrowdSec LAPI decisions stream of Palisade's IP bans (role `limiter`, token in
 /// `X-Api-Key`).
 ///
@@ -153,7 +246,7 @@ struct StreamQuery {
 /// limiter token as API key. `new` holds bans to add, `deleted` bans to remove (deny-list
 /// entries of kind `cidr`: scope `Ip` or `Range`, type `ban`, origin `palisade`).
 #[utoipa::path(get, path = "/crowdsec/v1/decisions/stream", tag = "gateways",
-    params(StreamQuery, ("X-Api-Key" = String, Header, description = "a limiter token")),
+    params(StreamQuery, FilterQuery, ("X-Api-Key" = String, Header, description = "a limiter token")),
     responses((status = 200, body = Stream), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
 async fn crowdsec_stream(
@@ -164,6 +257,7 @@ async fn crowdsec_stream(
     let token = header(&headers, "x-api-key");
     let caller = authorize(&app, token, Role::Limiter).await?;
     let query: StreamQuery = parse_query(&uri)?;
+    let filters: FilterQuery = parse_query(&uri)?;
     let startup = match query.startup.as_deref() {
         None => false,
         Some(text) => text
@@ -172,5 +266,9 @@ async fn crowdsec_stream(
     };
     metrics::counter!(crate::telemetry::metrics::CROWDSEC_PULLS_TOTAL, "startup" => if startup { "true" } else { "false" })
         .increment(1);
-    Ok(Json(app.crowdsec.pull(&caller.token_id, startup).await?))
+    Ok(Json(
+        app.crowdsec
+            .pull(&caller.token_id, startup, &filters.filters())
+            .await?,
+    ))
 }

@@ -439,6 +439,7 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/attestations/{device_id}"),
     ("get", "/v1/forward-auth"),
     ("get", "/crowdsec/v1/decisions/stream"),
+    ("get", "/crowdsec/v1/decisions"),
 ];
 
 async fn openapi_document_lists_every_route(app: TestApp) {

@@ -19,6 +19,7 @@ on_both_backends!(
     forward_auth_passes_then_blocks_with_headers,
     forward_auth_believes_forwarded_headers_only_from_trusted_proxies,
     crowdsec_stream_follows_the_deny_list,
+    crowdsec_filters_and_the_live_query_answer_as_lapi_does,
     grpc_health_answers_check_and_watch_for_the_server_and_the_rate_limit_service,
     the_rust_client_makes_the_auth_service_calls,
 );
@@ -578,4 +579,114 @@ async fn grpc_health_answers_check_and_watch_for_the_server_and_the_rate_limit_s
     let mut watch = health.watch(check(name)).await.unwrap().into_inner();
     let first = watch.message().await.unwrap().unwrap();
     assert_eq!(first.status, ServingStatus::Serving as i32);
+}
+
+async fn live(app: &TestApp, key: &str, query: &str) -> Value {
+    let response = app
+        .client
+        .get(app.url(&format!("/crowdsec/v1/decisions{query}")))
+        .header("X-Api-Key", key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "{query}");
+    response.json().await.unwrap()
+}
+
+/// The filters bouncers send (scopes, origins, scenarios), the live query by address, range,
+/// scope and value (`null` when nothing matches), and ids a JavaScript number holds.
+async fn crowdsec_filters_and_the_live_query_answer_as_lapi_does(app: TestApp) {
+    let (_, bouncer) = app.create_token("limiter", "bouncer").await;
+    let single = add_deny(&app, "203.0.113.7", "credential stuffing").await;
+    let range = add_deny(&app, "198.51.100.0/24", "abusive hosting range").await;
+    let uuids = |stream: &Value| -> Vec<String> {
+        let mut found: Vec<String> = stream["new"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["uuid"].as_str().unwrap().to_owned())
+            .collect();
+        found.sort();
+        found
+    };
+    let stream = |query: &'static str| {
+        let (app, bouncer) = (&app, &bouncer);
+        async move {
+            let response = pull(app, Some(bouncer), query).await;
+            assert_eq!(response.status(), StatusCode::OK, "{query}");
+            response.json::<Value>().await.unwrap()
+        }
+    };
+    assert_eq!(
+        uuids(&stream("?startup=true&scopes=ip").await),
+        vec![single.clone()]
+    );
+    assert_eq!(
+        uuids(&stream("?startup=true&scopes=Range").await),
+        vec![range.clone()]
+    );
+    assert!(uuids(&stream("?startup=true&origins=crowdsec,cscli").await).is_empty());
+    assert_eq!(
+        uuids(&stream("?startup=true&origins=palisade").await).len(),
+        2
+    );
+    assert_eq!(
+        uuids(&stream("?startup=true&scenarios_containing=hosting").await),
+        vec![range.clone()]
+    );
+    assert_eq!(
+        uuids(&stream("?startup=true&scenarios_not_containing=STUFFING,nothing").await),
+        vec![range.clone()]
+    );
+    // Ids are integers a JavaScript client reads exactly.
+    for decision in stream("?startup=true").await["new"].as_array().unwrap() {
+        let id = decision["id"].as_u64().unwrap();
+        assert!(id > 0 && id < (1 << 53), "{decision}");
+    }
+
+    // Live mode: by address (a range holds it), by range, by scope and value.
+    let found = live(&app, &bouncer, "?ip=198.51.100.42").await;
+    assert_eq!(found.as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(found[0]["uuid"], range.as_str());
+    assert_eq!(found[0]["scope"], "Range");
+    let found = live(&app, &bouncer, "?ip=203.0.113.7").await;
+    assert_eq!(found[0]["uuid"], single.as_str());
+    assert_eq!(live(&app, &bouncer, "?ip=192.0.2.1").await, Value::Null);
+    let found = live(&app, &bouncer, "?range=198.51.100.128/25").await;
+    assert_eq!(found[0]["uuid"], range.as_str());
+    assert_eq!(
+        live(&app, &bouncer, "?range=198.51.0.0/16").await,
+        Value::Null
+    );
+    let found = live(&app, &bouncer, "?scope=ip&value=203.0.113.7").await;
+    assert_eq!(found.as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(
+        live(&app, &bouncer, "?scope=range&value=203.0.113.7").await,
+        Value::Null
+    );
+    assert_eq!(
+        live(
+            &app,
+            &bouncer,
+            "?ip=198.51.100.42&scenarios_not_containing=hosting"
+        )
+        .await,
+        Value::Null
+    );
+    // Bad input is a 400 in the envelope; the role is checked.
+    let response = app
+        .client
+        .get(app.url("/crowdsec/v1/decisions?ip=not-an-ip"))
+        .header("X-Api-Key", &bouncer)
+        .send()
+        .await
+        .unwrap();
+    assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    let response = app
+        .client
+        .get(app.url("/crowdsec/v1/decisions?ip=203.0.113.7"))
+        .send()
+        .await
+        .unwrap();
+    assert_envelope(response, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
 }

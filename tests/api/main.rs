@@ -5,6 +5,7 @@ mod helpers;
 
 mod attestation;
 mod auth_events;
+mod bouncers;
 mod caddy;
 mod cli;
 mod deploy;

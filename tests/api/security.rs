@@ -27,6 +27,7 @@ const ROLE_TABLE: &[(&str, &str, Option<&str>)] = &[
     ("get", "/v1/reputation/{ip}", Some("limiter")),
     ("get", "/v1/forward-auth", Some("limiter")),
     ("get", "/crowdsec/v1/decisions/stream", Some("limiter")),
+    ("get", "/crowdsec/v1/decisions", Some("limiter")),
     ("get", "/v1/lockouts", Some("analyst")),
     ("get", "/v1/lockouts/{id}", Some("analyst")),
     ("post", "/v1/lockouts/{id}/release", Some("analyst")),
