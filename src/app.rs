@@ -289,7 +289,11 @@ impl App {
         }
         Ok(App {
             recovery,
-            settings: Arc::new(settings),
+            settings: {
+                crate::telemetry::metrics::handle();
+                crate::telemetry::metrics::zero(&settings);
+                Arc::new(settings)
+            },
             stores,
             access,
             audit,

@@ -97,7 +97,7 @@ async fn readyz(State(app): State<AppState>) -> Result<Json<Readiness>, ApiError
 async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        app.metrics.render(),
+        crate::telemetry::metrics::render(&app.metrics),
     )
 }
 

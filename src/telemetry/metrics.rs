@@ -67,8 +67,12 @@ pub const HOT_REBUILD_SECONDS: &str = "palisade_hot_rebuild_seconds";
 /// Scoring factors enforced but not written to the durable store (it failed): they are lost
 /// if the hot store loses its data before they are asserted again.
 pub const FACTOR_PERSIST_FAILURES_TOTAL: &str = "palisade_factor_persist_failures_total";
+/// 1, labelled with the `version` of this build.
+pub const BUILD_INFO: &str = "palisade_build_info";
+
 /// Every metric name, for the dashboard test.
 pub const ALL: &[&str] = &[
+    BUILD_INFO,
     HTTP_REQUESTS_TOTAL,
     HTTP_REQUEST_DURATION_SECONDS,
     STORE_UNAVAILABLE_TOTAL,
@@ -257,6 +261,7 @@ fn describe() {
         "Time between an event's timestamp and its ingestion"
     );
     metrics::describe_gauge!(BASELINE_KEYS, "Keys tracked by the anomaly baselines");
+    metrics::describe_gauge!(BUILD_INFO, "1, labelled with the version of this build");
     metrics::describe_counter!(
         ATTESTATIONS_TOTAL,
         "Attestation submissions by platform and outcome (level or rejection code)"
@@ -284,6 +289,100 @@ fn describe() {
         FACTOR_PERSIST_FAILURES_TOTAL,
         "Scoring factors enforced without a durable copy (the durable store failed)"
     );
+}
+
+/// `process_*` metrics (CPU, memory, open files), refreshed at each scrape.
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(|| {
+        let collector = metrics_process::Collector::default();
+        collector.describe();
+        collector
+    })
+}
+
+/// The exposition of this process: its metrics and the `process_*` ones.
+pub fn render(handle: &PrometheusHandle) -> String {
+    process_collector().collect();
+    handle.render()
+}
+
+/// Every series whose labels are known at start exists from then on, at zero: a dashboard
+/// shows 0, not "no data", for a class that has not limited anything yet.
+pub fn zero(settings: &crate::config::Settings) {
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    let budgets = crate::limiter::Budgets::from_settings(&settings.limits);
+    for class in &budgets.classes {
+        let name = class.name.to_string();
+        let mut scopes: Vec<&'static str> = class
+            .budgets
+            .iter()
+            .map(|&i| budgets.budgets[i].scope.as_str())
+            .collect();
+        scopes.sort_unstable();
+        scopes.dedup();
+        for scope in scopes {
+            for outcome in ["allowed", "limited", "shadow_limited", "fail_open"] {
+                metrics::counter!(LIMIT_DECISIONS_TOTAL, "class" => name.clone(), "scope" => scope, "outcome" => outcome)
+                    .increment(0);
+            }
+        }
+        let outcome = match class.fail {
+            crate::config::FailMode::Open => "fail_open",
+            crate::config::FailMode::Closed => "fail_closed",
+        };
+        metrics::counter!(FAIL_OPEN_TOTAL, "class" => name.clone(), "outcome" => outcome)
+            .increment(0);
+    }
+    let labelled: [(&'static str, &'static str, &[&'static str]); 10] = [
+        (STORE_UNAVAILABLE_TOTAL, "store", &["durable", "hot"]),
+        (
+            ACCESS_CHECKS_TOTAL,
+            "outcome",
+            &["ok", "missing", "unknown", "forbidden"],
+        ),
+        (BOOTSTRAP_USES_TOTAL, "outcome", &["accepted", "refused"]),
+        (
+            GRPC_REQUESTS_TOTAL,
+            "outcome",
+            &["ok", "over_limit", "error"],
+        ),
+        (FORWARD_AUTH_TOTAL, "outcome", &["pass", "block"]),
+        (CROWDSEC_PULLS_TOTAL, "startup", &["true", "false", "live"]),
+        (
+            MULTIPLIER_PUBLISHES_TOTAL,
+            "outcome",
+            &["written", "superseded"],
+        ),
+        (
+            ALERTS_TOTAL,
+            "kind",
+            &["anomaly", "repeat_offender", "spraying", "lockout"],
+        ),
+        (
+            ALERT_DELIVERIES_TOTAL,
+            "outcome",
+            &["delivered", "failed", "gave_up"],
+        ),
+        (HOT_REBUILDS_TOTAL, "outcome", &["done", "failed"]),
+    ];
+    for (name, label, values) in labelled {
+        for value in values {
+            metrics::counter!(name, label => *value).increment(0);
+        }
+    }
+    for kind in ["ip", "user", "device"] {
+        metrics::counter!(ANOMALIES_TOTAL, "kind" => kind).increment(0);
+        metrics::counter!(OFFENDERS_TOTAL, "kind" => kind).increment(0);
+    }
+    for name in [
+        ACCESS_STALE_TOTAL,
+        LIMIT_L1_HITS_TOTAL,
+        TELEMETRY_EVENTS_TOTAL,
+        FACTOR_PERSIST_FAILURES_TOTAL,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
 }
 
 #[cfg(test)]

@@ -597,3 +597,37 @@ async fn openapi_references_resolve_and_parameters_sit_where_they_are_sent() {
         }
     }
 }
+
+/// A fresh process exposes every series whose labels are known at start at 0 (dashboards
+/// show 0, not "no data"), its build and the `process_*` metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_exist_at_zero_from_the_start_with_build_and_process_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("m.db").display());
+    let process = crate::helpers::Process::start(&[("PALISADE_DATABASE_URL", db)]).await;
+    let text = reqwest::get(format!("{}/metrics", process.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"palisade_limit_decisions_total{class="auth",scope="endpoint_user",outcome="limited"} 0"#,
+        r#"palisade_limit_decisions_total{class="read",scope="ip",outcome="allowed"} 0"#,
+        r#"palisade_fail_open_total{class="payment",outcome="fail_closed"} 0"#,
+        r#"palisade_alerts_total{kind="spraying"} 0"#,
+        r#"palisade_grpc_requests_total{outcome="over_limit"} 0"#,
+        r#"palisade_hot_rebuilds_total{outcome="failed"} 0"#,
+        "palisade_limit_l1_hits_total 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("palisade_build_info{version=\"") && l.ends_with("} 1")),
+        "{text}"
+    );
+    for name in ["process_cpu_seconds_total", "process_resident_memory_bytes"] {
+        assert!(text.lines().any(|l| l.starts_with(name)), "{name}\n{text}");
+    }
+}
