@@ -631,3 +631,45 @@ async fn metrics_exist_at_zero_from_the_start_with_build_and_process_metrics() {
         assert!(text.lines().any(|l| l.starts_with(name)), "{name}\n{text}");
     }
 }
+
+/// `/docs`: the interactive API reference, every asset from the binary (no CDN).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_reference_page_is_served_without_a_cdn() {
+    let app = crate::helpers::TestApp::spawn(crate::helpers::Backend::Embedded)
+        .await
+        .unwrap();
+    let page = app.get("/docs", None).await;
+    assert_eq!(page.status(), reqwest::StatusCode::OK);
+    assert!(
+        page.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let html = page.text().await.unwrap();
+    assert!(html.contains("/docs/redoc.js") && html.contains("/openapi.json"));
+    assert!(
+        !html.contains("https://") && !html.contains("http://"),
+        "{html}"
+    );
+    // The script, gzip-encoded as shipped; decoded, it is Redoc.
+    let raw = reqwest::Client::builder()
+        .no_gzip()
+        .build()
+        .unwrap()
+        .get(app.url("/docs/redoc.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), reqwest::StatusCode::OK);
+    assert_eq!(raw.headers()["content-encoding"], "gzip");
+    let bytes = raw.bytes().await.unwrap();
+    let mut script = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut script)
+        .unwrap();
+    assert!(
+        script.len() > 500_000 && script.contains("Redoc"),
+        "{}",
+        script.len()
+    );
+}
