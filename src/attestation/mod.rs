@@ -45,7 +45,10 @@ pub enum Level {
     Failed,
     /// No valid verdict.
     Unverified,
-    /// Basic integrity (possibly rooted or virtual).
+    /// An emulator Google Play vouches for (`MEETS_VIRTUAL_INTEGRITY`): genuine software on
+    /// no real device, the tool of device farms.
+    Virtual,
+    /// Basic integrity (possibly rooted).
     Basic,
     /// A genuine device.
     Device,
@@ -59,6 +62,7 @@ impl Level {
         match self {
             Level::Failed => "failed",
             Level::Unverified => "unverified",
+            Level::Virtual => "virtual",
             Level::Basic => "basic",
             Level::Device => "device",
             Level::Strong => "strong",
@@ -68,6 +72,7 @@ impl Level {
     fn parse(text: &str) -> Level {
         match text {
             "failed" => Level::Failed,
+            "virtual" => Level::Virtual,
             "basic" => Level::Basic,
             "device" => Level::Device,
             "strong" => Level::Strong,

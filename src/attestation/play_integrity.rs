@@ -254,9 +254,9 @@ pub fn evaluate(
     } else if device.contains(&"MEETS_VIRTUAL_INTEGRITY") {
         reasons.push(Reason::new(
             "device_virtual",
-            "an emulator Google Play vouches for (MEETS_VIRTUAL_INTEGRITY): basic",
+            "an emulator Google Play vouches for (MEETS_VIRTUAL_INTEGRITY)",
         ));
-        Level::Basic
+        Level::Virtual
     } else {
         reasons.push(Reason::new(
             "device_integrity_not_met",

@@ -8,7 +8,14 @@ use serde::{Deserialize, Serialize};
 use super::{Secret, SettingError, setting_name};
 
 /// The verdict levels, strongest first.
-pub const LEVELS: [&str; 5] = ["strong", "device", "basic", "failed", "unverified"];
+pub const LEVELS: [&str; 6] = [
+    "strong",
+    "device",
+    "basic",
+    "virtual",
+    "failed",
+    "unverified",
+];
 
 /// `[attestation.play_integrity]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -76,10 +83,11 @@ pub struct AttestationSettings {
     /// assertion renews it). Default 86400.
     pub verdict_ttl_s: u64,
     /// Factor per verdict level on classes that are not public. Defaults: strong 1.5,
-    /// device 1.0, basic 1.0, failed 0.5, unverified 1.0.
+    /// device 1.0, basic 1.0, virtual 1.0, failed 0.5, unverified 1.0.
     pub factors: BTreeMap<String, f64>,
     /// Factor per verdict level on public classes (`scoring.public_classes`). Defaults:
-    /// strong 1.5, device 1.0, basic 0.75, failed 0.25, unverified 0.25. `unverified` may
+    /// strong 1.5, device 1.0, basic 0.75, virtual 0.5 (an emulator Google Play vouches
+    /// for), failed 0.25, unverified 0.25. `unverified` may
     /// not exceed `failed`: a failed device would present a new id instead.
     pub public_factors: BTreeMap<String, f64>,
     /// Play Integrity.
@@ -90,7 +98,7 @@ pub struct AttestationSettings {
 
 impl Default for AttestationSettings {
     fn default() -> Self {
-        let levels = |values: [f64; 5]| {
+        let levels = |values: [f64; 6]| {
             LEVELS
                 .iter()
                 .zip(values)
@@ -100,8 +108,8 @@ impl Default for AttestationSettings {
         Self {
             challenge_ttl_s: 300,
             verdict_ttl_s: 86_400,
-            factors: levels([1.5, 1.0, 1.0, 0.5, 1.0]),
-            public_factors: levels([1.5, 1.0, 0.75, 0.25, 0.25]),
+            factors: levels([1.5, 1.0, 1.0, 1.0, 0.5, 1.0]),
+            public_factors: levels([1.5, 1.0, 0.75, 0.5, 0.25, 0.25]),
             play_integrity: PlayIntegritySettings {
                 max_age_s: 300,
                 accept_decoded: false,
@@ -148,7 +156,7 @@ impl AttestationSettings {
             if let Some(other) = table.keys().find(|k| !LEVELS.contains(&k.as_str())) {
                 return Err(SettingError::new(
                     format!("{name}.{other}"),
-                    "is not a verdict level (strong, device, basic, failed, unverified)",
+                    "is not a verdict level (strong, device, basic, virtual, failed, unverified)",
                 ));
             }
         }

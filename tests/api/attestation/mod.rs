@@ -260,7 +260,11 @@ async fn play_integrity_tokens_are_decrypted_verified_and_levelled(app: TestApp)
             "device",
         ),
         ("android-basic", vec!["MEETS_BASIC_INTEGRITY"], "basic"),
-        ("android-virtual", vec!["MEETS_VIRTUAL_INTEGRITY"], "basic"),
+        (
+            "android-virtual",
+            vec!["MEETS_VIRTUAL_INTEGRITY"],
+            "virtual",
+        ),
     ] {
         let challenge = app.challenge_for(device).await;
         let t = token(
@@ -281,6 +285,15 @@ async fn play_integrity_tokens_are_decrypted_verified_and_levelled(app: TestApp)
                 .any(|r| r["code"] == "play_integrity_token")
         );
     }
+    // A Google-vouched emulator has its own factor: 0.5 on auth, between an unattested
+    // device's 0.25 and basic integrity's 0.75.
+    let view = app
+        .admin_json("/v1/multipliers?device_id=android-virtual&endpoint=/auth/login&method=POST")
+        .await;
+    assert_eq!(
+        view["keys"]["device:android-virtual"]["multiplier"], 0.5,
+        "{view}"
+    );
     let stored: Value = app
         .get("/v1/attestations/android-strong", Some(ADMIN_TOKEN))
         .await
