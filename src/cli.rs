@@ -51,11 +51,35 @@ pub enum Command {
         #[arg(long)]
         url: Option<String>,
     },
+    /// Signed identities (`forward_auth.identity_secret`).
+    Identity {
+        /// What to do.
+        #[command(subcommand)]
+        action: IdentityCommand,
+    },
     /// Manage API tokens.
     Token {
         /// What to do with tokens.
         #[command(subcommand)]
         action: TokenCommand,
+    },
+}
+
+/// `palisade identity …`.
+#[derive(Debug, Subcommand)]
+pub enum IdentityCommand {
+    /// Print an `X-Palisade-Identity` value signed with the first configured secret (for
+    /// tests and gateways' scripts).
+    Sign {
+        /// The user id.
+        #[arg(long)]
+        uid: Option<String>,
+        /// The device id.
+        #[arg(long)]
+        did: Option<String>,
+        /// Seconds it stays valid.
+        #[arg(long, default_value_t = 60)]
+        ttl: i64,
     },
 }
 
@@ -124,6 +148,20 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::Serve => serve(settings).await,
         Command::Health { url } => health(&settings, url).await,
+        Command::Identity {
+            action: IdentityCommand::Sign { uid, did, ttl },
+        } => {
+            let secret = settings.forward_auth.identity_secret.first().context(
+                "set PALISADE_FORWARD_AUTH__IDENTITY_SECRET (forward_auth.identity_secret) first",
+            )?;
+            let now_s = crate::clock::Clock::now_ms(&crate::clock::SystemClock::new()) / 1000;
+            let exp = now_s.saturating_add(ttl.max(1));
+            println!(
+                "{}",
+                crate::access::identity::sign(secret, exp, uid.as_deref(), did.as_deref())
+            );
+            Ok(())
+        }
         Command::Budgets => {
             print!(
                 "{}",

@@ -8,6 +8,7 @@
 //! (stale-while-revalidate), so no limit check waits for the database, and a database outage
 //! does not stop tokens that were in use ([`MAX_STALE`]).
 
+pub mod identity;
 mod store;
 
 use std::collections::HashMap;

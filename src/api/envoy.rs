@@ -208,12 +208,15 @@ fn limit_check(state: &AppState, request: &RateLimitRequest) -> Result<LimitChec
         ip: String::new(),
         user_id: None,
         device_id: None,
+        identity: None,
         cost: None,
         consume: None,
     };
     for entry in request.descriptors.iter().flat_map(|d| &d.entries) {
         let (key, value) = (entry.key.as_str(), entry.value.clone());
-        if envoy.ip_keys.iter().any(|k| k == key) {
+        if key == "identity" {
+            check.identity = Some(value);
+        } else if envoy.ip_keys.iter().any(|k| k == key) {
             check.ip = value;
         } else if envoy.user_keys.iter().any(|k| k == key) {
             check.user_id = Some(value);

@@ -44,6 +44,12 @@ pub struct LimitCheck {
     #[serde(default)]
     #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
     pub device_id: Option<String>,
+    /// A signed identity `v1.<exp>.<uid>.<did>.<sig>` (docs/GUIDE.md). With
+    /// `forward_auth.identity_secret` set, user and device come only from it (`user_id` and
+    /// `device_id` are ignored); a missing, expired or forged one makes the request anonymous.
+    #[serde(default)]
+    #[schema(max_length = 2048)]
+    pub identity: Option<String>,
     /// Tokens the request costs, 1..=`limits.max_cost`; default 1.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 1000)]
@@ -119,13 +125,32 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
             body.ip
         ))
     })?;
-    let user = body
-        .user_id
+    let (user_id, device_id) = if app.settings.forward_auth.identity_secret.is_empty() {
+        (body.user_id, body.device_id)
+    } else {
+        let now_s = app.clock.now_ms() / 1000;
+        match crate::access::identity::verify(
+            &app.settings.forward_auth.identity_secret,
+            body.identity.as_deref(),
+            now_s,
+        ) {
+            Ok(identity) => {
+                metrics::counter!(crate::telemetry::metrics::IDENTITY_CHECKS_TOTAL, "outcome" => "valid")
+                    .increment(1);
+                (identity.user, identity.device)
+            }
+            Err(invalid) => {
+                metrics::counter!(crate::telemetry::metrics::IDENTITY_CHECKS_TOTAL, "outcome" => invalid.as_str())
+                    .increment(1);
+                (None, None)
+            }
+        }
+    };
+    let user = user_id
         .map(|id| ids.user_key("user_id", &id))
         .transpose()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let device = body
-        .device_id
+    let device = device_id
         .map(|id| ids.device_key(&id))
         .transpose()
         .map_err(|e| ApiError::invalid(e.to_string()))?;

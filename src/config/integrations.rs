@@ -72,6 +72,37 @@ pub struct ForwardAuthSettings {
     ///
     /// TOML `forward_auth.device_header`; default `x-device-id`.
     pub device_header: String,
+    /// Secrets of signed identities (`X-Palisade-Identity`, docs/GUIDE.md): when set,
+    /// forward-auth, Envoy and `/v1/limit/check` take the user and device only from a valid
+    /// signature, and plain user/device headers and fields are ignored. The first signs
+    /// (`palisade identity sign`), every one verifies (rotation).
+    ///
+    /// TOML `forward_auth.identity_secret` (a list), env
+    /// `PALISADE_FORWARD_AUTH__IDENTITY_SECRET` (comma-separated); default none (off).
+    #[serde(deserialize_with = "one_or_many")]
+    pub identity_secret: Vec<super::Secret>,
+}
+
+/// A list, or one comma-separated string (as an environment variable gives it).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<super::Secret>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let items = match OneOrMany::deserialize(deserializer)? {
+        OneOrMany::One(text) => text.split(',').map(str::to_owned).collect(),
+        OneOrMany::Many(items) => items,
+    };
+    Ok(items
+        .into_iter()
+        .map(|item| item.trim().to_owned())
+        .filter(|item| !item.is_empty())
+        .map(super::Secret::new)
+        .collect())
 }
 
 impl Default for ForwardAuthSettings {
@@ -80,6 +111,7 @@ impl Default for ForwardAuthSettings {
             query_token: false,
             user_header: "x-user-id".to_owned(),
             device_header: "x-device-id".to_owned(),
+            identity_secret: Vec::new(),
         }
     }
 }
@@ -116,6 +148,16 @@ pub(super) fn validate(
     forward: &ForwardAuthSettings,
     crowdsec: &CrowdsecSettings,
 ) -> Result<(), SettingError> {
+    if forward
+        .identity_secret
+        .iter()
+        .any(|secret| secret.expose().len() < 32)
+    {
+        return Err(SettingError::new(
+            setting_name("forward_auth.identity_secret"),
+            "each secret must be at least 32 characters (e.g. openssl rand -hex 32)",
+        ));
+    }
     if !envoy.default_path.starts_with('/') {
         return Err(SettingError::new(
             setting_name("envoy.default_path"),

@@ -67,12 +67,16 @@ pub const HOT_REBUILD_SECONDS: &str = "palisade_hot_rebuild_seconds";
 /// Scoring factors enforced but not written to the durable store (it failed): they are lost
 /// if the hot store loses its data before they are asserted again.
 pub const FACTOR_PERSIST_FAILURES_TOTAL: &str = "palisade_factor_persist_failures_total";
+/// Signed identities checked, by `outcome` (`valid`, `missing`, `malformed`, `expired`,
+/// `forged`): only with `forward_auth.identity_secret` set.
+pub const IDENTITY_CHECKS_TOTAL: &str = "palisade_identity_checks_total";
 /// 1, labelled with the `version` of this build.
 pub const BUILD_INFO: &str = "palisade_build_info";
 
 /// Every metric name, for the dashboard test.
 pub const ALL: &[&str] = &[
     BUILD_INFO,
+    IDENTITY_CHECKS_TOTAL,
     HTTP_REQUESTS_TOTAL,
     HTTP_REQUEST_DURATION_SECONDS,
     STORE_UNAVAILABLE_TOTAL,
@@ -263,6 +267,10 @@ fn describe() {
     metrics::describe_gauge!(BASELINE_KEYS, "Keys tracked by the anomaly baselines");
     metrics::describe_gauge!(BUILD_INFO, "1, labelled with the version of this build");
     metrics::describe_counter!(
+        IDENTITY_CHECKS_TOTAL,
+        "Signed identities checked, by outcome"
+    );
+    metrics::describe_counter!(
         ATTESTATIONS_TOTAL,
         "Attestation submissions by platform and outcome (level or rejection code)"
     );
@@ -334,7 +342,7 @@ pub fn zero(settings: &crate::config::Settings) {
         metrics::counter!(FAIL_OPEN_TOTAL, "class" => name.clone(), "outcome" => outcome)
             .increment(0);
     }
-    let labelled: [(&'static str, &'static str, &[&'static str]); 10] = [
+    let labelled: [(&'static str, &'static str, &[&'static str]); 11] = [
         (STORE_UNAVAILABLE_TOTAL, "store", &["durable", "hot"]),
         (
             ACCESS_CHECKS_TOTAL,
@@ -365,6 +373,11 @@ pub fn zero(settings: &crate::config::Settings) {
             &["delivered", "failed", "gave_up"],
         ),
         (HOT_REBUILDS_TOTAL, "outcome", &["done", "failed"]),
+        (
+            IDENTITY_CHECKS_TOTAL,
+            "outcome",
+            &["valid", "missing", "malformed", "expired", "forged"],
+        ),
     ];
     for (name, label, values) in labelled {
         for value in values {

@@ -199,3 +199,41 @@ async fn health_asks_readyz_of_a_running_instance() {
     .unwrap();
     assert_eq!(down.status.code(), Some(1));
 }
+
+/// `palisade identity sign` prints an identity the service accepts; a short secret is refused.
+#[test]
+fn identity_sign_prints_a_valid_identity_and_short_secrets_are_refused() {
+    let secret = "cli-identity-secret-0123456789abcdef";
+    let output = palisade()
+        .env("PALISADE_FORWARD_AUTH__IDENTITY_SECRET", secret)
+        .args([
+            "identity", "sign", "--uid", "alice", "--did", "phone-1", "--ttl", "60",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let identity = palisade::access::identity::verify(
+        &[palisade::config::Secret::new(secret)],
+        Some(text.trim()),
+        now_s,
+    )
+    .unwrap();
+    assert_eq!(identity.user.as_deref(), Some("alice"));
+    assert_eq!(identity.device.as_deref(), Some("phone-1"));
+    let output = palisade()
+        .env("PALISADE_FORWARD_AUTH__IDENTITY_SECRET", "short")
+        .args(["identity", "sign", "--uid", "alice"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("IDENTITY_SECRET"));
+}

@@ -160,3 +160,46 @@ fn the_configuration_reference_is_generated_from_the_code() {
         assert!(want.contains(&format!("| `{key}` |")), "{key}");
     }
 }
+
+/// The Python signer in docs/GUIDE.md ("Signed identity") makes identities Palisade accepts.
+#[test]
+fn the_documented_python_signer_interoperates() {
+    let guide = std::fs::read_to_string(crate::helpers::repo_file("docs/GUIDE.md")).unwrap();
+    let section = guide.split("### Signed identity").nth(1).unwrap();
+    let code = section
+        .split("```python\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a python block");
+    let secret = "doc-identity-secret-0123456789abcdef";
+    let script = format!("{code}\nprint(identity(b\"{secret}\", \"alice\", \"phone-1\"))\n");
+    let Ok(output) = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .output()
+    else {
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| v == "true"),
+            "CI=true but python3 is missing"
+        );
+        eprintln!("SKIPPED: no python3");
+        return;
+    };
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let identity = palisade::access::identity::verify(
+        &[palisade::config::Secret::new(secret)],
+        Some(text.trim()),
+        now_s,
+    )
+    .unwrap();
+    assert_eq!(identity.user.as_deref(), Some("alice"));
+    assert_eq!(identity.device.as_deref(), Some("phone-1"));
+}

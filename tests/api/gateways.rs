@@ -19,6 +19,7 @@ on_both_backends!(
     forward_auth_passes_then_blocks_with_headers,
     forward_auth_believes_forwarded_headers_only_from_trusted_proxies,
     crowdsec_stream_follows_the_deny_list,
+    with_an_identity_secret_only_signed_identities_name_the_user,
     crowdsec_filters_and_the_live_query_answer_as_lapi_does,
     grpc_health_answers_check_and_watch_for_the_server_and_the_rate_limit_service,
     the_rust_client_makes_the_auth_service_calls,
@@ -689,4 +690,103 @@ async fn crowdsec_filters_and_the_live_query_answer_as_lapi_does(app: TestApp) {
         .await
         .unwrap();
     assert_envelope(response, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
+}
+
+const NEW_SECRET: &str = "new-identity-secret-0123456789abcdef";
+const OLD_SECRET: &str = "old-identity-secret-0123456789abcdef";
+
+/// With `forward_auth.identity_secret`, the user and device come only from a valid signed
+/// identity (`/v1/limit/check`, forward-auth, Envoy); a plain id, a forged, expired or
+/// garbled identity is anonymous; the second secret still verifies (rotation).
+async fn with_an_identity_secret_only_signed_identities_name_the_user(app: TestApp) {
+    use palisade::access::identity::sign;
+    use palisade::config::Secret;
+    let app = TestApp::spawn_with(app.backend, |s| {
+        s.forward_auth.identity_secret = vec![Secret::new(NEW_SECRET), Secret::new(OLD_SECRET)];
+    })
+    .await
+    .unwrap();
+    let now_s = app.app.clock.now_ms() / 1000;
+    let (new, old) = (Secret::new(NEW_SECRET), Secret::new(OLD_SECRET));
+    let valid = sign(&new, now_s + 60, Some("alice"), Some("phone-1"));
+    let rotated = sign(&old, now_s + 60, Some("bob"), None);
+    let expired = sign(&new, now_s - 120, Some("alice"), None);
+    let forged = sign(
+        &Secret::new("not-our-secret-0123456789abcdefgh"),
+        now_s + 60,
+        Some("alice"),
+        None,
+    );
+    let check = |identity: Option<&str>, user_id: Option<&str>| {
+        let mut body = json!({"endpoint": "/auth/login", "method": "POST", "ip": "203.0.113.40", "consume": false});
+        if let Some(identity) = identity {
+            body["identity"] = json!(identity);
+        }
+        if let Some(user) = user_id {
+            body["user_id"] = json!(user);
+        }
+        let app = &app;
+        async move {
+            let response = app.limit_check(&body).await;
+            assert_eq!(response.status(), StatusCode::OK);
+            response.json::<Value>().await.unwrap()
+        }
+    };
+    // The user's budget (auth-account, 5) applies only to a signed user.
+    assert_eq!(check(Some(&valid), None).await["budget"], "auth-account");
+    assert_eq!(check(Some(&rotated), None).await["budget"], "auth-account");
+    for (what, identity, user) in [
+        ("a plain user_id", None, Some("alice")),
+        ("an expired identity", Some(expired.as_str()), Some("alice")),
+        ("a forged identity", Some(forged.as_str()), None),
+        ("a garbled identity", Some("v1.garbage"), None),
+    ] {
+        let body = check(identity, user).await;
+        assert_eq!(body["budget"], "auth-ip", "{what}: {body}");
+    }
+    // Forward-auth: the header, never X-User-Id.
+    let headers = |identity: Option<&str>| {
+        let mut headers = vec![
+            ("x-forwarded-method", "POST".to_owned()),
+            ("x-forwarded-uri", "/auth/login".to_owned()),
+            ("x-user-id", "alice".to_owned()),
+        ];
+        if let Some(identity) = identity {
+            headers.push(("x-palisade-identity", identity.to_owned()));
+        }
+        headers
+    };
+    for (identity, limit) in [
+        (Some(valid.as_str()), "5"),
+        (None, "10"),
+        (Some(forged.as_str()), "10"),
+    ] {
+        let owned = headers(identity);
+        let borrowed: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let response = forward(&app, Some(ADMIN_TOKEN), "", &borrowed).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()["x-ratelimit-limit"],
+            limit,
+            "{identity:?}"
+        );
+    }
+    // Envoy: a descriptor entry `identity`; a plain `user_id` entry is ignored.
+    let mut envoy = Envoy::start(&app).await;
+    let signed = RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: vec![
+            descriptor(&[("remote_address", "203.0.113.41")]),
+            descriptor(&[("identity", valid.as_str())]),
+            descriptor(&[("path", "/auth/login"), ("method", "POST")]),
+        ],
+        hits_addend: 1,
+    };
+    let answer = envoy.call(Some(ADMIN_TOKEN), signed).await.unwrap();
+    assert_eq!(header(&answer, "x-ratelimit-limit"), Some("5"));
+    let plain = envoy
+        .call(Some(ADMIN_TOKEN), login("203.0.113.42", "alice", 1))
+        .await
+        .unwrap();
+    assert_eq!(header(&plain, "x-ratelimit-limit"), Some("10"));
 }
