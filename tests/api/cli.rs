@@ -237,3 +237,79 @@ fn identity_sign_prints_a_valid_identity_and_short_secrets_are_refused() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("IDENTITY_SECRET"));
 }
+
+/// `palisade lockouts|lists|tokens` against a running instance: tables for people, `--json`
+/// for scripts, the API's error on a bad token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_commands_list_and_change_lockouts_lists_and_tokens() {
+    use crate::helpers::ADMIN_TOKEN;
+    let app = crate::helpers::TestApp::spawn(crate::helpers::Backend::Embedded)
+        .await
+        .unwrap();
+    let events: Vec<serde_json::Value> = (0..10)
+        .map(|i| {
+            serde_json::json!({"event_id": format!("cli-{i}"), "type": "login_failure",
+                               "account": "carol", "ip": "203.0.113.5"})
+        })
+        .collect();
+    app.post_auth(events).await;
+    let base = app.base.clone();
+    let run = move |args: Vec<String>, token: &'static str| {
+        let base = base.clone();
+        tokio::task::spawn_blocking(move || {
+            let output = palisade()
+                .args(&args)
+                .args(["--url", &base, "--token", token])
+                .output()
+                .unwrap();
+            (
+                output.status.code(),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+                String::from_utf8_lossy(&output.stderr).into_owned(),
+            )
+        })
+    };
+    let args = |text: &str| text.split(' ').map(str::to_owned).collect::<Vec<_>>();
+    let (code, out, err) = run(args("lockouts list"), ADMIN_TOKEN).await.unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("ID") && out.contains("carol"), "{out}");
+    let (_, out, _) = run(args("lockouts list --json"), ADMIN_TOKEN)
+        .await
+        .unwrap();
+    let page: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let id = page["items"][0]["id"].as_str().unwrap().to_owned();
+    let mut release = args("lockouts release");
+    release.extend([
+        id.clone(),
+        "--reason".to_owned(),
+        "verified by phone".to_owned(),
+    ]);
+    let (code, out, err) = run(release, ADMIN_TOKEN).await.unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&id), "{out}");
+    let mut add = args("lists add deny 198.51.100.0/24");
+    add.extend(["--reason".to_owned(), "abusive hosting".to_owned()]);
+    let (code, out, err) = run(add, ADMIN_TOKEN).await.unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("198.51.100.0/24"), "{out}");
+    let (_, out, _) = run(args("lists list deny --json"), ADMIN_TOKEN)
+        .await
+        .unwrap();
+    let entries: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let entry = entries["items"][0]["id"].as_str().unwrap().to_owned();
+    let mut remove = args("lists remove deny");
+    remove.extend([entry, "--reason".to_owned(), "lifted".to_owned()]);
+    let (code, _, err) = run(remove, ADMIN_TOKEN).await.unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    let (_, out, _) = run(args("lists list deny"), ADMIN_TOKEN).await.unwrap();
+    assert!(!out.contains("198.51.100.0/24"), "{out}");
+    let (code, out, _) = run(args("tokens list"), ADMIN_TOKEN).await.unwrap();
+    assert_eq!(code, Some(0));
+    assert!(out.starts_with("ID"), "{out}");
+    let (code, _, err) = run(args("lockouts list"), "pal_not-a-token").await.unwrap();
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("401") && err.contains("UNAUTHENTICATED"),
+        "{err}"
+    );
+}

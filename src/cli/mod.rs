@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod remote;
+
 use crate::access::Role;
 use crate::app::App;
 use crate::config::Settings;
@@ -50,6 +52,33 @@ pub enum Command {
         /// Base URL of the instance; default: the configured `listen` address.
         #[arg(long)]
         url: Option<String>,
+    },
+    /// Lockouts of a running instance (`--url`, `--token` of an analyst).
+    Lockouts {
+        /// The instance.
+        #[command(flatten)]
+        remote: remote::Remote,
+        /// What to do.
+        #[command(subcommand)]
+        action: remote::LockoutsCommand,
+    },
+    /// Allow and deny lists of a running instance (`--url`, `--token` of an admin).
+    Lists {
+        /// The instance.
+        #[command(flatten)]
+        remote: remote::Remote,
+        /// What to do.
+        #[command(subcommand)]
+        action: remote::ListsCommand,
+    },
+    /// API tokens of a running instance (`--url`, `--token` of an admin).
+    Tokens {
+        /// The instance.
+        #[command(flatten)]
+        remote: remote::Remote,
+        /// What to do.
+        #[command(subcommand)]
+        action: remote::TokensCommand,
     },
     /// Signed identities (`forward_auth.identity_secret`).
     Identity {
@@ -148,6 +177,9 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::Serve => serve(settings).await,
         Command::Health { url } => health(&settings, url).await,
+        Command::Lockouts { remote, action } => remote::lockouts(&remote, action).await,
+        Command::Lists { remote, action } => remote::lists(&remote, action).await,
+        Command::Tokens { remote, action } => remote::tokens(&remote, action).await,
         Command::Identity {
             action: IdentityCommand::Sign { uid, did, ttl },
         } => {
