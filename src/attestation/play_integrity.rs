@@ -321,17 +321,25 @@ fn known(text: &str, set: &[&'static str]) -> &'static str {
 mod tests {
     use super::*;
 
-    #[test]
-    fn verdict_strings_are_kept_only_from_the_defined_set() {
-        let packages = ["com.example.app".to_owned()];
-        let expected = Expected {
-            package_names: &packages,
+    static PACKAGES: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| vec!["com.example.app".to_owned()]);
+
+    /// What the test app `com.example.app` expects of a verdict for challenge `c` at
+    /// 1 800 000 000 000 ms.
+    fn expected() -> Expected<'static> {
+        Expected {
+            package_names: &PACKAGES,
             certificate_digests: &[],
             challenge: "c",
             max_age_ms: 300_000,
             now_ms: 1_800_000_000_000,
             require_licensed: false,
-        };
+        }
+    }
+
+    #[test]
+    fn verdict_strings_are_kept_only_from_the_defined_set() {
+        let expected = expected();
         let huge = "X".repeat(100_000);
         let payload = serde_json::json!({
             "requestDetails": {"requestPackageName": "com.example.app", "nonce": "c",
@@ -349,15 +357,7 @@ mod tests {
 
     #[test]
     fn a_recognised_app_without_package_or_digest_is_malformed() {
-        let packages = ["com.example.app".to_owned()];
-        let expected = Expected {
-            package_names: &packages,
-            certificate_digests: &[],
-            challenge: "c",
-            max_age_ms: 300_000,
-            now_ms: 1_800_000_000_000,
-            require_licensed: false,
-        };
+        let expected = expected();
         let payload = serde_json::json!({
             "requestDetails": {"requestPackageName": "com.example.app", "nonce": "c",
                                "timestampMillis": "1800000000000"},
@@ -372,15 +372,7 @@ mod tests {
 
     #[test]
     fn extreme_timestamps_are_stale_not_an_overflow() {
-        let packages = ["com.example.app".to_owned()];
-        let expected = Expected {
-            package_names: &packages,
-            certificate_digests: &[],
-            challenge: "c",
-            max_age_ms: 300_000,
-            now_ms: 1_800_000_000_000,
-            require_licensed: false,
-        };
+        let expected = expected();
         for ts in [i64::MIN.to_string(), i64::MAX.to_string()] {
             let payload = serde_json::json!({"requestDetails": {"requestPackageName": "com.example.app",
                 "nonce": "c", "timestampMillis": ts}});

@@ -299,61 +299,15 @@ impl Limiter {
             Ok(outcomes) => outcomes,
             Err(source) => return self.degraded(class, class_name, &scopes, now_ms, source),
         };
-        let mut challenge = None;
-        if let Some(exemptions) = self.exemptions.get()
-            && blocked_only_by_user_multiplier(&scopes, &outcomes)
-        {
-            match exemptions.exemption(&class_name, request).await {
-                Ok(Some(exempt)) => {
-                    for scope in scopes.iter_mut().filter(|s| is_user_scope(s)) {
-                        scope.multiplier_override = Some(sanitized(exempt.multiplier));
-                    }
-                    outcomes = match self.evaluate(&scopes, request, now_us).await {
-                        Ok(outcomes) => outcomes,
-                        Err(source) => {
-                            return self.degraded(class, class_name, &scopes, now_ms, source);
-                        }
-                    };
-                    challenge = Some(exempt);
-                }
-                Ok(None) => {}
-                // The lockout stands: without the rule's answer the request is a stranger's.
-                Err(err) => {
-                    tracing::warn!(error.cause = %err, "lockout exemption unknown; the block stands");
-                }
-            }
-        }
-        if challenge.is_none()
-            && request.user.is_some()
-            && let Some(exemptions) = self.exemptions.get()
-            && blocked_only_by_network(&scopes, &outcomes)
-        {
-            match exemptions.known_context(request).await {
-                Ok(true) => {
-                    for scope in scopes.iter_mut().filter(|s| s.network_blocked) {
-                        scope.multiplier_override = None;
-                    }
-                    outcomes = match self.evaluate(&scopes, request, now_us).await {
-                        Ok(outcomes) => outcomes,
-                        Err(source) => {
-                            return self.degraded(class, class_name, &scopes, now_ms, source);
-                        }
-                    };
-                    challenge = Some(Challenge {
-                        multiplier: 1.0,
-                        reason: crate::model::Reason::new(
-                            "known_context",
-                            "the network is blocked, but the account knows this context: ask for a step-up",
-                        ),
-                        lockout_id: None,
-                    });
-                }
-                Ok(false) => {}
-                // The block stands: without the answer the request is a stranger's.
-                Err(err) => {
-                    tracing::warn!(error.cause = %err, "known context unknown; the network's block stands");
-                }
-            }
+        // The lockout-DoS rule: a block it may lift is re-checked without it.
+        let challenge = self
+            .lift(&class_name, request, &mut scopes, &outcomes)
+            .await;
+        if challenge.is_some() {
+            outcomes = match self.evaluate(&scopes, request, now_us).await {
+                Ok(outcomes) => outcomes,
+                Err(source) => return self.degraded(class, class_name, &scopes, now_ms, source),
+            };
         }
         let admitted = scopes
             .iter()
@@ -394,6 +348,57 @@ impl Limiter {
         let mut decision = self.conclude(class_name, outcomes, now_ms, false, false);
         decision.challenge = challenge;
         Ok(decision)
+    }
+
+    /// What the lockout-DoS rule makes of a refused request: when only its account's lock
+    /// (or deny) refused it and the account knows the context, the user scopes get the
+    /// multiplier without the lock; when only its network's block refused it and the
+    /// account knows the context, the block is taken off its IP scopes. Either way the
+    /// scopes are changed here and the challenge returned; None: the refusal stands.
+    async fn lift(
+        &self,
+        class_name: &str,
+        request: &LimitRequest,
+        scopes: &mut [Scope],
+        outcomes: &[RawOutcome],
+    ) -> Option<Challenge> {
+        let exemptions = self.exemptions.get()?;
+        if blocked_only_by_user_multiplier(scopes, outcomes) {
+            match exemptions.exemption(class_name, request).await {
+                Ok(Some(exempt)) => {
+                    for scope in scopes.iter_mut().filter(|s| is_user_scope(s)) {
+                        scope.multiplier_override = Some(sanitized(exempt.multiplier));
+                    }
+                    return Some(exempt);
+                }
+                Ok(None) => {}
+                // The lockout stands: without the rule's answer the request is a stranger's.
+                Err(err) => {
+                    tracing::warn!(error.cause = %err, "lockout exemption unknown; the block stands");
+                }
+            }
+        } else if request.user.is_some() && blocked_only_by_network(scopes, outcomes) {
+            match exemptions.known_context(request).await {
+                Ok(true) => {
+                    for scope in scopes.iter_mut().filter(|s| s.network_blocked) {
+                        scope.multiplier_override = None;
+                    }
+                    return Some(Challenge {
+                        multiplier: 1.0,
+                        reason: crate::model::Reason::new(
+                            "known_context",
+                            "the network is blocked, but the account knows this context: ask for a step-up",
+                        ),
+                        lockout_id: None,
+                    });
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(error.cause = %err, "known context unknown; the network's block stands");
+                }
+            }
+        }
+        None
     }
 
     /// The raw outcome of every scope, from the hot store.

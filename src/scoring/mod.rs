@@ -294,7 +294,7 @@ impl DefaultMultipliers for Engine {
             ip_blocked: class == "auth"
                 && self
                     .networks
-                    .is_blocked(&request.ip, self.asn_of(request.ip.addr())),
+                    .is_blocked(&request.ip, || self.asn_of(request.ip.addr())),
         }
     }
 }

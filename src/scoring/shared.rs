@@ -43,6 +43,15 @@ impl Marks {
         }
     }
 
+    /// True when nothing is marked (the limiter's every check asks this first, so an
+    /// instance with no marks builds no key and reads no clock).
+    pub fn is_empty(&self) -> bool {
+        self.marks
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
     /// True when `key` (a subject key's text) is marked now.
     pub fn contains(&self, key: &str) -> bool {
         let marks = self.marks.read().unwrap_or_else(|e| e.into_inner());
@@ -153,7 +162,8 @@ impl SharedIps {
         if !self.settings.enabled {
             return false;
         }
-        self.in_ranges(ip.addr()) || self.marks.contains(SubjectKey::ip(ip).as_str())
+        self.in_ranges(ip.addr())
+            || (!self.marks.is_empty() && self.marks.contains(SubjectKey::ip(ip).as_str()))
     }
 
     fn in_ranges(&self, addr: IpAddr) -> bool {
@@ -217,10 +227,12 @@ impl NetworkBlocks {
         }
     }
 
-    /// True when `ip`'s network or its autonomous system `asn` is blocked now.
-    pub fn is_blocked(&self, ip: &ClientIp, asn: Option<u32>) -> bool {
-        self.marks.contains(SubjectKey::ip_network(ip).as_str())
-            || asn.is_some_and(|asn| self.marks.contains(SubjectKey::asn(asn).as_str()))
+    /// True when `ip`'s network or its autonomous system (`asn` looks it up, only when
+    /// something is blocked) is blocked now.
+    pub fn is_blocked(&self, ip: &ClientIp, asn: impl FnOnce() -> Option<u32>) -> bool {
+        !self.marks.is_empty()
+            && (self.marks.contains(SubjectKey::ip_network(ip).as_str())
+                || asn().is_some_and(|asn| self.marks.contains(SubjectKey::asn(asn).as_str())))
     }
 
     /// True for the subjects blocks are kept for: an `asn:` key, or an `ip:` network key

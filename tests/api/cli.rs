@@ -217,16 +217,7 @@ fn identity_sign_prints_a_valid_identity_and_short_secrets_are_refused() {
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).unwrap();
-    let now_s = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
-    let identity = palisade::access::identity::verify(
-        &[palisade::config::Secret::new(secret)],
-        Some(text.trim()),
-        now_s,
-    )
-    .unwrap();
+    let identity = crate::helpers::verify_identity_now(secret, &text);
     assert_eq!(identity.user.as_deref(), Some("alice"));
     assert_eq!(identity.device.as_deref(), Some("phone-1"));
     let output = palisade()

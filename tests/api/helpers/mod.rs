@@ -476,3 +476,17 @@ fn init_test_logging() {
         }
     });
 }
+
+/// Checks a signed identity printed by a tool against `secret` at the wall clock's now.
+pub fn verify_identity_now(secret: &str, text: &str) -> palisade::access::identity::Identity {
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs() as i64;
+    palisade::access::identity::verify(
+        &[palisade::config::Secret::new(secret)],
+        Some(text.trim()),
+        now_s,
+    )
+    .unwrap_or_else(|err| panic!("{err}: {text}"))
+}
