@@ -30,6 +30,10 @@ pub struct App {
     pub access: Access,
     /// Audit log.
     pub audit: Audit,
+    /// Analysts' reads across domains (failing accounts, account timelines).
+    pub analyst: crate::analyst::Analyst,
+    /// Refused and challenged limit checks, kept for analysts.
+    pub history: Arc<crate::analyst::history::History>,
     /// Rendered `/v1/multipliers` answers (the HTTP edge's cache).
     pub explanations: crate::api::scoring::Explanations,
     /// Layered token buckets (shared with the `tower` middleware, hence the `Arc`).
@@ -208,6 +212,7 @@ impl App {
             }),
         })?;
         let audit = Audit::new(stores.durable.clone(), clock.clone());
+        let analyst = crate::analyst::Analyst::new(stores.durable.clone(), clock.clone());
         let limiter = Arc::new(Limiter::new(
             &settings.limits,
             stores.hot.clone(),
@@ -253,6 +258,15 @@ impl App {
         lockouts.set_attested(Arc::new(attestation.attested_devices()));
         scoring.set_asn_lookup(reputation.clone());
         limiter.set_exemptions(Arc::new(LockoutRule(lockouts.clone())));
+        let history = Arc::new(crate::analyst::history::History::new(
+            stores.durable.clone(),
+            clock.clone(),
+            scoring.clone(),
+            settings.history.clone(),
+        ));
+        if history.enabled() {
+            limiter.set_history(history.clone());
+        }
         // Weak: the limiter holds the engine, the engine must not hold the limiter.
         let weak = Arc::downgrade(&limiter);
         scoring.on_publish(move || {
@@ -296,6 +310,8 @@ impl App {
             },
             stores,
             access,
+            analyst,
+            history,
             audit,
             limiter,
             lockouts,
@@ -348,6 +364,26 @@ impl App {
                 tracing::debug!(error.cause = %err, "checking the hot store's epoch failed; will retry");
             }
         });
+        // The decision history: written each window, and once more on shutdown.
+        if state.history.enabled() {
+            let (app, mut stop) = (state.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(app.history.window());
+                every.tick().await;
+                loop {
+                    let stopping = tokio::select! {
+                        _ = every.tick() => false,
+                        _ = stop.changed() => true,
+                    };
+                    if let Err(err) = app.history.flush().await {
+                        tracing::warn!(error.cause = %err, "writing the decision history failed; those entries are lost");
+                    }
+                    if stopping {
+                        return;
+                    }
+                }
+            });
+        }
         // Lists changed on another instance are picked up within half a second.
         every(state, &shutdown, second / 2, |app| async move {
             if let Err(err) = app.lists.refresh_if_changed().await {
@@ -368,6 +404,9 @@ impl App {
                 .saturating_sub(hours.saturating_mul(3_600_000));
             if let Err(err) = app.scoring.prune_factors().await {
                 tracing::warn!(error.cause = %err, "pruning expired factors failed; will retry");
+            }
+            if let Err(err) = app.history.prune().await {
+                tracing::warn!(error.cause = %err, "pruning the decision history failed; will retry");
             }
             if let Err(err) = app.ingest.prune_requests_once(telemetry_cutoff).await {
                 tracing::warn!(error.cause = %err, "pruning request telemetry failed; will retry");

@@ -15,6 +15,7 @@
 //! - [`config`]: settings; [`telemetry`]: logs and metrics; [`clock`]: time, passed in.
 
 pub mod access;
+pub mod analyst;
 pub mod api;
 pub mod app;
 pub mod attestation;

@@ -234,13 +234,13 @@ pub struct AuditPage {
     pub next_cursor: Option<String>,
 }
 
-/// Who did what, when (role `admin`), newest first.
+/// Who did what, when (role `analyst`; analysts review each other's actions), newest first.
 #[utoipa::path(get, path = "/v1/audit", tag = "admin", security(("bearer" = [])),
     params(AuditParams),
     responses((status = 200, body = AuditPage), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope)))]
 async fn list_audit(
-    _auth: Authorized<role::Admin>,
+    _auth: Authorized<role::Analyst>,
     State(app): State<AppState>,
     ApiQuery(params): ApiQuery<AuditParams>,
 ) -> Result<Json<AuditPage>, ApiError> {

@@ -163,6 +163,8 @@ impl From<PathRejection> for ApiError {
 pub trait RequiredRole: Send + Sync + 'static {
     /// The role (an `admin` token passes every check).
     const ROLE: Role;
+    /// A second role that may call the route too.
+    const ALSO: Option<Role> = None;
 }
 
 /// Marker types naming the role a route requires: `Authorized<role::Analyst>`.
@@ -181,6 +183,9 @@ pub mod role {
     /// Role `admin`: operators.
     #[derive(Debug)]
     pub struct Admin;
+    /// Role `limiter` or `analyst`: read-only views both need (multipliers, reputation).
+    #[derive(Debug)]
+    pub struct Reader;
 
     impl RequiredRole for Ingest {
         const ROLE: Role = Role::Ingest;
@@ -193,6 +198,10 @@ pub mod role {
     }
     impl RequiredRole for Admin {
         const ROLE: Role = Role::Admin;
+    }
+    impl RequiredRole for Reader {
+        const ROLE: Role = Role::Limiter;
+        const ALSO: Option<Role> = Some(Role::Analyst);
     }
 }
 
@@ -224,7 +233,7 @@ impl<R: RequiredRole> FromRequestParts<AppState> for Authorized<R> {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let caller = authorize(state, bearer_token(parts), R::ROLE).await?;
+        let caller = authorize_either(state, bearer_token(parts), R::ROLE, R::ALSO).await?;
         Ok(Authorized {
             caller,
             _role: PhantomData,
@@ -239,6 +248,16 @@ pub async fn authorize(
     token: Option<&str>,
     role: Role,
 ) -> Result<Caller, ApiError> {
+    authorize_either(state, token, role, None).await
+}
+
+/// [`authorize`] for a route that a second role may call too.
+async fn authorize_either(
+    state: &AppState,
+    token: Option<&str>,
+    role: Role,
+    also: Option<Role>,
+) -> Result<Caller, ApiError> {
     let Some(token) = token else {
         metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "missing")
             .increment(1);
@@ -250,14 +269,17 @@ pub async fn authorize(
     let caller = state.access.authenticate(token).await.inspect_err(|_| {
         metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "unknown").increment(1);
     })?;
-    if !caller.role.allows(role) {
+    if !caller.role.allows(role) && !also.is_some_and(|also| caller.role.allows(also)) {
         metrics::counter!(crate::telemetry::metrics::ACCESS_CHECKS_TOTAL, "outcome" => "forbidden")
             .increment(1);
         return Err(ApiError::new(
             ErrorCode::Forbidden,
             format!(
                 "this route needs the {} role; the token {:?} has {}",
-                role.as_str(),
+                match also {
+                    Some(also) => format!("{} or {}", role.as_str(), also.as_str()),
+                    None => role.as_str().to_owned(),
+                },
                 caller.name,
                 caller.role.as_str()
             ),

@@ -18,6 +18,7 @@ use crate::lockout::{Lockout, LockoutEvent, Query, Status};
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_lockouts))
+        .routes(routes!(bulk_release))
         .routes(routes!(get_lockout))
         .routes(routes!(release_lockout))
 }
@@ -88,11 +89,21 @@ pub struct ListParams {
     /// `active` (default), `released`, `expired` or `all`.
     #[param(inline)]
     pub status: Option<Status>,
-    /// Only this account.
+    /// Only this account (matched by its canonical id).
     pub account: Option<String>,
+    /// Only lockouts caused by a failure from this address or network (CIDR).
+    #[param(schema_with = super::schema::ip_or_network)]
+    pub ip: Option<String>,
+    /// Only lockouts caused by a failure from this device.
+    pub device_id: Option<String>,
+    /// Only lockouts with this reason code (e.g. `account_failures`).
+    pub reason: Option<String>,
     /// Only lockouts created at or after this RFC 3339 time.
     #[param(format = DateTime)]
     pub since: Option<String>,
+    /// Only lockouts created before this RFC 3339 time.
+    #[param(format = DateTime)]
+    pub until: Option<String>,
     /// The `next_cursor` of the previous page.
     #[param(pattern = "^[0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{26}$")]
     pub cursor: Option<String>,
@@ -101,7 +112,85 @@ pub struct ListParams {
     pub limit: Option<u32>,
 }
 
-/// Lists lockouts, newest first (role `analyst`).
+/// Which lockouts a search or a bulk release is about.
+#[derive(Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LockoutFilter {
+    /// `active`, `released`, `expired` or `all` (a bulk release only releases active ones).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    /// Only this account (matched by its canonical id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// Only lockouts caused by a failure from this address or network (CIDR).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// Only lockouts caused by a failure from this device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+    /// Only lockouts with this reason code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Only lockouts created at or after this RFC 3339 time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    /// Only lockouts created before this RFC 3339 time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+}
+
+impl LockoutFilter {
+    /// True when the filter names anything besides a status.
+    fn narrows(&self) -> bool {
+        self.account.is_some()
+            || self.ip.is_some()
+            || self.device_id.is_some()
+            || self.reason.is_some()
+            || self.since.is_some()
+            || self.until.is_some()
+    }
+
+    /// The domain query of this filter, checked.
+    fn query(&self, app: &AppState) -> Result<Query, ApiError> {
+        let ids = app.settings.http.identifiers();
+        // The canonical id: a search for `Alice@Example.com` finds `alice@example.com`.
+        let account = self
+            .account
+            .as_deref()
+            .map(|a| ids.account("account", a).map(std::borrow::Cow::into_owned))
+            .transpose()
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        if let Some(device) = &self.device_id {
+            ids.device_key(device)
+                .map_err(|e| ApiError::invalid(e.to_string()))?;
+        }
+        if let Some(reason) = &self.reason
+            && (reason.is_empty()
+                || reason.len() > 64
+                || !reason.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        {
+            return Err(ApiError::invalid(
+                "reason must be a reason code: 1-64 of a-z and _",
+            ));
+        }
+        let since_ms = parse_since(self.since.as_deref())?;
+        let until_ms = parse_time("until", self.until.as_deref())?;
+        Ok(Query {
+            status: self.status.unwrap_or_default(),
+            account,
+            ip: self.ip.as_deref().map(parse_network).transpose()?,
+            device_id: self.device_id.clone(),
+            reason: self.reason.clone(),
+            since_ms,
+            until_ms,
+            ..Default::default()
+        })
+    }
+}
+
+/// Lists lockouts, newest first, searched by account, address or network, device, reason
+/// and creation time (role `analyst`). A network search looks at the failures that caused
+/// each lockout; it may name at most 10,000 addresses seen in auth events.
 #[utoipa::path(get, path = "/v1/lockouts", tag = "lockouts", security(("bearer" = [])), params(ListParams),
     responses((status = 200, body = LockoutPage), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope)))]
@@ -112,34 +201,178 @@ async fn list_lockouts(
 ) -> Result<Json<LockoutPage>, ApiError> {
     let limit = parse_limit(params.limit, 100, 500)?;
     let before = parse_cursor(params.cursor.as_deref())?;
-    let since_ms = parse_since(params.since.as_deref())?;
-    // The canonical id: a search for `Alice@Example.com` finds `alice@example.com`.
-    let account = params
-        .account
-        .as_deref()
-        .map(|a| {
-            app.settings
-                .http
-                .identifiers()
-                .account("account", a)
-                .map(std::borrow::Cow::into_owned)
-        })
-        .transpose()
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let (items, next_cursor) = app
-        .lockouts
-        .list(&Query {
-            status: params.status.unwrap_or(Status::Active),
-            account,
-            since_ms,
-            before,
-            limit,
-        })
-        .await?;
+    let filter = LockoutFilter {
+        status: params.status,
+        account: params.account,
+        ip: params.ip,
+        device_id: params.device_id,
+        reason: params.reason,
+        since: params.since,
+        until: params.until,
+    };
+    let query = Query {
+        before,
+        limit,
+        ..filter.query(&app)?
+    };
+    let (items, next_cursor) = app.lockouts.list(&query).await?;
     Ok(Json(LockoutPage {
         items: items.into_iter().map(LockoutView::from).collect(),
         next_cursor,
     }))
+}
+
+/// `POST /v1/lockouts/release` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkRelease {
+    /// Which active lockouts (at least one field besides `status`).
+    pub filter: LockoutFilter,
+    /// Why (1–500 characters; kept in each lockout and the audit log).
+    #[schema(pattern = "^[^\\u0000]{1,500}$")]
+    pub reason: String,
+    /// Only answer which lockouts would be released (default false).
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// What a bulk release did (or, on a dry run, would do).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BulkReleased {
+    /// True when nothing was released.
+    pub dry_run: bool,
+    /// Lockouts released (or that would be).
+    pub count: usize,
+    /// True when more than 1,000 matched: only the newest 1,000 were taken; call again.
+    pub truncated: bool,
+    /// The lockouts released (or that would be), newest first.
+    pub items: Vec<LockoutView>,
+}
+
+/// Lockouts one bulk release takes at most.
+const BULK_MAX: usize = 1000;
+
+/// Releases every active lockout matching a filter, each as a single release would be
+/// (role `analyst`); `dry_run` answers which without releasing. Audited per lockout and
+/// once for the whole (`lockout.bulk_release`). At most 1,000 per call (`truncated`).
+#[utoipa::path(post, path = "/v1/lockouts/release", tag = "lockouts", security(("bearer" = [])),
+    request_body = BulkRelease,
+    responses((status = 200, body = BulkReleased), (status = 400, body = Envelope), (status = 401, body = Envelope),
+        (status = 403, body = Envelope), (status = 503, body = Envelope)))]
+async fn bulk_release(
+    auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<BulkRelease>,
+) -> Result<Json<BulkReleased>, ApiError> {
+    let reason = release_reason(&body.reason)?;
+    if !body.filter.narrows() {
+        return Err(ApiError::invalid(
+            "filter must name an account, ip, device_id, reason, since or until: \
+             releasing every lockout is not a bulk action",
+        ));
+    }
+    if body.filter.status.is_some_and(|s| s != Status::Active) {
+        return Err(ApiError::invalid(
+            "only active lockouts can be released: leave status out or set it to active",
+        ));
+    }
+    let mut query = body.filter.query(&app)?;
+    query.limit = 500;
+    let mut matched = Vec::new();
+    loop {
+        let (items, next) = app.lockouts.list(&query).await?;
+        matched.extend(items);
+        match next {
+            Some(cursor) if matched.len() <= BULK_MAX => {
+                query.before = Some(
+                    ulid::Ulid::from_string(&cursor)
+                        .map_err(|_| ApiError::internal("lockout ids are ULIDs"))?,
+                );
+            }
+            _ => break,
+        }
+    }
+    let truncated = matched.len() > BULK_MAX;
+    matched.truncate(BULK_MAX);
+    if body.dry_run {
+        return Ok(Json(BulkReleased {
+            dry_run: true,
+            count: matched.len(),
+            truncated,
+            items: matched.into_iter().map(LockoutView::from).collect(),
+        }));
+    }
+    let actor = auth.caller.actor();
+    let request_id = current_request_id();
+    let mut released = Vec::with_capacity(matched.len());
+    for lockout in matched {
+        match app
+            .lockouts
+            .release(&lockout.id, reason, &actor, &request_id)
+            .await
+        {
+            Ok(lockout) => released.push(lockout),
+            // Released by someone else meanwhile: not this call's.
+            Err(crate::lockout::Error::AlreadyReleased(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    app.audit
+        .record(
+            &actor,
+            "lockout.bulk_release",
+            &format!("{} lockouts", released.len()),
+            serde_json::json!({
+                "filter": body.filter,
+                "reason": reason,
+                "released": released.iter().map(|l| l.id.as_str()).collect::<Vec<_>>(),
+                "truncated": truncated,
+            }),
+            &request_id,
+        )
+        .await?;
+    Ok(Json(BulkReleased {
+        dry_run: false,
+        count: released.len(),
+        truncated,
+        items: released.into_iter().map(LockoutView::from).collect(),
+    }))
+}
+
+/// An address (`192.0.2.7`) or a network (`192.0.2.0/24`, `2001:db8::/48`).
+pub(super) fn parse_network(text: &str) -> Result<ipnetwork::IpNetwork, ApiError> {
+    let net: ipnetwork::IpNetwork = text.trim().parse().map_err(|_| {
+        ApiError::invalid(format!(
+            "ip {text:.64?} is not an IP address or a network in CIDR notation"
+        ))
+    })?;
+    // An IPv4-mapped IPv6 address is stored as the IPv4 address it maps.
+    if let ipnetwork::IpNetwork::V6(v6) = net
+        && v6.prefix() == 128
+        && let Some(v4) = v6.ip().to_ipv4_mapped()
+    {
+        return Ok(ipnetwork::IpNetwork::V4(v4.into()));
+    }
+    Ok(net)
+}
+
+/// An optional RFC 3339 time parameter → Unix ms.
+pub(super) fn parse_time(name: &str, value: Option<&str>) -> Result<Option<i64>, ApiError> {
+    value
+        .map(|s| {
+            chrono::DateTime::parse_from_rfc3339(s)
+                .map(|t| t.timestamp_millis())
+                .map_err(|_| ApiError::invalid(format!("{name} must be an RFC 3339 time")))
+        })
+        .transpose()
+}
+
+fn release_reason(reason: &str) -> Result<&str, ApiError> {
+    let reason = reason.trim();
+    if reason.is_empty() || reason.chars().count() > 500 {
+        return Err(ApiError::invalid("reason must be 1-500 characters"));
+    }
+    Ok(reason)
 }
 
 /// An event that caused a lockout.
@@ -234,10 +467,7 @@ async fn release_lockout(
     ApiJson(body): ApiJson<Release>,
 ) -> Result<Json<LockoutView>, ApiError> {
     lockout_id(&id)?;
-    let reason = body.reason.trim();
-    if reason.is_empty() || reason.chars().count() > 500 {
-        return Err(ApiError::invalid("reason must be 1-500 characters"));
-    }
+    let reason = release_reason(&body.reason)?;
     let lockout = app
         .lockouts
         .release(&id, reason, &auth.caller.actor(), &current_request_id())

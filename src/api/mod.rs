@@ -5,7 +5,9 @@
 //! are thin: extract, authorise, call one domain method, shape the response.
 
 pub mod admin;
+pub mod analyst;
 pub mod attestations;
+mod console;
 mod context;
 pub mod envoy;
 pub mod error;
@@ -147,6 +149,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(limit::routes())
         .merge(events::routes())
         .merge(lockouts::routes())
+        .merge(analyst::routes())
+        .merge(console::routes())
         .merge(reputation::routes())
         .merge(lists::routes())
         .merge(scoring::routes())

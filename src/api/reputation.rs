@@ -50,13 +50,13 @@ struct IpPath {
     ip: String,
 }
 
-/// IP/ASN reputation of an address (role `limiter`): classes, sources, ASN, multiplier.
+/// IP/ASN reputation of an address (role `limiter` or `analyst`): classes, sources, ASN, multiplier.
 #[utoipa::path(get, path = "/v1/reputation/{ip}", tag = "reputation", security(("bearer" = [])),
     params(IpPath),
     responses((status = 200, body = ReputationView), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope)))]
 async fn reputation(
-    _auth: Authorized<role::Limiter>,
+    _auth: Authorized<role::Reader>,
     State(app): State<AppState>,
     ApiPath(ip): ApiPath<String>,
 ) -> Result<Json<ReputationView>, ApiError> {

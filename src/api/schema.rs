@@ -59,6 +59,24 @@ pub(super) fn ip() -> Schema {
     )
 }
 
+/// An IPv4 or IPv6 address, or a network in CIDR notation.
+pub(super) fn ip_or_network() -> Schema {
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(string_of(KnownFormat::Ipv4))
+            .item(string_of(KnownFormat::Ipv6))
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::new(Type::String))
+                    .pattern(Some(r"^[0-9A-Fa-f:.]{2,45}/[0-9]{1,3}$")),
+            )
+            .description(Some(
+                "An IPv4 or IPv6 address, or a network in CIDR notation (192.0.2.0/24)",
+            ))
+            .build(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     /// What the handlers require, the document requires: generated clients and fuzzers

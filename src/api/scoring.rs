@@ -80,14 +80,14 @@ pub struct MultipliersView {
 }
 
 /// The multipliers of a request's keys for its endpoint class, with every contribution
-/// (role `limiter`). What `/v1/limit/check` enforces for the same keys; stored factors are
+/// (role `limiter` or `analyst`). What `/v1/limit/check` enforces for the same keys; stored factors are
 /// cached in-process for one L1 TTL.
 #[utoipa::path(get, path = "/v1/multipliers", tag = "scoring", security(("bearer" = [])),
     params(MultiplierParams),
     responses((status = 200, body = MultipliersView), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
 async fn multipliers(
-    _auth: Authorized<role::Limiter>,
+    _auth: Authorized<role::Reader>,
     State(app): State<AppState>,
     uri: axum::http::Uri,
 ) -> Result<axum::response::Response, ApiError> {
@@ -405,10 +405,9 @@ pub(super) async fn snapshot(app: &AppState) -> Result<Vec<DecisionChange>, ApiE
             .lockouts
             .list(&crate::lockout::Query {
                 status: Status::Active,
-                account: None,
-                since_ms: None,
                 before,
                 limit: 500,
+                ..Default::default()
             })
             .await?;
         for lockout in page {

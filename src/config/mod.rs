@@ -5,6 +5,7 @@
 //! Every error is one line naming the setting (env var or TOML key) and what is accepted.
 
 mod attestation;
+mod history;
 mod http;
 mod integrations;
 mod limits;
@@ -24,6 +25,7 @@ pub use attestation::{
     AppAttestEnvironment, AppAttestSettings, AttestationSettings, LEVELS, PlayIntegritySettings,
     formats as attestation_formats,
 };
+pub use history::HistorySettings;
 pub use http::HttpSettings;
 pub use integrations::{CrowdsecSettings, EnvoySettings, ForwardAuthSettings};
 pub use limits::{
@@ -110,6 +112,8 @@ pub struct Settings {
     pub crowdsec: CrowdsecSettings,
     /// Store connection tuning (`[store]`).
     pub store: StoreSettings,
+    /// The decision history analysts read (`[history]`).
+    pub history: HistorySettings,
 }
 
 impl Default for Settings {
@@ -137,6 +141,7 @@ impl Default for Settings {
             forward_auth: ForwardAuthSettings::default(),
             crowdsec: CrowdsecSettings::default(),
             store: StoreSettings::default(),
+            history: HistorySettings::default(),
         }
     }
 }
@@ -347,6 +352,7 @@ impl Settings {
         }
         integrations::validate(&self.envoy, &self.forward_auth, &self.crowdsec)?;
         self.store.validate()?;
+        self.history.validate()?;
         Ok(self)
     }
 }

@@ -12,6 +12,7 @@ mod degraded;
 mod l1;
 mod memory_backend;
 mod multipliers;
+pub mod rates;
 mod redis_backend;
 mod request;
 pub mod target;
@@ -27,8 +28,8 @@ use crate::telemetry::metrics as names;
 
 pub use budgets::Budgets;
 pub use request::{
-    Challenge, Decision, DefaultMultipliers, Defaults, Error, Exemptions, LimitRequest,
-    ScopeOutcome,
+    Challenge, Decision, DecisionSink, DefaultMultipliers, Defaults, Error, Exemptions,
+    LimitRequest, ScopeOutcome,
 };
 
 /// `retry_after_ms` reported for a bucket blocked by a multiplier that has no expiry
@@ -73,10 +74,13 @@ pub struct Limiter {
     coalescer: redis_backend::Coalescer,
     defaults: std::sync::OnceLock<Arc<dyn DefaultMultipliers>>,
     exemptions: std::sync::OnceLock<Arc<dyn Exemptions>>,
+    history: std::sync::OnceLock<Arc<dyn DecisionSink>>,
     /// The hot store is being rebuilt after it lost its data (lockouts and factors not back
     /// yet): classes that fail closed do.
     rebuilding: std::sync::atomic::AtomicBool,
     metrics: Metrics,
+    /// Decisions per class and minute, for the console.
+    rates: rates::Rates,
 }
 
 /// The handles of the metrics every check records.
@@ -90,10 +94,17 @@ struct Metrics {
 }
 
 impl Limiter {
+    /// Decisions per class and minute in this process over the last day.
+    pub fn rates(&self) -> &rates::Rates {
+        &self.rates
+    }
+
     /// A limiter over the hot store with the effective `[limits]` settings.
     pub fn new(settings: &LimitSettings, hot: Hot, keys: Keys, clock: Arc<dyn Clock>) -> Self {
+        let budgets = Budgets::from_settings(settings);
+        let rates = rates::Rates::new(budgets.classes.iter().map(|c| &*c.name));
         Self {
-            budgets: Budgets::from_settings(settings),
+            budgets,
             keys,
             hot,
             clock,
@@ -105,8 +116,10 @@ impl Limiter {
             ),
             defaults: std::sync::OnceLock::new(),
             exemptions: std::sync::OnceLock::new(),
+            history: std::sync::OnceLock::new(),
             rebuilding: std::sync::atomic::AtomicBool::new(false),
             metrics: Metrics::default(),
+            rates,
         }
     }
 
@@ -120,6 +133,11 @@ impl Limiter {
     /// Installs the lockout-DoS rule (once; later calls are ignored).
     pub fn set_exemptions(&self, exemptions: Arc<dyn Exemptions>) {
         let _ = self.exemptions.set(exemptions);
+    }
+
+    /// Installs where refused and challenged decisions are kept (once).
+    pub fn set_history(&self, history: Arc<dyn DecisionSink>) {
+        let _ = self.history.set(history);
     }
 
     /// Installs the source of default multipliers (once; later calls are ignored).
@@ -261,6 +279,16 @@ impl Limiter {
     /// bucket will hold `cost` tokens again, not an estimate. When the hot store fails, the
     /// class's failure policy answers: fail-open allows (`degraded`), fail-closed errors.
     pub async fn check(&self, request: &LimitRequest) -> Result<Decision, Error> {
+        let decision = self.decide(request).await?;
+        if (!decision.allowed || decision.challenge.is_some())
+            && let Some(history) = self.history.get()
+        {
+            history.note(request, &decision);
+        }
+        Ok(decision)
+    }
+
+    async fn decide(&self, request: &LimitRequest) -> Result<Decision, Error> {
         let class = self.budgets.classify(&request.method, &request.endpoint);
         let class_name = self.budgets.classes[class].name.clone();
         let scopes = self.scopes(class, request);
@@ -509,6 +537,7 @@ impl Limiter {
             || metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class.to_string(), "scope" => scope_label, "outcome" => outcome),
             |counter| counter.increment(1),
         );
+        self.rates.record(&class, self.clock.now_ms(), allowed);
         if let Some(scope) = deciding.map(|i| &scopes[i])
             && scope.limit > 0
         {

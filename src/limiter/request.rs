@@ -75,6 +75,13 @@ pub trait Exemptions: Send + Sync + std::fmt::Debug {
     ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>>;
 }
 
+/// Where refused and challenged decisions go to be kept (the decision history); called
+/// on the request path, so it must only note them and return.
+pub trait DecisionSink: Send + Sync + std::fmt::Debug {
+    /// Notes one refused or challenged decision for `request`.
+    fn note(&self, request: &LimitRequest, decision: &Decision);
+}
+
 /// One limit check, already parsed and normalised.
 #[derive(Debug, Clone)]
 pub struct LimitRequest {

@@ -84,10 +84,11 @@ pub struct LockoutEvent {
 }
 
 /// Which lockouts to list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// Not released and not yet expired.
+    #[default]
     Active,
     /// Released by an analyst.
     Released,
@@ -98,14 +99,22 @@ pub enum Status {
 }
 
 /// A filter and page position for [`Lockouts::list`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Query {
     /// Status filter.
     pub status: Status,
     /// Only this account.
     pub account: Option<String>,
+    /// Only lockouts caused by a failure from this address or network.
+    pub ip: Option<ipnetwork::IpNetwork>,
+    /// Only lockouts caused by a failure from this device.
+    pub device_id: Option<String>,
+    /// Only lockouts with this reason code.
+    pub reason: Option<String>,
     /// Only lockouts created at or after this Unix ms.
     pub since_ms: Option<i64>,
+    /// Only lockouts created before this Unix ms.
+    pub until_ms: Option<i64>,
     /// Only lockouts older than this id (the previous page's cursor).
     pub before: Option<ulid::Ulid>,
     /// Page size 1..=500.
@@ -174,6 +183,13 @@ pub enum Error {
     /// Released before.
     #[error("lockout {0} is already released")]
     AlreadyReleased(String),
+    /// A search whose network holds more addresses seen in auth events than one search
+    /// may name.
+    #[error(
+        "{0} holds more than {max} addresses seen in auth events; search a narrower network",
+        max = store::MAX_ADDRESSES
+    )]
+    TooBroad(String),
     /// A store failed.
     #[error(transparent)]
     Store(#[from] crate::store::Error),

@@ -6,7 +6,18 @@ impl Lockouts {
     /// Lockouts matching `query`, newest first, and the cursor of the next page.
     pub async fn list(&self, query: &Query) -> Result<(Vec<Lockout>, Option<String>), Error> {
         let limit = query.limit.clamp(1, 500);
-        let mut items = store::list(&self.durable, query, self.clock.now_ms(), limit + 1).await?;
+        let addresses = self.addresses(query).await?;
+        if addresses.as_ref().is_some_and(Vec::is_empty) {
+            return Ok((Vec::new(), None));
+        }
+        let mut items = store::list(
+            &self.durable,
+            query,
+            addresses.as_deref(),
+            self.clock.now_ms(),
+            limit + 1,
+        )
+        .await?;
         let next = if items.len() > limit as usize {
             items.truncate(limit as usize);
             items.last().map(|l| l.id.clone())
@@ -14,6 +25,17 @@ impl Lockouts {
             None
         };
         Ok((items, next))
+    }
+
+    /// The addresses seen in auth events within the query's network, if it names one.
+    async fn addresses(&self, query: &Query) -> Result<Option<Vec<String>>, Error> {
+        let Some(net) = &query.ip else {
+            return Ok(None);
+        };
+        store::addresses_in(&self.durable, net)
+            .await?
+            .map(Some)
+            .ok_or_else(|| Error::TooBroad(net.to_string()))
     }
 
     /// One lockout with the failure events that caused it.
@@ -86,4 +108,57 @@ impl Lockouts {
             .await?
             .ok_or_else(|| Error::NotFound(id.to_owned()))
     }
+
+    /// The addresses seen in auth events within `net` (for searches across domains).
+    pub async fn addresses_in(&self, net: &ipnetwork::IpNetwork) -> Result<Vec<String>, Error> {
+        store::addresses_in(&self.durable, net)
+            .await?
+            .ok_or_else(|| Error::TooBroad(net.to_string()))
+    }
+
+    /// Clears what the engine concluded from a subject's behaviour (failures, spraying,
+    /// anomalies, repeat offending: the factors of [`CLEARABLE`] but an account's lockout,
+    /// which is released instead) and its failure windows, at once on every instance;
+    /// audited as `penalty.clear` on the subject. Returns the factor ids cleared.
+    pub async fn clear_penalties(
+        &self,
+        subject: &SubjectKey,
+        reason: &str,
+        actor: &Actor,
+        request_id: &str,
+    ) -> Result<Vec<String>, Error> {
+        let stored = self.scoring.stored(subject).await?;
+        let lockout = format!("{SIGNAL}:lockout");
+        let ids: Vec<String> = stored
+            .iter()
+            .map(Factor::id)
+            .filter(|id| {
+                *id != lockout
+                    && CLEARABLE
+                        .iter()
+                        .any(|signal| id.split_once(':').is_some_and(|(s, _)| s == *signal))
+            })
+            .collect();
+        velocity::clear(&self.hot, &[self.keys.windows(subject)]).await?;
+        if !ids.is_empty() {
+            let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            self.scoring.retract(subject, &refs).await?;
+        }
+        self.audit
+            .record(
+                actor,
+                "penalty.clear",
+                subject.as_str(),
+                serde_json::json!({ "reason": reason, "cleared": ids }),
+                request_id,
+            )
+            .await?;
+        tracing::info!(subject = %subject, cleared = ids.len(), "cleared penalties of {subject}");
+        Ok(ids)
+    }
 }
+
+/// Signals whose factors an analyst may clear: what the engine concluded from behaviour.
+/// Lists and reputation are edited where they come from; attestation verdicts change by
+/// attesting again.
+pub const CLEARABLE: &[&str] = &[SIGNAL, "anomaly", "offender"];

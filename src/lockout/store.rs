@@ -15,15 +15,6 @@ const INSERT_LOCKOUT_EVENTS_PG: &str = "INSERT INTO lockout_events (lockout_id, 
     SELECT * FROM UNNEST($1::text[], $2::text[]) ON CONFLICT DO NOTHING";
 const GET: &str = "SELECT id, account, scope, reason, failures, level, created_at, locked_until, released_at, released_by, release_reason \
     FROM lockouts WHERE id = $1";
-// One statement for every filter: `$n IS NULL OR …` (both planners fold the constants).
-const LIST: &str = "SELECT id, account, scope, reason, failures, level, created_at, locked_until, released_at, released_by, release_reason \
-    FROM lockouts \
-    WHERE ($1 IS NULL OR account = $1) AND ($2 IS NULL OR created_at >= $2) AND ($3 IS NULL OR id < $3) \
-      AND ($4 = 'all' \
-        OR ($4 = 'active' AND released_at IS NULL AND locked_until > $5) \
-        OR ($4 = 'expired' AND released_at IS NULL AND locked_until <= $5) \
-        OR ($4 = 'released' AND released_at IS NOT NULL)) \
-    ORDER BY id DESC LIMIT $6";
 const RELEASE: &str = "UPDATE lockouts SET released_at = $2, released_by = $3, release_reason = $4 \
     WHERE id = $1 AND released_at IS NULL";
 const EVENTS: &str = "SELECT e.event_id, e.kind, e.account, e.account_received, e.ip, \
@@ -246,28 +237,139 @@ pub(super) async fn get(durable: &Durable, id: &str) -> Result<Option<Lockout>, 
     Ok(row.map(Lockout::from))
 }
 
+/// At most this many distinct addresses seen in auth events may fall in a searched network.
+pub(super) const MAX_ADDRESSES: usize = 10_000;
+
+/// The `LIKE` pattern every address of `net` matches in its canonical text form (and few
+/// others): the leading groups the prefix covers in full, up to the first zero group of an
+/// IPv6 network (the text form may compress the zeros after it).
+fn text_prefix(net: &ipnetwork::IpNetwork) -> String {
+    match net {
+        ipnetwork::IpNetwork::V4(v4) if v4.prefix() == 32 => v4.ip().to_string(),
+        ipnetwork::IpNetwork::V4(v4) => {
+            let octets = v4.network().octets();
+            let whole = usize::from(v4.prefix() / 8);
+            let mut text: String = octets[..whole].iter().map(|o| format!("{o}.")).collect();
+            text.push('%');
+            text
+        }
+        ipnetwork::IpNetwork::V6(v6) if v6.prefix() == 128 => v6.ip().to_string(),
+        ipnetwork::IpNetwork::V6(v6) => {
+            let groups = v6.network().segments();
+            let whole = usize::from(v6.prefix() / 16);
+            let mut text: String = groups[..whole]
+                .iter()
+                .take_while(|g| **g != 0)
+                .map(|g| format!("{g:x}:"))
+                .collect();
+            text.push('%');
+            text
+        }
+    }
+}
+
+/// The distinct addresses seen in auth events that lie in `net` (at most [`MAX_ADDRESSES`];
+/// `None` when there are more).
+pub(super) async fn addresses_in(
+    durable: &Durable,
+    net: &ipnetwork::IpNetwork,
+) -> Result<Option<Vec<String>>, Error> {
+    let whole = if net.is_ipv4() { 32 } else { 128 };
+    if net.prefix() == whole {
+        return Ok(Some(vec![net.ip().to_string()]));
+    }
+    let pattern = text_prefix(net);
+    let mut found = Vec::new();
+    let mut after = String::new();
+    // Paged by address: a wide pattern may match many addresses outside the network.
+    loop {
+        let page: Vec<String> = with_pool!(durable, |pool| {
+            sqlx::query_scalar(
+            "SELECT DISTINCT ip FROM auth_events WHERE ip LIKE $1 AND ip > $2 ORDER BY ip LIMIT 5000"
+        )
+        .bind(&pattern)
+        .bind(&after)
+        .fetch_all(pool)
+        .await
+        })?;
+        let Some(last) = page.last().cloned() else {
+            return Ok(Some(found));
+        };
+        for ip in page {
+            if ip.parse().is_ok_and(|addr| net.contains(addr)) {
+                found.push(ip);
+                if found.len() > MAX_ADDRESSES {
+                    return Ok(None);
+                }
+            }
+        }
+        after = last;
+    }
+}
+
+/// Lockouts matching `query` (its network already resolved to `addresses`), newest first.
 pub(super) async fn list(
     durable: &Durable,
     query: &Query,
+    addresses: Option<&[String]>,
     now_ms: i64,
     limit: u32,
 ) -> Result<Vec<Lockout>, Error> {
-    let status = match query.status {
-        Status::Active => "active",
-        Status::Released => "released",
-        Status::Expired => "expired",
-        Status::All => "all",
-    };
     let before = query.before.map(|id| id.to_string());
-    let rows: Vec<Row> = with_pool!(durable, |pool| sqlx::query_as(LIST)
-        .bind(query.account.as_deref())
-        .bind(query.since_ms)
-        .bind(before.as_deref())
-        .bind(status)
-        .bind(now_ms)
-        .bind(i64::from(limit))
-        .fetch_all(pool)
-        .await)?;
+    let rows: Vec<Row> = with_pool!(durable, |pool| {
+        let mut builder = sqlx::QueryBuilder::new(
+            "SELECT id, account, scope, reason, failures, level, created_at, locked_until, \
+             released_at, released_by, release_reason FROM lockouts WHERE 1 = 1",
+        );
+        match query.status {
+            Status::All => {}
+            Status::Active => {
+                builder.push(" AND released_at IS NULL AND locked_until > ");
+                builder.push_bind(now_ms);
+            }
+            Status::Expired => {
+                builder.push(" AND released_at IS NULL AND locked_until <= ");
+                builder.push_bind(now_ms);
+            }
+            Status::Released => {
+                builder.push(" AND released_at IS NOT NULL");
+            }
+        }
+        if let Some(account) = &query.account {
+            builder.push(" AND account = ").push_bind(account);
+        }
+        if let Some(reason) = &query.reason {
+            builder.push(" AND reason = ").push_bind(reason);
+        }
+        if let Some(since) = query.since_ms {
+            builder.push(" AND created_at >= ").push_bind(since);
+        }
+        if let Some(until) = query.until_ms {
+            builder.push(" AND created_at < ").push_bind(until);
+        }
+        if let Some(before) = &before {
+            builder.push(" AND id < ").push_bind(before);
+        }
+        if addresses.is_some() || query.device_id.is_some() {
+            builder.push(
+                " AND EXISTS (SELECT 1 FROM lockout_events le JOIN auth_events e \
+                 ON e.event_id = le.event_id WHERE le.lockout_id = lockouts.id",
+            );
+            if let Some(addresses) = addresses {
+                let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+                builder.push(" AND e.ip IN ");
+                push_list(&mut builder, &addresses);
+            }
+            if let Some(device) = &query.device_id {
+                builder.push(" AND e.device_id = ").push_bind(device);
+            }
+            builder.push(")");
+        }
+        builder
+            .push(" ORDER BY id DESC LIMIT ")
+            .push_bind(i64::from(limit));
+        builder.build_query_as().fetch_all(pool).await
+    })?;
     Ok(rows.into_iter().map(Lockout::from).collect())
 }
 

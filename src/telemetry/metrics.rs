@@ -72,10 +72,17 @@ pub const FACTOR_PERSIST_FAILURES_TOTAL: &str = "palisade_factor_persist_failure
 pub const IDENTITY_CHECKS_TOTAL: &str = "palisade_identity_checks_total";
 /// 1, labelled with the `version` of this build.
 pub const BUILD_INFO: &str = "palisade_build_info";
+/// Entries written to the decision history (each counts one key's refusals in a window).
+pub const HISTORY_ENTRIES_TOTAL: &str = "palisade_history_entries_total";
+/// Refused or challenged decisions not kept in the history (`history.max_pending` reached,
+/// or the durable store failed when the window was written).
+pub const HISTORY_DROPPED_TOTAL: &str = "palisade_history_dropped_total";
 
 /// Every metric name, for the dashboard test.
 pub const ALL: &[&str] = &[
     BUILD_INFO,
+    HISTORY_ENTRIES_TOTAL,
+    HISTORY_DROPPED_TOTAL,
     IDENTITY_CHECKS_TOTAL,
     HTTP_REQUESTS_TOTAL,
     HTTP_REQUEST_DURATION_SECONDS,
@@ -271,6 +278,14 @@ fn describe() {
         "Signed identities checked, by outcome"
     );
     metrics::describe_counter!(
+        HISTORY_ENTRIES_TOTAL,
+        "Entries written to the decision history"
+    );
+    metrics::describe_counter!(
+        HISTORY_DROPPED_TOTAL,
+        "Refused or challenged decisions not kept in the decision history"
+    );
+    metrics::describe_counter!(
         ATTESTATIONS_TOTAL,
         "Attestation submissions by platform and outcome (level or rejection code)"
     );
@@ -393,6 +408,8 @@ pub fn zero(settings: &crate::config::Settings) {
         LIMIT_L1_HITS_TOTAL,
         TELEMETRY_EVENTS_TOTAL,
         FACTOR_PERSIST_FAILURES_TOTAL,
+        HISTORY_ENTRIES_TOTAL,
+        HISTORY_DROPPED_TOTAL,
     ] {
         metrics::counter!(name).increment(0);
     }

@@ -75,7 +75,7 @@ async fn missing_or_unknown_token_gets_401_envelope(app: TestApp) {
 async fn analyst_token_is_forbidden_on_admin_routes(app: TestApp) {
     let (_, analyst) = app.create_token("analyst", "alice").await;
     let body = assert_envelope(
-        app.get("/v1/audit", Some(&analyst)).await,
+        app.get("/v1/admin/tokens", Some(&analyst)).await,
         StatusCode::FORBIDDEN,
         "FORBIDDEN",
     )
@@ -424,6 +424,12 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/lockouts"),
     ("get", "/v1/lockouts/{id}"),
     ("post", "/v1/lockouts/{id}/release"),
+    ("post", "/v1/lockouts/release"),
+    ("get", "/v1/accounts/failing"),
+    ("get", "/v1/accounts/{account}/timeline"),
+    ("post", "/v1/penalties/clear"),
+    ("get", "/v1/stats/decisions"),
+    ("get", "/v1/history"),
     ("get", "/v1/reputation/{ip}"),
     ("post", "/v1/admin/reload"),
     ("get", "/v1/lists/{list}"),

@@ -3,11 +3,13 @@
 
 mod helpers;
 
+mod analyst;
 mod attestation;
 mod auth_events;
 mod bouncers;
 mod caddy;
 mod cli;
+mod console;
 mod deploy;
 mod docs;
 mod edge;

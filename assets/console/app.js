@@ -1,0 +1,461 @@
+// Palisade's analyst console: one page over the /v1 API. The token lives in session
+// storage only (never in a URL); every value from the API is put into the page as text
+// (textContent and text nodes only), so an account name cannot inject markup.
+"use strict";
+
+const TOKEN_KEY = "palisade.token";
+const view = () => document.getElementById("view");
+
+// ---- DOM helpers -------------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (key === "text") el.textContent = value;
+    else el.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+function table(caption, columns, rows, empty) {
+  if (!rows.length) return h("p", { class: "muted" }, empty || "Nothing to show.");
+  return h("div", { class: "table-wrap" },
+    h("table", {},
+      h("caption", { class: "visually-hidden" }, caption),
+      h("thead", {}, h("tr", {}, columns.map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, rows.map((cells) => h("tr", {}, cells.map((c) =>
+        c instanceof Node && c.tagName === "TD" ? c : h("td", {}, c)))))));
+}
+
+function num(value) { return h("td", { class: "num" }, value); }
+function when(rfc3339) {
+  if (!rfc3339) return "";
+  const t = new Date(rfc3339);
+  return h("time", { datetime: rfc3339, title: rfc3339 }, t.toLocaleString());
+}
+function accountLink(account) { return h("a", { href: "#/account/" + encodeURIComponent(account) }, account); }
+function ipLink(ip) { return h("a", { href: "#/ip/" + encodeURIComponent(ip) }, ip); }
+
+// A click handler's failure, shown like a view's.
+function guarded(handler) {
+  return async (...args) => {
+    try {
+      await handler(...args);
+    } catch (err) {
+      if (err.status === 401) signOut("Your token is no longer valid: sign in again.");
+      else say(err.message, "error");
+    }
+  };
+}
+
+function say(text, kind) {
+  const status = document.getElementById("status");
+  status.replaceChildren(text ? h("p", { class: kind || "info" }, text) : "");
+}
+
+function show(title, ...content) {
+  document.title = title + " · Palisade console";
+  view().replaceChildren(h("h1", {}, title), ...content);
+}
+
+// ---- API ---------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, body) {
+    const error = (body && body.error) || {};
+    super(error.message || "HTTP " + status);
+    this.status = status;
+    this.code = error.code;
+  }
+}
+
+async function api(method, path, body) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const response = await fetch(path, {
+    method,
+    headers: Object.assign({ Authorization: "Bearer " + token },
+      body ? { "Content-Type": "application/json" } : {}),
+    body: body ? JSON.stringify(body) : undefined,
+    cache: "no-store",
+  });
+  const data = await response.json().catch(() => null);
+  if (!response.ok) throw new ApiError(response.status, data);
+  return data;
+}
+
+function query(params) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== "" && v !== undefined && v !== null) q.set(k, v);
+  const text = q.toString();
+  return text ? "?" + text : "";
+}
+
+// ---- Sign in -----------------------------------------------------------------------
+
+function signOut(message) {
+  sessionStorage.removeItem(TOKEN_KEY);
+  // No hashchange event: the sign-in page replaces whatever view was open.
+  history.replaceState(null, "", "#/");
+  signInView();
+  say(message || "", "error");
+}
+
+function signInView() {
+  for (const id of ["nav", "lookup", "signout"]) document.getElementById(id).hidden = true;
+  const input = h("input", { id: "token", type: "password", autocomplete: "off", required: true });
+  const form = h("form", { class: "card signin", onsubmit: async (e) => {
+    e.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    try {
+      await api("GET", "/v1/lockouts?limit=1");
+      say("");
+      render();
+    } catch (err) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      say(err.status === 403 ? "This token is not an analyst token." : "Sign-in failed: " + err.message, "error");
+    }
+  } },
+  h("h1", {}, "Sign in"),
+  h("p", { class: "muted" }, "Use an analyst (or admin) API token. It is kept in this tab's session storage only."),
+  h("div", { class: "field" }, h("label", { for: "token" }, "API token"), input),
+  h("button", { type: "submit" }, "Sign in"));
+  document.title = "Sign in · Palisade console";
+  view().replaceChildren(form);
+  input.focus();
+}
+
+// ---- Views -------------------------------------------------------------------------
+
+function chart(series) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", "chart");
+  svg.setAttribute("viewBox", `0 0 ${series.points.length * 4} 100`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", `${series.class}: ${series.limited} refused of ${series.allowed + series.limited}`);
+  const max = Math.max(1, ...series.points.map((p) => p.allowed + p.limited));
+  series.points.forEach((p, i) => {
+    const total = ((p.allowed + p.limited) / max) * 100;
+    const limited = (p.limited / max) * 100;
+    for (const [cls, height, y] of [["allowed", total, 100 - total], ["limited", limited, 100 - limited]]) {
+      if (height <= 0) continue;
+      const rect = document.createElementNS(ns, "rect");
+      rect.setAttribute("class", cls);
+      rect.setAttribute("x", i * 4);
+      rect.setAttribute("width", 3);
+      rect.setAttribute("y", y);
+      rect.setAttribute("height", height);
+      svg.append(rect);
+    }
+  });
+  return svg;
+}
+
+async function overviewView(params) {
+  const window = params.get("window") === "day" ? "day" : "hour";
+  const [active, notYet, alerts, offenders, rates] = await Promise.all([
+    api("GET", "/v1/lockouts?limit=500"),
+    api("GET", "/v1/accounts/failing?locked=false&limit=10"),
+    api("GET", "/v1/alerts?limit=10"),
+    api("GET", "/v1/offenders?limit=10"),
+    api("GET", "/v1/stats/decisions?window=" + window),
+  ]);
+  const activeCount = active.items.length + (active.next_cursor ? "+" : "");
+  show("Overview",
+    h("div", { class: "cards" },
+      h("div", { class: "card" }, h("div", { class: "muted" }, "Active lockouts"),
+        h("div", { class: "big", id: "active-count" }, activeCount), h("a", { href: "#/lockouts" }, "Review lockouts")),
+      h("div", { class: "card" }, h("div", { class: "muted" }, "Failing, not locked (24 h)"),
+        h("div", { class: "big" }, notYet.items.length === 10 ? "10+" : notYet.items.length),
+        h("a", { href: "#/failing" }, "See who")),
+      h("div", { class: "card" }, h("div", { class: "muted" }, "Alerts (latest)"),
+        h("div", { class: "big" }, alerts.items.length), h("a", { href: "#/alerts" }, "Open alerts"))),
+    h("h2", {}, "Block rate per class, last " + window + " (this instance)"),
+    h("p", {}, h("a", { href: "#/?window=hour", "aria-current": window === "hour" ? "true" : null }, "Hour"), " · ",
+      h("a", { href: "#/?window=day", "aria-current": window === "day" ? "true" : null }, "Day")),
+    h("div", { class: "cards" }, rates.classes.map((c) => h("div", { class: "card" },
+      h("strong", {}, c.class), " ",
+      h("span", { class: "badge " + (c.block_rate > 0.2 ? "bad" : c.block_rate > 0 ? "warn" : "ok") },
+        (c.block_rate * 100).toFixed(1) + "% refused"),
+      chart(c),
+      h("div", { class: "legend" }, `${c.limited} refused of ${c.allowed + c.limited}`)))),
+    h("h2", {}, "Top offenders"),
+    table("Top offenders", ["Key", "Refusals", "Tightened until"], offenders.items.map((o) => [
+      subjectLink(o.key), num(o.count), when(o.tightened_until)]), "No repeat offenders."),
+    h("h2", {}, "Latest alerts"),
+    alertsTable(alerts.items));
+}
+
+function subjectLink(key) {
+  const [kind, ...rest] = key.split(":");
+  const value = rest.join(":");
+  if (kind === "user") return accountLink(decodeURIComponent(value));
+  if (kind === "ip" && !value.includes("/")) return ipLink(value);
+  return key;
+}
+
+function alertsTable(items) {
+  return table("Alerts", ["When", "Kind", "Subject", "What"], items.map((a) => [
+    when(a.created_at), h("span", { class: "kind" }, a.kind), subjectLink(a.subject), a.message]), "No alerts.");
+}
+
+const LOCKOUT_FILTERS = [
+  ["account", "Account", "text"], ["ip", "IP or CIDR", "text"], ["device_id", "Device", "text"],
+  ["reason", "Reason", "text"], ["since", "Created after", "datetime-local"], ["until", "Created before", "datetime-local"],
+];
+
+function toRfc3339(local) { return local ? new Date(local).toISOString() : ""; }
+function toLocal(rfc3339) {
+  if (!rfc3339) return "";
+  const t = new Date(rfc3339);
+  return new Date(t.getTime() - t.getTimezoneOffset() * 60000).toISOString().slice(0, 16);
+}
+
+async function lockoutsView(params) {
+  const filter = {};
+  for (const [name] of LOCKOUT_FILTERS) if (params.get(name)) filter[name] = params.get(name);
+  const status = params.get("status") || "active";
+  const page = await api("GET", "/v1/lockouts" + query(Object.assign({ status, limit: 100, cursor: params.get("cursor") }, filter)));
+
+  const inputs = LOCKOUT_FILTERS.map(([name, label, type]) => h("label", {}, label,
+    h("input", { name, type, value: type === "datetime-local" ? toLocal(filter[name]) : filter[name] || "" })));
+  const statusSelect = h("select", { name: "status" }, ["active", "released", "expired", "all"].map((s) =>
+    h("option", { value: s, selected: s === status }, s)));
+  const form = h("form", { class: "filters", onsubmit: (e) => {
+    e.preventDefault();
+    const data = new FormData(form);
+    const next = {};
+    for (const [name, , type] of LOCKOUT_FILTERS) {
+      const v = String(data.get(name) || "").trim();
+      if (v) next[name] = type === "datetime-local" ? toRfc3339(v) : v;
+    }
+    next.status = data.get("status");
+    location.hash = "#/lockouts" + query(next);
+  } }, inputs, h("label", {}, "Status", statusSelect), h("button", { type: "submit" }, "Search"));
+
+  const boxes = [];
+  const rows = page.items.map((l) => {
+    const box = h("input", { type: "checkbox", value: l.id, "aria-label": "Select lockout of " + l.account,
+      disabled: l.released_at || status !== "active" ? true : null });
+    boxes.push(box);
+    return [h("td", {}, box), accountLink(l.account), h("span", { class: "kind" }, l.reason), num(l.failures), num(l.level),
+      when(l.created_at), when(l.locked_until),
+      l.released_at ? h("span", {}, "released by ", l.released_by, ": ", l.release_reason) : h("span", { class: "badge bad" }, "locked"),
+      h("a", { href: "#/lockout/" + l.id }, "Details")];
+  });
+
+  const reason = h("input", { id: "release-reason", name: "reason", placeholder: "Why (kept in the audit log)", size: 36 });
+  const preview = h("div", { id: "release-preview" });
+  const selected = () => boxes.filter((b) => b.checked).map((b) => b.value);
+  const needReason = () => {
+    if (!reason.value.trim()) { say("Give a reason for the release.", "error"); reason.focus(); return false; }
+    return true;
+  };
+  const releaseSelected = async () => {
+    const ids = selected();
+    if (!ids.length) return say("Select lockouts first.", "error");
+    if (!needReason()) return;
+    let done = 0;
+    for (const id of ids) {
+      await api("POST", `/v1/lockouts/${id}/release`, { reason: reason.value.trim() });
+      done += 1;
+    }
+    say(`Released ${done} lockout${done === 1 ? "" : "s"}.`);
+    render();
+  };
+  const narrowed = Object.keys(filter).length > 0;
+  const releaseMatching = async (dryRun) => {
+    if (!needReason()) return;
+    const answer = await api("POST", "/v1/lockouts/release", { filter, reason: reason.value.trim(), dry_run: dryRun });
+    if (dryRun) {
+      preview.replaceChildren(h("p", {}, `${answer.count}${answer.truncated ? "+" : ""} lockout(s) would be released: `,
+        answer.items.slice(0, 20).map((l) => l.account).join(", "), answer.count > 20 ? ", …" : ""),
+      h("button", { type: "button", class: "danger", id: "release-confirm", onclick: guarded(() => releaseMatching(false)) },
+        `Release ${answer.count}`));
+    } else {
+      say(`Released ${answer.count} lockout${answer.count === 1 ? "" : "s"}.`);
+      render();
+    }
+  };
+
+  show("Lockouts", form,
+    table("Lockouts", ["", "Account", "Reason", "Failures", "Level", "Created", "Until", "Status", ""], rows,
+      "No lockouts match."),
+    page.next_cursor ? h("p", {}, h("a", { href: "#/lockouts" + query(Object.assign({}, filter, { status, cursor: page.next_cursor })) }, "Older →")) : "",
+    status === "active" && page.items.length ? h("div", { class: "actions" },
+      h("label", { for: "release-reason" }, "Reason "), reason,
+      h("button", { type: "button", onclick: guarded(releaseSelected) }, "Release selected"),
+      narrowed ? h("button", { type: "button", class: "secondary", id: "release-matching", onclick: guarded(() => releaseMatching(true)) },
+        "Release all matching…") : "") : "",
+    preview);
+}
+
+async function lockoutView(id) {
+  const l = await api("GET", "/v1/lockouts/" + encodeURIComponent(id));
+  show("Lockout of " + l.account,
+    h("p", {}, accountLink(l.account), ` · ${l.reason} · ${l.failures} failures · level ${l.level} · until `, when(l.locked_until)),
+    l.released_at ? h("p", {}, "Released ", when(l.released_at), ` by ${l.released_by}: ${l.release_reason}`) : "",
+    h("h2", {}, "The failures that caused it"),
+    table("Events", ["When", "Type", "IP", "Device", "Endpoint"], l.events.map((e) => [
+      when(e.ts), e.type, ipLink(e.ip), e.device_id || "", e.endpoint || ""])));
+}
+
+async function failingView() {
+  const page = await api("GET", "/v1/accounts/failing?locked=false&limit=200");
+  show("Failing, not locked",
+    h("p", { class: "muted" }, "Accounts with failed logins in the last 24 hours and no lockout in force, most failures first."),
+    table("Failing accounts", ["Account", "Failures", "IPs", "Devices", "First", "Last"], page.items.map((f) => [
+      accountLink(f.account), num(f.failures), num(f.ips), num(f.devices), when(f.first_at), when(f.last_at)]),
+    "No account is failing."));
+}
+
+function clearButton(body, label) {
+  const reason = h("input", { placeholder: "Why (kept in the audit log)", "aria-label": "Reason for clearing penalties", size: 30 });
+  return h("div", { class: "actions" }, reason, h("button", { type: "button", class: "secondary", onclick: guarded(async () => {
+    if (!reason.value.trim()) return say("Give a reason.", "error");
+    const answer = await api("POST", "/v1/penalties/clear", Object.assign({ reason: reason.value.trim() }, body));
+    say(`Cleared ${answer.cleared.length} factor(s) of ${answer.subject}.`);
+    render();
+  }) }, label));
+}
+
+function multiplierTable(view) {
+  const rows = [];
+  for (const [key, k] of Object.entries(view.keys)) {
+    const reasons = k.reasons.map((r) => `${r.code}${r.shadow ? " (shadow)" : ""}: ${r.message}`).join("; ");
+    rows.push([key, num(k.multiplier), reasons || "—"]);
+  }
+  return table("Multipliers", ["Key", "Multiplier", "Why"], rows);
+}
+
+async function accountView(account) {
+  const [timeline, lockouts, multipliers, history] = await Promise.all([
+    api("GET", `/v1/accounts/${encodeURIComponent(account)}/timeline?limit=200`),
+    api("GET", "/v1/lockouts" + query({ account, status: "all", limit: 20 })),
+    api("GET", "/v1/multipliers" + query({ user_id: account, endpoint: "/auth/login", method: "POST" })),
+    api("GET", "/v1/history" + query({ account, limit: 20 })),
+  ]);
+  const active = lockouts.items.filter((l) => !l.released_at && new Date(l.locked_until) > new Date());
+  show("Account " + timeline.account,
+    active.length ? h("p", {}, h("span", { class: "badge bad" }, "locked"), " until ", when(active[0].locked_until), " · ",
+      h("a", { href: "#/lockouts" + query({ account: timeline.account }) }, "release it")) :
+      h("p", {}, h("span", { class: "badge ok" }, "not locked")),
+    h("h2", {}, "Multipliers on auth"), multiplierTable(multipliers),
+    clearButton({ account: timeline.account }, "Clear penalties"),
+    h("h2", {}, "Refusals and challenges (decision history)"),
+    historyTable(history.items),
+    h("h2", {}, "Timeline"),
+    table("Timeline", ["When", "What", "Details"], timeline.items.map((i) => [
+      when(i.at), h("span", { class: "kind" }, i.kind), i.summary])),
+    timeline.next_until ? h("p", { class: "muted" }, "Older items: narrow with the API's until parameter.") : "");
+}
+
+async function ipView(ip) {
+  const [reputation, multipliers, failing, lockouts, history] = await Promise.all([
+    api("GET", "/v1/reputation/" + encodeURIComponent(ip)),
+    api("GET", "/v1/multipliers" + query({ ip, endpoint: "/auth/login", method: "POST" })),
+    api("GET", "/v1/accounts/failing" + query({ ip, limit: 100 })),
+    api("GET", "/v1/lockouts" + query({ ip, status: "all", limit: 100 })),
+    api("GET", "/v1/history" + query({ ip, limit: 50 })),
+  ]);
+  show("IP " + reputation.ip,
+    h("p", {}, `ASN ${reputation.asn ?? "unknown"}${reputation.as_org ? " (" + reputation.as_org + ")" : ""} · classes: `,
+      reputation.classes.length ? reputation.classes.join(", ") : "none", ` · reputation multiplier ${reputation.multiplier}`),
+    h("h2", {}, "Multipliers on auth"), multiplierTable(multipliers),
+    clearButton({ ip }, "Clear penalties of this IP"),
+    h("h2", {}, "Accounts it failed on (24 h)"),
+    table("Accounts", ["Account", "Failures", "Last", "Locked"], failing.items.map((f) => [
+      accountLink(f.account), num(f.failures), when(f.last_at), f.lockout_id ? h("span", { class: "badge bad" }, "locked") : ""]),
+    "No failures from this address."),
+    h("h2", {}, "Refusals and challenges (decision history)"),
+    historyTable(history.items),
+    h("h2", {}, "Lockouts it caused"),
+    table("Lockouts", ["Account", "Reason", "Created", "Status"], lockouts.items.map((l) => [
+      accountLink(l.account), l.reason, when(l.created_at), l.released_at ? "released" : "locked"]), "None."));
+}
+
+// Why each refusal happened: the deciding bucket and the reasons of the keys' multipliers.
+function why(entry) {
+  const e = entry.explanation || {};
+  const scope = (e.scopes || [])[e.deciding];
+  const parts = [];
+  if (scope) parts.push(`${scope.budget} (${scope.scope} ${scope.key}): ${scope.remaining}/${scope.limit} left, ×${scope.multiplier}`);
+  for (const [key, k] of Object.entries(e.keys || {})) {
+    const enforced = k.reasons.filter((r) => !r.shadow).map((r) => r.code);
+    if (enforced.length) parts.push(`${key} ×${k.multiplier}: ${enforced.join(", ")}`);
+  }
+  return parts.join(" · ");
+}
+
+function historyTable(items) {
+  return table("Decision history", ["From", "To", "Count", "Class", "Outcome", "Why"], items.map((d) => [
+    when(d.first_at), when(d.last_at), num(d.count), d.class,
+    h("span", { class: "badge " + (d.outcome === "limited" ? "bad" : "warn") }, `${d.outcome}: ${d.reason}`),
+    why(d)]), "Nothing refused.");
+}
+
+async function alertsView() {
+  const page = await api("GET", "/v1/alerts?limit=200");
+  show("Alerts", alertsTable(page.items));
+}
+
+async function auditView(params) {
+  const page = await api("GET", "/v1/audit" + query({ limit: 100, cursor: params.get("cursor") }));
+  show("Audit log",
+    table("Audit log", ["When", "Who", "Action", "Target", "Details"], page.items.map((e) => [
+      when(e.at), `${e.actor.name} (${e.actor.role})`, h("span", { class: "kind" }, e.action), e.target,
+      h("pre", {}, JSON.stringify(e.details))])),
+    page.next_cursor ? h("p", {}, h("a", { href: "#/audit" + query({ cursor: page.next_cursor }) }, "Older →")) : "");
+}
+
+// ---- Routing -----------------------------------------------------------------------
+
+async function render() {
+  if (!sessionStorage.getItem(TOKEN_KEY)) return signInView();
+  for (const id of ["nav", "lookup", "signout"]) document.getElementById(id).hidden = false;
+  const [path, search] = (location.hash.slice(1) || "/").split("?");
+  const params = new URLSearchParams(search || "");
+  const parts = path.split("/").filter(Boolean);
+  for (const link of document.querySelectorAll("#nav a")) {
+    const target = link.getAttribute("href").slice(1);
+    link.toggleAttribute("aria-current", target === "/" + (parts[0] || ""));
+    if (link.hasAttribute("aria-current")) link.setAttribute("aria-current", "page");
+  }
+  try {
+    const arg = parts[1] ? decodeURIComponent(parts.slice(1).join("/")) : "";
+    switch (parts[0]) {
+      case undefined: await overviewView(params); break;
+      case "lockouts": await lockoutsView(params); break;
+      case "lockout": await lockoutView(arg); break;
+      case "failing": await failingView(); break;
+      case "account": await accountView(arg); break;
+      case "ip": await ipView(arg); break;
+      case "alerts": await alertsView(); break;
+      case "audit": await auditView(params); break;
+      default: show("Not found", h("p", {}, "No such view."));
+    }
+  } catch (err) {
+    if (err.status === 401) signOut("Your token is no longer valid: sign in again.");
+    else say(err.message, "error");
+  }
+}
+
+function looksLikeIp(text) { return /^[0-9.]+$/.test(text) || (text.includes(":") && /^[0-9a-fA-F:.]+$/.test(text)); }
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("lookup").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const q = document.getElementById("lookup-q").value.trim();
+    if (q) location.hash = (looksLikeIp(q) ? "#/ip/" : "#/account/") + encodeURIComponent(q);
+  });
+  document.getElementById("signout").addEventListener("click", () => signOut());
+  window.addEventListener("hashchange", () => { say(""); render().then(() => view().focus()); });
+  render();
+});

@@ -1,0 +1,538 @@
+//! What analysts ask every day (role `analyst`): who is failing, what happened to one
+//! account and why, and clearing a subject's penalties.
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Envelope};
+use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, parse_limit, role};
+use super::lockouts::{parse_network, parse_time};
+use super::request_id::current_request_id;
+use crate::analyst::{FailingQuery, TimelineItem};
+use crate::app::AppState;
+use crate::clock::rfc3339;
+use crate::model::{ClientIp, SubjectKey};
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(failing))
+        .routes(routes!(timeline))
+        .routes(routes!(clear_penalties))
+        .routes(routes!(decision_rates))
+        .routes(routes!(history))
+}
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// `GET /v1/accounts/failing` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct FailingParams {
+    /// Failures received at or after this RFC 3339 time (default: the last 24 hours).
+    #[param(format = DateTime)]
+    pub since: Option<String>,
+    /// Only failures from this address or network (CIDR): "which accounts did it attack?".
+    #[param(schema_with = super::schema::ip_or_network)]
+    pub ip: Option<String>,
+    /// Only failures naming this device.
+    pub device_id: Option<String>,
+    /// `false`: only accounts not locked now ("failing but not yet locked"); `true`: only
+    /// locked ones. Default: both.
+    pub locked: Option<bool>,
+    /// At most this many accounts, the most failures first: 1–500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+}
+
+/// An account with failed logins.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct FailingView {
+    /// Account (canonical id).
+    pub account: String,
+    /// Failures in the period matching the filter.
+    pub failures: u32,
+    /// Distinct addresses.
+    pub ips: u32,
+    /// Distinct devices.
+    pub devices: u32,
+    /// RFC 3339 of the first failure.
+    pub first_at: String,
+    /// RFC 3339 of the last failure.
+    pub last_at: String,
+    /// The lockout in force, if the account is locked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lockout_id: Option<String>,
+}
+
+/// Accounts with failures.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct FailingPage {
+    /// The most failures first.
+    pub items: Vec<FailingView>,
+}
+
+/// Accounts with failed logins since a time, the most failures first, searched by address
+/// or network and device; locked or not yet locked (role `analyst`).
+#[utoipa::path(get, path = "/v1/accounts/failing", tag = "analyst", security(("bearer" = [])),
+    params(FailingParams),
+    responses((status = 200, body = FailingPage), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope)))]
+async fn failing(
+    _auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+    ApiQuery(params): ApiQuery<FailingParams>,
+) -> Result<Json<FailingPage>, ApiError> {
+    let limit = parse_limit(params.limit, 100, 500)?;
+    let since_ms = parse_time("since", params.since.as_deref())?
+        .unwrap_or_else(|| app.clock.now_ms() - 24 * HOUR_MS);
+    if let Some(device) = &params.device_id {
+        app.settings
+            .http
+            .identifiers()
+            .device_key(device)
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+    }
+    let ips = match params.ip.as_deref() {
+        Some(ip) => Some(app.lockouts.addresses_in(&parse_network(ip)?).await?),
+        None => None,
+    };
+    let items = app
+        .analyst
+        .failing(&FailingQuery {
+            since_ms,
+            ips,
+            device_id: params.device_id,
+            locked: params.locked,
+            limit,
+        })
+        .await?;
+    Ok(Json(FailingPage {
+        items: items
+            .into_iter()
+            .map(|f| FailingView {
+                account: f.account,
+                failures: f.failures,
+                ips: f.ips,
+                devices: f.devices,
+                first_at: rfc3339(f.first_ms),
+                last_at: rfc3339(f.last_ms),
+                lockout_id: f.lockout_id,
+            })
+            .collect(),
+    }))
+}
+
+/// `GET /v1/accounts/{account}/timeline` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct TimelineParams {
+    /// From this RFC 3339 time (default: 7 days before `until`).
+    #[param(format = DateTime)]
+    pub since: Option<String>,
+    /// Before this RFC 3339 time (default: now); pass `next_until` for older items.
+    #[param(format = DateTime)]
+    pub until: Option<String>,
+    /// About this many items, newest first: 1–1000 (default 200).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// One thing that happened to an account.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TimelineItemView {
+    /// RFC 3339.
+    pub at: String,
+    /// `login_failure`, `login_success`, `lockout`, `release`, `alert.<kind>`, or an audited
+    /// action (`penalty.clear`).
+    pub kind: String,
+    /// A sentence.
+    pub summary: String,
+    /// The event, lockout, alert or audit entry id.
+    pub reference: String,
+    /// The facts behind it.
+    #[schema(value_type = Object)]
+    pub details: serde_json::Value,
+}
+
+/// An account's timeline.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TimelinePage {
+    /// The account (canonical id).
+    pub account: String,
+    /// Newest first.
+    pub items: Vec<TimelineItemView>,
+    /// Pass as `until` for older items; absent when there are none in the window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_until: Option<String>,
+}
+
+/// An account's auth events, lockouts, releases, alerts and audited actions, newest first,
+/// each with its reasons (role `analyst`).
+#[utoipa::path(get, path = "/v1/accounts/{account}/timeline", tag = "analyst", security(("bearer" = [])),
+    params(("account" = String, Path, description = "account name", pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$"), TimelineParams),
+    responses((status = 200, body = TimelinePage), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope)))]
+async fn timeline(
+    _auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+    ApiPath(account): ApiPath<String>,
+    ApiQuery(params): ApiQuery<TimelineParams>,
+) -> Result<Json<TimelinePage>, ApiError> {
+    let limit = parse_limit(params.limit, 200, 1000)?;
+    let account = app
+        .settings
+        .http
+        .identifiers()
+        .account("account", &account)
+        .map_err(|e| ApiError::invalid(e.to_string()))?
+        .into_owned();
+    let subject =
+        SubjectKey::user(&account, usize::MAX).map_err(|e| ApiError::invalid(e.to_string()))?;
+    // `until` is exclusive: one millisecond past now includes what happened just now.
+    let until_ms =
+        parse_time("until", params.until.as_deref())?.unwrap_or_else(|| app.clock.now_ms() + 1);
+    let since_ms =
+        parse_time("since", params.since.as_deref())?.unwrap_or(until_ms - 7 * 24 * HOUR_MS);
+    if since_ms >= until_ms {
+        return Err(ApiError::invalid("since must be before until"));
+    }
+    let timeline = app
+        .analyst
+        .timeline(&account, subject.as_str(), since_ms, until_ms, limit)
+        .await?;
+    Ok(Json(TimelinePage {
+        account,
+        items: timeline
+            .items
+            .into_iter()
+            .map(|i: TimelineItem| TimelineItemView {
+                at: rfc3339(i.at_ms),
+                kind: i.kind,
+                summary: i.summary,
+                reference: i.reference,
+                details: i.details,
+            })
+            .collect(),
+        next_until: timeline.next_until_ms.map(rfc3339),
+    }))
+}
+
+/// `POST /v1/penalties/clear` body: one of `account`, `ip`, `device_id`, and a reason.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClearPenalties {
+    /// An account.
+    pub account: Option<String>,
+    /// An address (its IPv6 prefix for an IPv6 client, as the limiter keys it).
+    pub ip: Option<String>,
+    /// A device.
+    pub device_id: Option<String>,
+    /// Why (1–500 characters; kept in the audit log).
+    #[schema(pattern = "^[^\\u0000]{1,500}$")]
+    pub reason: String,
+}
+
+/// What was cleared.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Cleared {
+    /// The subject key (`user:…`, `ip:…`, `device:…`).
+    pub subject: String,
+    /// The factor ids removed (`velocity:login_failures`, `offender:repeat_offender`, …);
+    /// its failure windows are cleared as well.
+    pub cleared: Vec<String>,
+}
+
+/// Clears what the engine concluded from a subject's behaviour (failure and spraying
+/// factors, anomaly and repeat-offender flags) and its failure windows, at once on every
+/// instance (role `analyst`); audited as `penalty.clear`. An account's lockout is released
+/// with `POST /v1/lockouts/{id}/release`; lists and reputation are edited where they live.
+#[utoipa::path(post, path = "/v1/penalties/clear", tag = "analyst", security(("bearer" = [])),
+    request_body = ClearPenalties,
+    responses((status = 200, body = Cleared), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
+async fn clear_penalties(
+    auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<ClearPenalties>,
+) -> Result<Json<Cleared>, ApiError> {
+    let reason = body.reason.trim();
+    if reason.is_empty() || reason.chars().count() > 500 {
+        return Err(ApiError::invalid("reason must be 1-500 characters"));
+    }
+    let ids = app.settings.http.identifiers();
+    let invalid = |e: crate::model::InvalidId| ApiError::invalid(e.to_string());
+    let subject = match (&body.account, &body.ip, &body.device_id) {
+        (Some(account), None, None) => ids.user_key("account", account).map_err(invalid)?,
+        (None, Some(ip), None) => {
+            let ip = ClientIp::parse(ip, app.settings.limits.ipv6_prefix_len)
+                .ok_or_else(|| ApiError::invalid(format!("ip {ip:.64?} is not an IP address")))?;
+            SubjectKey::ip(&ip)
+        }
+        (None, None, Some(device)) => ids.device_key(device).map_err(invalid)?,
+        _ => {
+            return Err(ApiError::invalid(
+                "name exactly one of account, ip and device_id",
+            ));
+        }
+    };
+    let cleared = app
+        .lockouts
+        .clear_penalties(
+            &subject,
+            reason,
+            &auth.caller.actor(),
+            &current_request_id(),
+        )
+        .await?;
+    Ok(Json(Cleared {
+        subject: subject.to_string(),
+        cleared,
+    }))
+}
+
+/// `GET /v1/stats/decisions` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct RatesParams {
+    /// `hour` (60 points of one minute, default) or `day` (96 points of 15 minutes).
+    #[param(pattern = "^(hour|day)$")]
+    pub window: Option<String>,
+}
+
+/// One point of a class's series.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RatePoint {
+    /// RFC 3339 of the point's start.
+    pub at: String,
+    /// Requests allowed.
+    pub allowed: u64,
+    /// Requests refused.
+    pub limited: u64,
+}
+
+/// One class's decisions over the window.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ClassRates {
+    /// The endpoint class.
+    pub class: String,
+    /// Requests allowed in the window.
+    pub allowed: u64,
+    /// Requests refused in the window.
+    pub limited: u64,
+    /// `limited / (allowed + limited)`, 0 without requests.
+    pub block_rate: f64,
+    /// Oldest first.
+    pub points: Vec<RatePoint>,
+}
+
+/// Decisions per class over the last hour or day.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DecisionRates {
+    /// `hour` or `day`.
+    pub window: String,
+    /// Seconds per point.
+    pub step_s: u32,
+    /// Per class, in the order of the configuration.
+    pub classes: Vec<ClassRates>,
+}
+
+/// Limit decisions per endpoint class over the last hour or day, as this instance made them
+/// (each instance counts its own; sum them across instances, or use the Prometheus counter
+/// `palisade_limit_decisions_total` for the fleet) (role `analyst`).
+#[utoipa::path(get, path = "/v1/stats/decisions", tag = "analyst", security(("bearer" = [])),
+    params(RatesParams),
+    responses((status = 200, body = DecisionRates), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope)))]
+async fn decision_rates(
+    _auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+    ApiQuery(params): ApiQuery<RatesParams>,
+) -> Result<Json<DecisionRates>, ApiError> {
+    let (window, minutes, step) = match params.window.as_deref() {
+        None | Some("hour") => ("hour", 60, 1),
+        Some("day") => ("day", 1440, 15),
+        Some(_) => return Err(ApiError::invalid("window must be hour or day")),
+    };
+    let rates = app.limiter.rates();
+    let now = app.clock.now_ms();
+    let classes = rates
+        .classes()
+        .filter_map(|class| {
+            let series = rates.series(class, now, minutes)?;
+            let points: Vec<RatePoint> = series
+                .chunks(step)
+                .map(|chunk| RatePoint {
+                    at: rfc3339(chunk[0].at_ms),
+                    allowed: chunk.iter().map(|m| m.allowed).sum(),
+                    limited: chunk.iter().map(|m| m.limited).sum(),
+                })
+                .collect();
+            let allowed: u64 = points.iter().map(|p| p.allowed).sum();
+            let limited: u64 = points.iter().map(|p| p.limited).sum();
+            let total = allowed + limited;
+            Some(ClassRates {
+                class: class.to_owned(),
+                allowed,
+                limited,
+                block_rate: if total == 0 {
+                    0.0
+                } else {
+                    limited as f64 / total as f64
+                },
+                points,
+            })
+        })
+        .collect();
+    Ok(Json(DecisionRates {
+        window: window.to_owned(),
+        step_s: u32::try_from(step * 60).unwrap_or(u32::MAX),
+        classes,
+    }))
+}
+
+/// `GET /v1/history` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryParams {
+    /// Only decisions about this account (matched by its canonical id).
+    pub account: Option<String>,
+    /// Only decisions about this client address.
+    #[param(schema_with = super::schema::ip)]
+    pub ip: Option<String>,
+    /// Only decisions about this device.
+    pub device_id: Option<String>,
+    /// Only entries whose last decision is at or after this RFC 3339 time.
+    #[param(format = DateTime)]
+    pub since: Option<String>,
+    /// Only entries whose first decision is before this RFC 3339 time.
+    #[param(format = DateTime)]
+    pub until: Option<String>,
+    /// The `next_cursor` of the previous page.
+    #[param(pattern = "^[0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{26}$")]
+    pub cursor: Option<String>,
+    /// Page size 1–500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+}
+
+/// One entry of the decision history: one key's refusals (or challenges) by one budget
+/// within `history.window_s`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct HistoryView {
+    /// ULID.
+    pub id: String,
+    /// RFC 3339 of the first decision counted.
+    pub first_at: String,
+    /// RFC 3339 of the last.
+    pub last_at: String,
+    /// Decisions counted.
+    pub count: u64,
+    /// Endpoint class.
+    pub class: String,
+    /// `limited` (429) or `challenge` (allowed with a step-up).
+    pub outcome: String,
+    /// The reason code a client saw (`account_locked`, `ip_rate`, …) or the challenge's.
+    pub reason: String,
+    /// The user key of the request (`user:…`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_key: Option<String>,
+    /// The client address.
+    pub ip: String,
+    /// The device key of the request (`device:…`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_key: Option<String>,
+    /// Why: `deciding` (index into `scopes`), every scope's bucket (`budget`, `scope`, `key`,
+    /// `limit`, `remaining`, `retry_after_ms`, `multiplier`, `allowed`, `enforced`), and per
+    /// key its multiplier with the factors behind it (`keys`), read when the entry was written.
+    #[schema(value_type = Object)]
+    pub explanation: serde_json::Value,
+}
+
+/// A page of the decision history, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct HistoryPage {
+    /// Entries.
+    pub items: Vec<HistoryView>,
+    /// Pass as `cursor` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+impl From<crate::analyst::history::Entry> for HistoryView {
+    fn from(e: crate::analyst::history::Entry) -> Self {
+        HistoryView {
+            id: e.id,
+            first_at: rfc3339(e.first_ms),
+            last_at: rfc3339(e.last_ms),
+            count: e.count,
+            class: e.class,
+            outcome: e.outcome,
+            reason: e.reason,
+            user_key: e.user_key,
+            ip: e.ip,
+            device_key: e.device_key,
+            explanation: e.explanation,
+        }
+    }
+}
+
+/// Refused and challenged limit checks with their explanation, newest first, kept for
+/// `history.retention_days` (role `analyst`): "why was this user refused at 14:02?".
+#[utoipa::path(get, path = "/v1/history", tag = "analyst", security(("bearer" = [])),
+    params(HistoryParams),
+    responses((status = 200, body = HistoryPage), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope)))]
+async fn history(
+    _auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+    ApiQuery(params): ApiQuery<HistoryParams>,
+) -> Result<Json<HistoryPage>, ApiError> {
+    let limit = parse_limit(params.limit, 100, 500)?;
+    let before = super::extract::parse_cursor(params.cursor.as_deref())?;
+    let ids = app.settings.http.identifiers();
+    let invalid = |e: crate::model::InvalidId| ApiError::invalid(e.to_string());
+    let user_key = params
+        .account
+        .as_deref()
+        .map(|a| ids.user_key("account", a).map(|k| k.to_string()))
+        .transpose()
+        .map_err(invalid)?;
+    let device_key = params
+        .device_id
+        .as_deref()
+        .map(|d| ids.device_key(d).map(|k| k.to_string()))
+        .transpose()
+        .map_err(invalid)?;
+    let ip = params
+        .ip
+        .as_deref()
+        .map(|ip| {
+            ClientIp::parse(ip, 128)
+                .map(|ip| ip.addr().to_string())
+                .ok_or_else(|| ApiError::invalid(format!("ip {ip:.64?} is not an IP address")))
+        })
+        .transpose()?;
+    let (items, next_cursor) = app
+        .history
+        .list(&crate::analyst::history::Query {
+            user_key,
+            ip,
+            device_key,
+            since_ms: parse_time("since", params.since.as_deref())?,
+            until_ms: parse_time("until", params.until.as_deref())?,
+            before,
+            limit,
+        })
+        .await?;
+    Ok(Json(HistoryPage {
+        items: items.into_iter().map(HistoryView::from).collect(),
+        next_cursor,
+    }))
+}

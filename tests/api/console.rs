@@ -1,0 +1,142 @@
+//! The analyst console: served with a strict content policy, and walked by an analyst in a
+//! real headless Chromium (`tests/console/walk.py`, Playwright for Python driving Debian's
+//! `chromium`): sign in, find the accounts a scripted attack locked, read why, release them
+//! in bulk, see the audit entry.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use reqwest::StatusCode;
+
+use crate::helpers::{Backend, TestApp};
+
+/// Chromium and Playwright, or None (a loud skip locally; a failure in CI).
+fn browser() -> Option<PathBuf> {
+    let chromium = PathBuf::from("/usr/bin/chromium");
+    let playwright = Command::new("python3")
+        .args(["-c", "import playwright.sync_api"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if chromium.is_file() && playwright {
+        return Some(chromium);
+    }
+    assert!(
+        std::env::var("CI").map_or(true, |v| v != "true"),
+        "CI=true but chromium or Playwright for Python is missing (.ci/run installs both)"
+    );
+    eprintln!(
+        "SKIPPED (no browser): apt-get install chromium && pip install playwright (no browser download needed)"
+    );
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_is_served_with_a_strict_policy() {
+    let app = TestApp::spawn(Backend::Embedded).await.unwrap();
+    for (path, kind) in [
+        ("/console", "text/html"),
+        ("/console/app.js", "text/javascript"),
+        ("/console/app.css", "text/css"),
+    ] {
+        let response = app.get(path, None).await;
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        let headers = response.headers();
+        assert!(headers["content-type"].to_str().unwrap().starts_with(kind));
+        let policy = headers["content-security-policy"].to_str().unwrap();
+        assert!(policy.contains("script-src 'self'") && !policy.contains("unsafe-inline"));
+        assert!(policy.contains("frame-ancestors 'none'"));
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+    }
+    let page = app.get("/console", None).await.text().await.unwrap();
+    // No external origin: everything comes from this binary.
+    assert!(!page.contains("http://") && !page.contains("https://"));
+    let script = app.get("/console/app.js", None).await.text().await.unwrap();
+    assert!(
+        !script.contains("innerHTML"),
+        "API data goes into the page as text only"
+    );
+    assert!(
+        !script.contains("localStorage.setItem"),
+        "the token stays in session storage"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_analyst_finds_reads_and_releases_in_a_real_browser() {
+    let Some(chromium) = browser() else {
+        return;
+    };
+    let app = TestApp::spawn(Backend::Embedded).await.unwrap();
+    // A scripted attack: three accounts guessed from one address, one from another, and an
+    // account whose name is markup.
+    for account in ["victim-1", "victim-2", "victim-3"] {
+        app.fail(&format!("w-{account}"), account, &["198.51.100.7"], 10)
+            .await;
+    }
+    app.fail("w-other", "other-user", &["203.0.113.9"], 10)
+        .await;
+    app.fail(
+        "w-markup",
+        "<img src=x onerror=window.pwned=1>",
+        &["192.0.2.200"],
+        10,
+    )
+    .await;
+    // A spraying address (one failure on each of 20 accounts: failing, none locked) and
+    // traffic for the block-rate chart, some of it refused.
+    let spray: Vec<serde_json::Value> = (0..20)
+        .map(|i| {
+            crate::lockout::failure(
+                &format!("w-spray-{i}"),
+                &format!("sprayed-{i}"),
+                "203.0.113.66",
+            )
+        })
+        .collect();
+    app.post_auth(spray).await;
+    for ip in [
+        "192.0.2.1",
+        "192.0.2.2",
+        "192.0.2.3",
+        "203.0.113.66",
+        "203.0.113.66",
+    ] {
+        app.limit_check(
+            &serde_json::json!({"endpoint": "/auth/login", "method": "POST", "ip": ip}),
+        )
+        .await;
+    }
+    // The attacker keeps trying victim-1: refusals the decision history explains.
+    for _ in 0..2 {
+        app.limit_check(
+            &serde_json::json!({"endpoint": "/auth/login", "method": "POST",
+            "ip": "198.51.100.7", "user_id": "victim-1", "consume": false}),
+        )
+        .await;
+    }
+    app.app.history.flush().await.unwrap();
+    let (_, token) = app.create_token("analyst", "ana").await;
+    let shots = std::env::var("PALISADE_CONSOLE_SCREENSHOTS").ok();
+    let base = app.url("");
+    let walk = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/console/walk.py");
+    let output = tokio::task::spawn_blocking(move || {
+        let mut command = Command::new("python3");
+        command
+            .arg(walk)
+            .arg(base.trim_end_matches('/'))
+            .arg(token)
+            .env("PALISADE_CHROMIUM", chromium);
+        if let Some(dir) = shots {
+            command.arg(dir);
+        }
+        command.output().expect("python3 runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "the console walk failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
