@@ -211,7 +211,11 @@ impl App {
                 source: other.to_string().into(),
             }),
         })?;
-        let audit = Audit::new(stores.durable.clone(), clock.clone());
+        let audit = Audit::new(
+            stores.durable.clone(),
+            clock.clone(),
+            crate::telemetry::privacy::Pseudonyms::new(&settings.privacy),
+        );
         let analyst = crate::analyst::Analyst::new(stores.durable.clone(), clock.clone());
         let limiter = Arc::new(Limiter::new(
             &settings.limits,

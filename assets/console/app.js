@@ -297,11 +297,29 @@ async function lockoutsView(params) {
     preview);
 }
 
+function retimeForm(l) {
+  const until = h("input", { id: "retime-until", type: "datetime-local", value: toLocal(l.locked_until), required: true });
+  const reason = h("input", { id: "retime-reason", placeholder: "Why (kept in the audit log)", size: 30, required: true });
+  const form = h("form", { class: "actions", onsubmit: guarded(async (e) => {
+    e.preventDefault();
+    await api("PATCH", "/v1/lockouts/" + encodeURIComponent(l.id), {
+      locked_until: toRfc3339(until.value), reason: reason.value.trim() });
+    say("The lockout now ends at " + new Date(toRfc3339(until.value)).toLocaleString() + ".");
+    render();
+  }) },
+  h("label", { for: "retime-until" }, "Locked until "), until,
+  h("label", { for: "retime-reason", class: "visually-hidden" }, "Reason"), reason,
+  h("button", { type: "submit", class: "secondary" }, "Extend or shorten"));
+  return form;
+}
+
 async function lockoutView(id) {
   const l = await api("GET", "/v1/lockouts/" + encodeURIComponent(id));
+  const active = !l.released_at && new Date(l.locked_until) > new Date();
   show("Lockout of " + l.account,
     h("p", {}, accountLink(l.account), ` · ${l.reason} · ${l.failures} failures · level ${l.level} · until `, when(l.locked_until)),
     l.released_at ? h("p", {}, "Released ", when(l.released_at), ` by ${l.released_by}: ${l.release_reason}`) : "",
+    active ? retimeForm(l) : "",
     h("h2", {}, "The failures that caused it"),
     table("Events", ["When", "Type", "IP", "Device", "Endpoint"], l.events.map((e) => [
       when(e.ts), e.type, ipLink(e.ip), e.device_id || "", e.endpoint || ""])));
@@ -349,6 +367,14 @@ async function accountView(account) {
       h("p", {}, h("span", { class: "badge ok" }, "not locked")),
     h("h2", {}, "Multipliers on auth"), multiplierTable(multipliers),
     clearButton({ account: timeline.account }, "Clear penalties"),
+    h("p", {}, h("button", { type: "button", class: "secondary", id: "export", onclick: guarded(async () => {
+      const data = await api("GET", `/v1/accounts/${encodeURIComponent(timeline.account)}/export`);
+      const link = h("a", { href: URL.createObjectURL(new Blob([JSON.stringify(data, null, 2)], { type: "application/json" })),
+        download: "palisade-export.json" }, "Download the export (JSON)");
+      say("");
+      document.getElementById("export").replaceWith(link);
+      link.focus();
+    }) }, "Export everything stored (data-subject request)")),
     h("h2", {}, "Refusals and challenges (decision history)"),
     historyTable(history.items),
     h("h2", {}, "Timeline"),

@@ -10,6 +10,7 @@
 
 pub mod history;
 mod store;
+pub mod subject;
 
 use std::sync::Arc;
 

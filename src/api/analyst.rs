@@ -23,6 +23,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(clear_penalties))
         .routes(routes!(decision_rates))
         .routes(routes!(history))
+        .routes(routes!(export_account, erase_account))
 }
 
 const HOUR_MS: i64 = 3_600_000;
@@ -535,4 +536,105 @@ async fn history(
         items: items.into_iter().map(HistoryView::from).collect(),
         next_cursor,
     }))
+}
+
+/// Everything stored about an account, for a data-subject access request (role `analyst`);
+/// audited as `account.export`.
+#[utoipa::path(get, path = "/v1/accounts/{account}/export", tag = "analyst", security(("bearer" = [])),
+    params(("account" = String, Path, description = "account name", pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")),
+    responses((status = 200, body = Object), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope)))]
+async fn export_account(
+    auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+    ApiPath(account): ApiPath<String>,
+) -> Result<Json<crate::analyst::subject::Export>, ApiError> {
+    let (account, subject) = account_subject(&app, &account)?;
+    let export =
+        crate::analyst::subject::export(&app.stores.durable, &account, subject.as_str()).await?;
+    app.audit
+        .record(
+            &auth.caller.actor(),
+            "account.export",
+            subject.as_str(),
+            serde_json::json!({
+                "auth_events": export.auth_events.len(),
+                "lockouts": export.lockouts.len(),
+                "decision_history": export.decision_history.len(),
+            }),
+            &current_request_id(),
+        )
+        .await?;
+    Ok(Json(export))
+}
+
+/// `POST /v1/accounts/{account}/erase` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Erase {
+    /// Why (1–500 characters; kept in the audit log).
+    #[schema(pattern = "^[^\\u0000]{1,500}$")]
+    pub reason: String,
+}
+
+/// What an erasure did.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErasedView {
+    /// The pseudonym the audit log now names the account by.
+    pub pseudonym: String,
+    /// Rows deleted per kind, audit entries pseudonymised, list entries kept.
+    #[schema(value_type = Object)]
+    pub erased: crate::analyst::subject::Erased,
+}
+
+/// Erases everything stored about an account (data-subject erasure; role `admin`): its
+/// auth events, lockouts, decision history, alerts and factors, and on the hot side its lock
+/// marker, windows and known contexts, at once on every instance. Audit entries about it
+/// keep only its pseudonym (`privacy.pseudonym_key`); allow/deny entries naming it are kept
+/// and counted. Audited as `account.erase` under the pseudonym.
+#[utoipa::path(post, path = "/v1/accounts/{account}/erase", tag = "admin", security(("bearer" = [])),
+    params(("account" = String, Path, description = "account name", pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")),
+    request_body = Erase,
+    responses((status = 200, body = ErasedView), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
+async fn erase_account(
+    auth: Authorized<role::Admin>,
+    State(app): State<AppState>,
+    ApiPath(account): ApiPath<String>,
+    ApiJson(body): ApiJson<Erase>,
+) -> Result<Json<ErasedView>, ApiError> {
+    let reason = body.reason.trim();
+    if reason.is_empty() || reason.chars().count() > 500 {
+        return Err(ApiError::invalid("reason must be 1-500 characters"));
+    }
+    let (account, subject) = account_subject(&app, &account)?;
+    let pseudonym = app.scoring.pseudonyms().of(&account);
+    app.lockouts.forget(&subject).await?;
+    let erased =
+        crate::analyst::subject::erase(&app.stores.durable, &account, subject.as_str(), &pseudonym)
+            .await?;
+    app.audit
+        .record(
+            &auth.caller.actor(),
+            "account.erase",
+            &format!("user:{pseudonym}"),
+            serde_json::json!({ "reason": reason, "erased": erased }),
+            &current_request_id(),
+        )
+        .await?;
+    Ok(Json(ErasedView { pseudonym, erased }))
+}
+
+/// An account name from a path: its canonical id and its subject key.
+fn account_subject(app: &AppState, account: &str) -> Result<(String, SubjectKey), ApiError> {
+    let account = app
+        .settings
+        .http
+        .identifiers()
+        .account("account", account)
+        .map_err(|e| ApiError::invalid(e.to_string()))?
+        .into_owned();
+    let subject =
+        SubjectKey::user(&account, usize::MAX).map_err(|e| ApiError::invalid(e.to_string()))?;
+    Ok((account, subject))
 }

@@ -298,6 +298,7 @@ impl From<crate::lockout::Error> for ApiError {
             E::NotFound(_) => ApiError::not_found(err.to_string()),
             E::AlreadyReleased(_) => ApiError::new(ErrorCode::Conflict, err.to_string()),
             E::TooBroad(_) => ApiError::invalid(err.to_string()),
+            E::NotActive(_) => ApiError::new(ErrorCode::Conflict, err.to_string()),
             E::Store(store) => store.into(),
         }
     }

@@ -19,6 +19,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_lockouts))
         .routes(routes!(bulk_release))
+        .routes(routes!(retime_lockout))
         .routes(routes!(get_lockout))
         .routes(routes!(release_lockout))
 }
@@ -471,6 +472,54 @@ async fn release_lockout(
     let lockout = app
         .lockouts
         .release(&id, reason, &auth.caller.actor(), &current_request_id())
+        .await?;
+    Ok(Json(lockout.into()))
+}
+
+/// `PATCH /v1/lockouts/{id}` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Retime {
+    /// The new end, RFC 3339: later extends the lockout, earlier shortens it (in the future,
+    /// within 365 days; to end it now, release it).
+    #[schema(format = DateTime)]
+    pub locked_until: String,
+    /// Why (1–500 characters; kept in the audit log).
+    #[schema(pattern = "^[^\\u0000]{1,500}$")]
+    pub reason: String,
+}
+
+/// Extends or shortens a lockout in force, at once on every instance (role `analyst`);
+/// audited as `lockout.retime`. 409 when it is released or expired.
+#[utoipa::path(patch, path = "/v1/lockouts/{id}", tag = "lockouts", security(("bearer" = [])),
+    params(("id" = String, Path, description = "lockout id")), request_body = Retime,
+    responses((status = 200, body = LockoutView), (status = 400, body = Envelope), (status = 401, body = Envelope),
+        (status = 403, body = Envelope), (status = 404, body = Envelope), (status = 409, body = Envelope)))]
+async fn retime_lockout(
+    auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<Retime>,
+) -> Result<Json<LockoutView>, ApiError> {
+    lockout_id(&id)?;
+    let reason = release_reason(&body.reason)?;
+    let until = parse_time("locked_until", Some(&body.locked_until))?
+        .ok_or_else(|| ApiError::invalid("locked_until is required"))?;
+    let now = app.clock.now_ms();
+    if until <= now || until > now + 365 * 86_400_000 {
+        return Err(ApiError::invalid(
+            "locked_until must be in the future and within 365 days (release a lockout to end it now)",
+        ));
+    }
+    let lockout = app
+        .lockouts
+        .retime(
+            &id,
+            until,
+            reason,
+            &auth.caller.actor(),
+            &current_request_id(),
+        )
         .await?;
     Ok(Json(lockout.into()))
 }

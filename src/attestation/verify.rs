@@ -24,10 +24,11 @@ impl Attestation {
         metrics::counter!(names::ATTESTATIONS_TOTAL, "platform" => platform, "outcome" => outcome)
             .increment(1);
         if let Err(Error::Rejected(rejection)) = &result {
+            let device = self.scoring.pseudonyms().shown(device_id);
             tracing::info!(
-                device.id = device_id,
+                device.id = %device,
                 attestation.reason = rejection.code(),
-                "attestation for {device_id} rejected: {rejection}"
+                "attestation for {device} rejected: {rejection}"
             );
         }
         result

@@ -67,12 +67,21 @@ pub struct Page {
 pub struct Audit {
     durable: Durable,
     clock: Arc<dyn Clock>,
+    pseudonyms: crate::telemetry::privacy::Pseudonyms,
 }
 
 impl Audit {
     /// Audit log over the durable store.
-    pub fn new(durable: Durable, clock: Arc<dyn Clock>) -> Self {
-        Self { durable, clock }
+    pub fn new(
+        durable: Durable,
+        clock: Arc<dyn Clock>,
+        pseudonyms: crate::telemetry::privacy::Pseudonyms,
+    ) -> Self {
+        Self {
+            durable,
+            clock,
+            pseudonyms,
+        }
     }
 
     /// Stores one entry.
@@ -94,11 +103,12 @@ impl Audit {
             request_id: request_id.to_owned(),
         };
         store::insert(&self.durable, &entry).await?;
+        let target = self.pseudonyms.shown_key(&entry.target);
         tracing::info!(
             audit.action = %entry.action,
-            audit.target = %entry.target,
+            audit.target = %target,
             actor.name = %entry.actor.name,
-            "audited {} on {} by {}", entry.action, entry.target, entry.actor.name
+            "audited {} on {target} by {}", entry.action, entry.actor.name
         );
         Ok(entry)
     }

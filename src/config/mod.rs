@@ -10,6 +10,7 @@ mod http;
 mod integrations;
 mod limits;
 mod lockout;
+mod privacy;
 mod reputation;
 mod scoring;
 mod store;
@@ -32,6 +33,7 @@ pub use limits::{
     BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, SharedIpSettings, When,
 };
 pub use lockout::{Escalation, LockoutSettings};
+pub use privacy::PrivacySettings;
 pub use reputation::{RangeFormat, ReputationSettings, SourceSettings};
 pub use scoring::{
     AnomalySettings, ClassBounds, OffenderSettings, ScoringSettings, WebhookSettings,
@@ -114,6 +116,8 @@ pub struct Settings {
     pub store: StoreSettings,
     /// The decision history analysts read (`[history]`).
     pub history: HistorySettings,
+    /// Pseudonyms in logs, webhooks and erasures (`[privacy]`).
+    pub privacy: PrivacySettings,
 }
 
 impl Default for Settings {
@@ -142,6 +146,7 @@ impl Default for Settings {
             crowdsec: CrowdsecSettings::default(),
             store: StoreSettings::default(),
             history: HistorySettings::default(),
+            privacy: PrivacySettings::default(),
         }
     }
 }
@@ -353,6 +358,7 @@ impl Settings {
         integrations::validate(&self.envoy, &self.forward_auth, &self.crowdsec)?;
         self.store.validate()?;
         self.history.validate()?;
+        self.privacy.validate()?;
         Ok(self)
     }
 }

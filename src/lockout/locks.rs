@@ -295,9 +295,10 @@ impl Lockouts {
                 list: None,
                 at_ms: now,
             });
+            let shown = self.scoring.pseudonyms().shown(&context.account_name);
             tracing::info!(
-                lockout.id = %id, account.id = %context.account_name, lockout.level = level,
-                "locked account {} for {} s (level {level})", context.account_name, duration_ms / 1000
+                lockout.id = %id, account.id = %shown, lockout.level = level,
+                "locked account {shown} for {} s (level {level})", duration_ms / 1000
             );
             alerts.push((
                 "lockout",

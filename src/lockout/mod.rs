@@ -183,6 +183,9 @@ pub enum Error {
     /// Released before.
     #[error("lockout {0} is already released")]
     AlreadyReleased(String),
+    /// A lockout that is no longer in force cannot be moved.
+    #[error("lockout {0} is not in force (released or expired)")]
+    NotActive(String),
     /// A search whose network holds more addresses seen in auth events than one search
     /// may name.
     #[error(

@@ -511,7 +511,8 @@ impl Lockouts {
         if crate::scoring::NetworkBlocks::is_network(source) {
             self.scoring.network_blocks().block(source, until).await?;
         }
-        tracing::info!(subject.key = %source, "spraying: {source} failed on many accounts; auth multiplier 0");
+        let shown = self.scoring.pseudonyms().shown_key(source.as_str());
+        tracing::info!(subject.key = %shown, "spraying: {shown} failed on many accounts; auth multiplier 0");
         Ok(())
     }
 }

@@ -103,10 +103,125 @@ impl Lockouts {
                 request_id,
             )
             .await?;
-        tracing::info!(lockout.id = %id, account.id = %lockout.account, "released lockout {id} for account {}", lockout.account);
+        let shown = self.scoring.pseudonyms().shown(&lockout.account);
+        tracing::info!(lockout.id = %id, account.id = %shown, "released lockout {id} for account {shown}");
         store::get(&self.durable, id)
             .await?
             .ok_or_else(|| Error::NotFound(id.to_owned()))
+    }
+
+    /// Moves the end of a lockout in force (extends or shortens it) to `until_ms`, at once
+    /// on every instance: its row, its hot marker, the account's lockout factor and the
+    /// decision stream; audited as `lockout.retime`.
+    pub async fn retime(
+        &self,
+        id: &str,
+        until_ms: i64,
+        reason: &str,
+        actor: &Actor,
+        request_id: &str,
+    ) -> Result<Lockout, Error> {
+        let lockout = store::get(&self.durable, id)
+            .await?
+            .ok_or_else(|| Error::NotFound(id.to_owned()))?;
+        let now = self.clock.now_ms();
+        if lockout.released_at_ms.is_some() || lockout.locked_until_ms <= now {
+            return Err(Error::NotActive(id.to_owned()));
+        }
+        if !store::retime(&self.durable, id, until_ms).await? {
+            return Err(Error::NotActive(id.to_owned()));
+        }
+        if let Ok(account) = SubjectKey::user(&lockout.account, usize::MAX) {
+            velocity::retime(&self.hot, &self.keys, &account, id, now, until_ms - now).await?;
+            let message = format!(
+                "locked after {} failed logins (level {}) until {} (moved by {}: {reason})",
+                lockout.failures,
+                lockout.level,
+                crate::clock::rfc3339(until_ms),
+                actor.name
+            );
+            let factor = Factor::scale(SIGNAL, "lockout", 0.0, message)
+                .on_classes(&["auth"])
+                .referring_to(id.to_owned())
+                .until(until_ms);
+            self.scoring.assert(&account, factor).await?;
+            self.scoring
+                .record_change(DecisionChange {
+                    cursor: String::new(),
+                    kind: "lockout".to_owned(),
+                    action: "set".to_owned(),
+                    subject: account.to_string(),
+                    classes: Default::default(),
+                    expires_at_ms: Some(until_ms),
+                    reasons: vec![
+                        "account_failures".to_owned(),
+                        "known_contexts_exempt".to_owned(),
+                    ],
+                    reference: Some(id.to_owned()),
+                    list: None,
+                    at_ms: now,
+                })
+                .await?;
+        }
+        self.audit
+            .record(
+                actor,
+                "lockout.retime",
+                id,
+                serde_json::json!({
+                    "account": lockout.account,
+                    "reason": reason,
+                    "from": crate::clock::rfc3339(lockout.locked_until_ms),
+                    "to": crate::clock::rfc3339(until_ms),
+                }),
+                request_id,
+            )
+            .await?;
+        store::get(&self.durable, id)
+            .await?
+            .ok_or_else(|| Error::NotFound(id.to_owned()))
+    }
+
+    /// Forgets an account on the hot side at once on every instance (a data-subject
+    /// erasure): its lock marker, failure windows, known contexts and stored factors; the
+    /// decision stream tells gateways its lockout is gone. Its durable rows are erased by
+    /// `analyst::subject::erase`.
+    pub async fn forget(&self, account: &SubjectKey) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        if let Some((lockout_id, _)) = velocity::lock(&self.hot, &self.keys, account, now).await? {
+            velocity::unlock(&self.hot, &self.keys, account, &lockout_id, now).await?;
+            self.scoring
+                .record_change(DecisionChange {
+                    cursor: String::new(),
+                    kind: "lockout".to_owned(),
+                    action: "delete".to_owned(),
+                    subject: account.to_string(),
+                    classes: Default::default(),
+                    expires_at_ms: None,
+                    reasons: vec!["erased".to_owned()],
+                    reference: Some(lockout_id),
+                    list: None,
+                    at_ms: now,
+                })
+                .await?;
+        }
+        velocity::clear(
+            &self.hot,
+            &[self.keys.windows(account), self.keys.known(account)],
+        )
+        .await?;
+        let ids: Vec<String> = self
+            .scoring
+            .stored(account)
+            .await?
+            .iter()
+            .map(Factor::id)
+            .collect();
+        if !ids.is_empty() {
+            let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            self.scoring.retract(account, &refs).await?;
+        }
+        Ok(())
     }
 
     /// The addresses seen in auth events within `net` (for searches across domains).
@@ -153,7 +268,8 @@ impl Lockouts {
                 request_id,
             )
             .await?;
-        tracing::info!(subject = %subject, cleared = ids.len(), "cleared penalties of {subject}");
+        let shown = self.scoring.pseudonyms().shown_key(subject.as_str());
+        tracing::info!(subject = %shown, cleared = ids.len(), "cleared penalties of {shown}");
         Ok(ids)
     }
 }

@@ -373,6 +373,19 @@ pub(super) async fn list(
     Ok(rows.into_iter().map(Lockout::from).collect())
 }
 
+/// Moves an unreleased lockout's end; false if it is released (or gone).
+pub(super) async fn retime(durable: &Durable, id: &str, until_ms: i64) -> Result<bool, Error> {
+    let changed = with_pool!(durable, |pool| sqlx::query(
+        "UPDATE lockouts SET locked_until = $2 WHERE id = $1 AND released_at IS NULL"
+    )
+    .bind(id)
+    .bind(until_ms)
+    .execute(pool)
+    .await
+    .map(|done| done.rows_affected()))?;
+    Ok(changed > 0)
+}
+
 pub(super) async fn release(
     durable: &Durable,
     id: &str,

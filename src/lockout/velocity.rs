@@ -544,6 +544,33 @@ pub async fn locks(
     }
 }
 
+/// Moves the end of an account's lock marker to `ttl_ms` from `now_ms`, only while it
+/// names `lockout_id`. True if it did.
+pub async fn retime(
+    hot: &Hot,
+    keys: &Keys,
+    account: &SubjectKey,
+    lockout_id: &str,
+    now_ms: i64,
+    ttl_ms: i64,
+) -> Result<bool, Error> {
+    let key = keys.lock(account);
+    match hot {
+        Hot::Memory(memory) => Ok(memory.value_update(&key, now_ms, |current| match current {
+            Some(id) if id == lockout_id => (Some((id.to_owned(), ttl_ms)), true),
+            _ => (None, false),
+        })),
+        Hot::Redis(redis) => {
+            let args = [
+                lockout_id.to_owned(),
+                "retime".to_owned(),
+                ttl_ms.to_string(),
+            ];
+            Ok(redis.eval::<i64>(&LOCK_MARKER, &[key], &args).await? == 1)
+        }
+    }
+}
+
 /// Removes the lock marker if it still names `lockout_id` (atomically on Redis: a marker
 /// set meanwhile for another lockout stays).
 pub async fn unlock(

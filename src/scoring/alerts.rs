@@ -168,6 +168,7 @@ pub struct Alerts {
     keys: Keys,
     clock: Arc<dyn Clock>,
     webhooks: Vec<WebhookSettings>,
+    pseudonyms: crate::telemetry::privacy::Pseudonyms,
     client: reqwest::Client,
 }
 
@@ -179,6 +180,7 @@ impl Alerts {
         keys: Keys,
         clock: Arc<dyn Clock>,
         webhooks: Vec<WebhookSettings>,
+        pseudonyms: crate::telemetry::privacy::Pseudonyms,
     ) -> Self {
         Self {
             durable,
@@ -186,6 +188,7 @@ impl Alerts {
             keys,
             clock,
             webhooks,
+            pseudonyms,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .build()
@@ -311,7 +314,8 @@ impl Alerts {
         .await)?;
         for alert in &alerts {
             metrics::counter!(names::ALERTS_TOTAL, "kind" => alert.kind.clone()).increment(1);
-            tracing::info!(alert.id = %alert.id, alert.kind = %alert.kind, subject.key = %alert.subject, "alert {} for {}: {}", alert.kind, alert.subject, alert.message);
+            let (subject, message) = self.shown(&alert.subject, &alert.message);
+            tracing::info!(alert.id = %alert.id, alert.kind = %alert.kind, subject.key = %subject, "alert {} for {subject}: {message}", alert.kind);
         }
         Ok(alerts)
     }
@@ -416,15 +420,34 @@ impl Alerts {
         Ok(summary)
     }
 
+    /// How names leave the service.
+    pub fn pseudonyms(&self) -> &crate::telemetry::privacy::Pseudonyms {
+        &self.pseudonyms
+    }
+
+    /// An alert's subject and message as logs and webhooks show them.
+    fn shown<'a>(
+        &self,
+        subject: &'a str,
+        message: &'a str,
+    ) -> (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, str>) {
+        let id = subject.split_once(':').map_or("", |(_, id)| id);
+        (
+            self.pseudonyms.shown_key(subject),
+            self.pseudonyms.shown_in(message, id),
+        )
+    }
+
     async fn post(&self, row: &DueRow) -> Result<(), String> {
         let Some(hook) = self.webhooks.iter().find(|h| h.url == row.webhook) else {
             return Err("webhook no longer configured".to_owned());
         };
+        let (subject, message) = self.shown(&row.subject, &row.message);
         let payload = Payload {
             id: &row.alert_id,
             kind: &row.kind,
-            subject: &row.subject,
-            message: &row.message,
+            subject: &subject,
+            message: &message,
             details: serde_json::from_str(&row.details).unwrap_or(serde_json::Value::Null),
             created_at: crate::clock::rfc3339(row.created_at),
         };

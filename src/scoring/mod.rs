@@ -187,18 +187,25 @@ impl Engine {
                 stores.keys.clone(),
                 clock.clone(),
                 scoring.webhooks.clone(),
+                crate::telemetry::privacy::Pseudonyms::new(&settings.privacy),
             ),
             shared: SharedIps::new(
                 settings.limits.shared_ip.clone(),
                 stores.hot.clone(),
                 &stores.keys,
                 clock.clone(),
+                crate::telemetry::privacy::Pseudonyms::new(&settings.privacy),
             ),
             networks: NetworkBlocks::new(stores.hot.clone(), &stores.keys, clock.clone()),
             asn_lookup: OnceLock::new(),
             settings: scoring,
             clock,
         }
+    }
+
+    /// How accounts, devices and addresses are named in logs and webhooks.
+    pub fn pseudonyms(&self) -> &crate::telemetry::privacy::Pseudonyms {
+        self.alerts.pseudonyms()
     }
 
     /// Installs the pull signals (replacing any before).

@@ -141,14 +141,22 @@ impl Marks {
 pub struct SharedIps {
     settings: SharedIpSettings,
     marks: Marks,
+    pseudonyms: crate::telemetry::privacy::Pseudonyms,
 }
 
 impl SharedIps {
     /// The registry of one instance.
-    pub fn new(settings: SharedIpSettings, hot: Hot, keys: &Keys, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(
+        settings: SharedIpSettings,
+        hot: Hot,
+        keys: &Keys,
+        clock: Arc<dyn Clock>,
+        pseudonyms: crate::telemetry::privacy::Pseudonyms,
+    ) -> Self {
         Self {
             settings,
             marks: Marks::new("shared_ips", hot, keys, clock),
+            pseudonyms,
         }
     }
 
@@ -194,6 +202,7 @@ impl SharedIps {
             .mark(ips, now_ms.saturating_add(self.remember_ms()))
             .await?;
         for ip in ips {
+            let ip = self.pseudonyms.shown_key(ip.as_str());
             tracing::info!(subject.key = %ip, "shared address: many accounts log in from {ip}");
         }
         Ok(())

@@ -4,6 +4,7 @@
 //! the Grafana dashboard uses only those.
 
 pub mod metrics;
+pub mod privacy;
 
 use tracing_subscriber::EnvFilter;
 

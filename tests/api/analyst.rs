@@ -4,7 +4,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, assert_envelope};
+use crate::helpers::{ADMIN_TOKEN, TestApp, assert_envelope};
 use crate::lockout::failure;
 use crate::on_both_backends;
 
@@ -17,6 +17,8 @@ on_both_backends!(
     analyst_routes_check_their_roles,
     block_rates_count_each_class_per_minute,
     the_history_tells_why_a_request_was_refused_and_who_was_challenged,
+    a_lockout_is_extended_and_shortened_everywhere_at_once,
+    a_data_subject_is_exported_then_erased_everywhere,
 );
 
 /// `n` failures of `account` from `ip`, event ids `prefix-0…`, human-paced.
@@ -624,4 +626,238 @@ async fn the_history_tells_why_a_request_was_refused_and_who_was_challenged(app:
         let gone = get_as(&app, &token, "/v1/history?account=erin").await;
         assert_eq!(gone["items"], json!([]));
     }
+}
+
+fn rfc3339_in(app: &TestApp, ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(app.app.clock.now_ms() + ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// An analyst extends a lockout (the incident needs longer) and shortens another: the row,
+/// the enforcement marker and the account's status move together; audited.
+async fn a_lockout_is_extended_and_shortened_everywhere_at_once(app: TestApp) {
+    fail_from(&app, "rt-f", "frank", "203.0.113.30", 10).await;
+    let token = analyst(&app).await;
+    let lockout = get_as(&app, &token, "/v1/lockouts?account=frank").await["items"][0].clone();
+    let id = lockout["id"].as_str().unwrap();
+    let path = format!("/v1/lockouts/{id}");
+    let patch = |until: String, reason: &str| {
+        let body = json!({"locked_until": until, "reason": reason});
+        let path = path.clone();
+        let token = token.clone();
+        let app = &app;
+        async move {
+            app.request(reqwest::Method::PATCH, &path, Some(&token), Some(&body))
+                .await
+        }
+    };
+    let later = rfc3339_in(&app, 2 * 3_600_000);
+    let response = patch(later.clone(), "incident still open").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let moved: Value = response.json().await.unwrap();
+    assert_eq!(moved["locked_until"], later.as_str());
+    let status = app.status("frank", "203.0.113.30", None).await;
+    assert_eq!(status["action"], "lockout");
+    let marker_end = chrono::DateTime::parse_from_rfc3339(status["locked_until"].as_str().unwrap())
+        .unwrap()
+        .timestamp_millis();
+    let wanted = chrono::DateTime::parse_from_rfc3339(&later)
+        .unwrap()
+        .timestamp_millis();
+    assert!(
+        (marker_end - wanted).abs() < 2_000,
+        "the marker moved: {status}"
+    );
+
+    let sooner = rfc3339_in(&app, 60_000);
+    assert_eq!(
+        patch(sooner, "owner verified").await.status(),
+        StatusCode::OK
+    );
+    let status = app.status("frank", "203.0.113.30", None).await;
+    let marker_end = chrono::DateTime::parse_from_rfc3339(status["locked_until"].as_str().unwrap())
+        .unwrap()
+        .timestamp_millis();
+    assert!(marker_end - app.app.clock.now_ms() <= 61_000, "{status}");
+    let audit = get_as(&app, &token, "/v1/audit?action=lockout.retime").await;
+    assert_eq!(audit["items"].as_array().unwrap().len(), 2);
+    assert_eq!(audit["items"][0]["details"]["reason"], "owner verified");
+
+    // In the past, too far, malformed: 400. Released: 409.
+    for until in [
+        rfc3339_in(&app, -1_000),
+        rfc3339_in(&app, 400 * 86_400_000),
+        "soon".to_owned(),
+    ] {
+        assert_envelope(
+            patch(until, "x").await,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+    }
+    post_as(
+        &app,
+        &token,
+        &format!("/v1/lockouts/{id}/release"),
+        &json!({"reason": "done"}),
+    )
+    .await;
+    assert_envelope(
+        patch(later, "again").await,
+        StatusCode::CONFLICT,
+        "CONFLICT",
+    )
+    .await;
+    let unknown = app
+        .request(
+            reqwest::Method::PATCH,
+            "/v1/lockouts/01ARZ3NDEKTSV4RRFFQ69G5FAV",
+            Some(&token),
+            Some(&json!({"locked_until": rfc3339_in(&app, 60_000), "reason": "x"})),
+        )
+        .await;
+    assert_envelope(unknown, StatusCode::NOT_FOUND, "NOT_FOUND").await;
+}
+
+/// A data-subject request: the export holds everything stored about the account; the
+/// erasure removes it from the tables and the hot store at once, leaves other accounts as
+/// they are, and the audit log keeps only a pseudonym.
+async fn a_data_subject_is_exported_then_erased_everywhere(app: TestApp) {
+    app.post_auth(vec![json!({"event_id": "ds-ok", "type": "login_success",
+        "account": "Grace", "ip": "198.51.100.20", "device_id": "graces-phone",
+        "ts": app.human_paced_ts()})])
+        .await;
+    fail_from(&app, "ds-bad", "grace", "203.0.113.20", 10).await;
+    fail_from(&app, "ds-other", "heidi", "203.0.113.21", 2).await;
+    let refused = json!({"endpoint": "/auth/login", "method": "POST", "ip": "203.0.113.22",
+        "user_id": "grace", "consume": false});
+    assert_eq!(
+        app.limit_check(&refused).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    app.app.history.flush().await.unwrap();
+    let token = analyst(&app).await;
+    let id = get_as(&app, &token, "/v1/lockouts?account=grace").await["items"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let later = rfc3339_in(&app, 3_600_000);
+    let response = app
+        .request(
+            reqwest::Method::PATCH,
+            &format!("/v1/lockouts/{id}"),
+            Some(&token),
+            Some(&json!({"locked_until": later, "reason": "grace asked us to wait"})),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+
+    let export = get_as(&app, &token, "/v1/accounts/GRACE/export").await;
+    assert_eq!(export["account"], "grace");
+    assert_eq!(export["auth_events"].as_array().unwrap().len(), 11);
+    assert_eq!(export["auth_events"][0]["account_received"], "Grace");
+    assert_eq!(
+        export["lockouts"][0]["event_ids"].as_array().unwrap().len(),
+        10
+    );
+    assert_eq!(export["decision_history"][0]["reason"], "account_locked");
+    assert!(!export["alerts"].as_array().unwrap().is_empty());
+    assert!(
+        export["factors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["id"] == "velocity:lockout")
+    );
+    assert!(
+        export["audit"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["action"] == "lockout.retime")
+    );
+
+    // Erasure is an admin's.
+    let erase = json!({"reason": "GDPR art. 17 request 2026-118"});
+    let response = app
+        .post("/v1/accounts/grace/erase", Some(&token), &erase)
+        .await;
+    assert_envelope(response, StatusCode::FORBIDDEN, "FORBIDDEN").await;
+    let response = app
+        .post(
+            "/v1/accounts/grace/erase",
+            Some(ADMIN_TOKEN),
+            &json!({"reason": ""}),
+        )
+        .await;
+    assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    let erased = post_as(&app, ADMIN_TOKEN, "/v1/accounts/grace/erase", &erase).await;
+    let pseudonym = erased["pseudonym"].as_str().unwrap().to_owned();
+    assert!(pseudonym.starts_with("anon-"));
+    let counts = &erased["erased"];
+    assert_eq!(
+        (counts["auth_events"].as_u64(), counts["lockouts"].as_u64()),
+        (Some(11), Some(1)),
+        "{erased}"
+    );
+    assert!(counts["decision_history"].as_u64().unwrap() >= 1);
+    assert!(counts["alerts"].as_u64().unwrap() >= 1);
+    assert!(
+        counts["audit_pseudonymised"].as_u64().unwrap() >= 2,
+        "{erased}"
+    );
+
+    // The audit log names the pseudonym, never the account (the export's entry included).
+    let audit = app
+        .get("/v1/audit?limit=500", Some(&token))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !audit.contains("\"grace\"") && !audit.contains("user:grace"),
+        "{audit}"
+    );
+    assert!(audit.contains(&pseudonym));
+    // Gone everywhere: tables, enforcement, windows (looking again is a new, audited access).
+    let after = get_as(&app, &token, "/v1/accounts/grace/export").await;
+    for part in [
+        "auth_events",
+        "lockouts",
+        "decision_history",
+        "alerts",
+        "factors",
+    ] {
+        assert_eq!(after[part], json!([]), "{part}: {after}");
+    }
+    let status = app.status("grace", "203.0.113.22", None).await;
+    assert_eq!(
+        (
+            status["action"].as_str(),
+            status["failures_in_window"].as_u64()
+        ),
+        (Some("none"), Some(0)),
+        "{status}"
+    );
+    let check = app.limit_check(&refused).await;
+    assert_eq!(
+        check.status(),
+        StatusCode::OK,
+        "the lockout is lifted with the data"
+    );
+    let timeline = get_as(&app, &token, "/v1/accounts/grace/timeline").await;
+    let kinds: Vec<&str> = timeline["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["account.export"], "only the access just made");
+    let erasure = get_as(&app, &token, "/v1/audit?action=account.erase").await;
+    assert_eq!(erasure["items"][0]["target"], format!("user:{pseudonym}"));
+    // Another account is untouched.
+    let failing = get_as(&app, &token, "/v1/accounts/failing").await;
+    assert_eq!(accounts(&failing["items"]), ["heidi"]);
 }

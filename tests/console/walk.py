@@ -74,6 +74,22 @@ def main():
         expect(refusal).to_contain_text("lockout")
         expect(refusal.locator("td").nth(2)).to_have_text("2")
         shot(page, "account")
+        # A data-subject export is offered as a download, not shown in a URL.
+        page.get_by_role("button", name="Export everything stored (data-subject request)").click()
+        with page.expect_download() as download:
+            page.get_by_role("link", name="Download the export (JSON)").click()
+        path = download.value.path()
+        with open(path, encoding="utf-8") as f:
+            exported = __import__("json").load(f)
+        assert exported["account"] == "victim-1" and len(exported["auth_events"]) == 10
+
+        # The lockout's end moves from its page.
+        page.goto(BASE + "/console#/lockouts?account=victim-2&status=active")
+        page.get_by_role("link", name="Details").click()
+        expect(page.get_by_role("heading", name="Lockout of victim-2")).to_be_visible()
+        page.get_by_label("Reason").fill("incident review needs an hour")
+        page.get_by_role("button", name="Extend or shorten").click()
+        expect(page.locator("#status .info")).to_contain_text("The lockout now ends at")
 
         # The attacking IP's page: the accounts it went for.
         page.get_by_label("Account or IP").fill("198.51.100.7")

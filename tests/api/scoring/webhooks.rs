@@ -2,7 +2,10 @@
 
 use super::*;
 
-on_both_backends!(webhooks_get_signed_alerts_and_a_down_receiver_is_retried);
+on_both_backends!(
+    webhooks_get_signed_alerts_and_a_down_receiver_is_retried,
+    webhooks_name_accounts_by_pseudonym_when_asked,
+);
 
 /// Requests a receiver got: headers and body.
 type Received = Arc<Mutex<Vec<(reqwest::header::HeaderMap, Vec<u8>)>>>;
@@ -133,4 +136,41 @@ async fn webhooks_get_signed_alerts_and_a_down_receiver_is_retried(app: TestApp)
     assert_eq!(round.delivered, 1, "{round:?}");
     assert_eq!(late.got.lock().unwrap().len(), 1);
     assert_eq!(live.got.lock().unwrap().len(), 1, "delivered once");
+}
+
+/// With `privacy.pseudonymize`, a webhook learns that an account was locked but not which
+/// one (a stable keyed pseudonym); analysts still see the account in clear.
+async fn webhooks_name_accounts_by_pseudonym_when_asked(app: TestApp) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let privacy = palisade::config::PrivacySettings {
+        pseudonym_key: Some(palisade::config::Secret::new("p".repeat(40))),
+        pseudonymize: true,
+    };
+    let expected = palisade::telemetry::privacy::Pseudonyms::new(&privacy).of("ivy@example.com");
+    let app = app_with(app, |s| {
+        s.privacy = privacy;
+        s.scoring.webhooks = vec![palisade::config::WebhookSettings {
+            url: format!("http://{addr}/hook"),
+            secret: palisade::config::Secret::new(SECRET),
+            kinds: vec!["lockout".to_owned()],
+        }];
+    })
+    .await;
+    let live = receiver(listener).await;
+    app.fail("pv", "ivy@example.com", &["203.0.113.12"], 10)
+        .await;
+    let round = app.app.scoring.alerts().deliver_pending().await.unwrap();
+    assert_eq!(round.delivered, 1, "{round:?}");
+    let (_, body) = live.got.lock().unwrap()[0].clone();
+    let text = String::from_utf8(body).unwrap();
+    assert!(
+        !text.contains("ivy"),
+        "the webhook names the account: {text}"
+    );
+    let payload: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(payload["subject"], format!("user:{expected}"));
+    assert!(payload["message"].as_str().unwrap().starts_with(&expected));
+    let alerts = app.admin_json("/v1/alerts?kind=lockout").await;
+    assert_eq!(alerts["items"][0]["subject"], "user:ivy@example.com");
 }
