@@ -207,7 +207,7 @@ function alertsTable(items) {
 }
 
 const LOCKOUT_FILTERS = [
-  ["account", "Account", "text"], ["ip", "IP or CIDR", "text"], ["device_id", "Device", "text"],
+  ["account", "Account", "text"], ["ip", "IP or CIDR", "text"], ["asn", "ASN", "text"], ["device_id", "Device", "text"],
   ["reason", "Reason", "text"], ["since", "Created after", "datetime-local"], ["until", "Created before", "datetime-local"],
 ];
 
@@ -392,7 +392,8 @@ async function ipView(ip) {
     api("GET", "/v1/history" + query({ ip, limit: 50 })),
   ]);
   show("IP " + reputation.ip,
-    h("p", {}, `ASN ${reputation.asn ?? "unknown"}${reputation.as_org ? " (" + reputation.as_org + ")" : ""} · classes: `,
+    h("p", {}, reputation.asn ? h("a", { href: "#/lockouts" + query({ asn: "AS" + reputation.asn, status: "all" }) },
+      `AS${reputation.asn}`) : "ASN unknown", reputation.as_org ? ` (${reputation.as_org})` : "", " · classes: ",
       reputation.classes.length ? reputation.classes.join(", ") : "none", ` · reputation multiplier ${reputation.multiplier}`),
     h("h2", {}, "Multipliers on auth"), multiplierTable(multipliers),
     clearButton({ ip }, "Clear penalties of this IP"),

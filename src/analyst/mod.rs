@@ -10,6 +10,7 @@
 
 pub mod history;
 mod store;
+pub use store::{AuthEvent, EventQuery};
 pub mod subject;
 
 use std::sync::Arc;
@@ -97,6 +98,26 @@ impl Analyst {
             return Ok(Vec::new());
         }
         store::failing(&self.durable, query, self.clock.now_ms()).await
+    }
+
+    /// Auth events matching `query`, newest first, and the position after the page's last
+    /// (`(ts, event_id)`) when there are more.
+    pub async fn events(
+        &self,
+        query: &EventQuery,
+    ) -> Result<(Vec<AuthEvent>, Option<(i64, String)>), Error> {
+        if query.ips.as_ref().is_some_and(Vec::is_empty) {
+            return Ok((Vec::new(), None));
+        }
+        let mut rows = store::events(&self.durable, query).await?;
+        let limit = query.limit as usize;
+        let next = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(|r| (r.ts, r.event_id.clone()))
+        } else {
+            None
+        };
+        Ok((rows, next))
     }
 
     /// `account`'s timeline from `since_ms` to before `until_ms`, at most about `limit`

@@ -284,3 +284,88 @@ pub(super) async fn timeline(
     }
     Ok(items)
 }
+
+/// Which auth events to list.
+#[derive(Debug, Clone, Default)]
+pub struct EventQuery {
+    /// Only this account.
+    pub account: Option<String>,
+    /// Only from these addresses (a searched network or ASN, resolved).
+    pub ips: Option<Vec<String>>,
+    /// Only naming this device.
+    pub device_id: Option<String>,
+    /// Only `login_failure` or `login_success`.
+    pub kind: Option<String>,
+    /// Only at or after this Unix ms (event time).
+    pub since_ms: Option<i64>,
+    /// Only before this Unix ms.
+    pub until_ms: Option<i64>,
+    /// Only after this `(ts, event_id)` in the order (newest first).
+    pub after: Option<(i64, String)>,
+    /// Page size.
+    pub limit: u32,
+}
+
+/// One auth event.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct AuthEvent {
+    /// The auth service's id.
+    pub event_id: String,
+    /// `login_failure` or `login_success`.
+    pub kind: String,
+    /// Canonical account.
+    pub account: String,
+    /// As received, when different.
+    pub account_received: Option<String>,
+    /// Address.
+    pub ip: String,
+    /// Device.
+    pub device_id: Option<String>,
+    /// Endpoint.
+    pub endpoint: Option<String>,
+    /// Event time, Unix ms.
+    pub ts: i64,
+}
+
+/// Auth events matching `query`, newest first (`limit` + 1 of them, to tell a next page).
+pub(super) async fn events(durable: &Durable, query: &EventQuery) -> Result<Vec<AuthEvent>, Error> {
+    Ok(with_pool!(durable, |pool| {
+        let mut builder = sqlx::QueryBuilder::new(
+            "SELECT event_id, kind, account, account_received, ip, device_id, endpoint, ts \
+             FROM auth_events WHERE 1 = 1",
+        );
+        if let Some(account) = &query.account {
+            builder.push(" AND account = ").push_bind(account.as_str());
+        }
+        if let Some(ips) = &query.ips {
+            builder.push(" AND ip IN ");
+            push_list(&mut builder, ips);
+        }
+        if let Some(device) = &query.device_id {
+            builder.push(" AND device_id = ").push_bind(device.as_str());
+        }
+        if let Some(kind) = &query.kind {
+            builder.push(" AND kind = ").push_bind(kind.as_str());
+        }
+        if let Some(since) = query.since_ms {
+            builder.push(" AND ts >= ").push_bind(since);
+        }
+        if let Some(until) = query.until_ms {
+            builder.push(" AND ts < ").push_bind(until);
+        }
+        if let Some((ts, id)) = &query.after {
+            builder
+                .push(" AND (ts < ")
+                .push_bind(*ts)
+                .push(" OR (ts = ")
+                .push_bind(*ts)
+                .push(" AND event_id < ")
+                .push_bind(id.as_str())
+                .push("))");
+        }
+        builder
+            .push(" ORDER BY ts DESC, event_id DESC LIMIT ")
+            .push_bind(i64::from(query.limit) + 1);
+        builder.build_query_as().fetch_all(pool).await
+    })?)
+}

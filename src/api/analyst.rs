@@ -9,7 +9,7 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope};
 use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, parse_limit, role};
-use super::lockouts::{parse_network, parse_time};
+use super::lockouts::{parse_asn, parse_network, parse_time};
 use super::request_id::current_request_id;
 use crate::analyst::{FailingQuery, TimelineItem};
 use crate::app::AppState;
@@ -24,6 +24,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(decision_rates))
         .routes(routes!(history))
         .routes(routes!(export_account, erase_account))
+        .routes(routes!(search_events))
 }
 
 const HOUR_MS: i64 = 3_600_000;
@@ -39,6 +40,9 @@ pub struct FailingParams {
     /// Only failures from this address or network (CIDR): "which accounts did it attack?".
     #[param(schema_with = super::schema::ip_or_network)]
     pub ip: Option<String>,
+    /// Only failures from an address of this ASN (`AS13335` or `13335`).
+    #[param(pattern = "^(AS|as)?[0-9]{1,10}$")]
+    pub asn: Option<String>,
     /// Only failures naming this device.
     pub device_id: Option<String>,
     /// `false`: only accounts not locked now ("failing but not yet locked"); `true`: only
@@ -97,10 +101,9 @@ async fn failing(
             .device_key(device)
             .map_err(|e| ApiError::invalid(e.to_string()))?;
     }
-    let ips = match params.ip.as_deref() {
-        Some(ip) => Some(app.lockouts.addresses_in(&parse_network(ip)?).await?),
-        None => None,
-    };
+    let asn = params.asn.as_deref().map(parse_asn).transpose()?;
+    let net = params.ip.as_deref().map(parse_network).transpose()?;
+    let ips = app.lockouts.addresses_matching(net.as_ref(), asn).await?;
     let items = app
         .analyst
         .failing(&FailingQuery {
@@ -637,4 +640,132 @@ fn account_subject(app: &AppState, account: &str) -> Result<(String, SubjectKey)
     let subject =
         SubjectKey::user(&account, usize::MAX).map_err(|e| ApiError::invalid(e.to_string()))?;
     Ok((account, subject))
+}
+
+/// `GET /v1/events/auth` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EventParams {
+    /// Only this account (matched by its canonical id).
+    pub account: Option<String>,
+    /// Only from this address or network (CIDR).
+    #[param(schema_with = super::schema::ip_or_network)]
+    pub ip: Option<String>,
+    /// Only from addresses of this ASN (`AS13335` or `13335`).
+    #[param(pattern = "^(AS|as)?[0-9]{1,10}$")]
+    pub asn: Option<String>,
+    /// Only naming this device.
+    pub device_id: Option<String>,
+    /// `login_failure` or `login_success`.
+    #[serde(rename = "type")]
+    #[param(rename = "type", pattern = "^(login_failure|login_success)$")]
+    pub kind: Option<String>,
+    /// Only events at or after this RFC 3339 time.
+    #[param(format = DateTime)]
+    pub since: Option<String>,
+    /// Only events before this RFC 3339 time.
+    #[param(format = DateTime)]
+    pub until: Option<String>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size 1–500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+}
+
+/// A page of auth events, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EventPage {
+    /// Events.
+    pub items: Vec<super::lockouts::EventView>,
+    /// Pass as `cursor` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+fn event_cursor((ts, id): &(i64, String)) -> String {
+    use base64::Engine as _;
+    format!(
+        "{ts}.{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id)
+    )
+}
+
+fn parse_event_cursor(text: &str) -> Result<(i64, String), ApiError> {
+    use base64::Engine as _;
+    let invalid = || ApiError::invalid("cursor is not a cursor returned by this API");
+    let (ts, id) = text.split_once('.').ok_or_else(invalid)?;
+    let ts: i64 = ts.parse().map_err(|_| invalid())?;
+    let id = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(id)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or_else(invalid)?;
+    Ok((ts, id))
+}
+
+/// Auth events searched by account, address or network, ASN, device, type and time, newest
+/// first (role `analyst`).
+#[utoipa::path(get, path = "/v1/events/auth", tag = "analyst", security(("bearer" = [])),
+    params(EventParams),
+    responses((status = 200, body = EventPage), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope)))]
+async fn search_events(
+    _auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+    ApiQuery(params): ApiQuery<EventParams>,
+) -> Result<Json<EventPage>, ApiError> {
+    let limit = parse_limit(params.limit, 100, 500)?;
+    let ids = app.settings.http.identifiers();
+    let account = params
+        .account
+        .as_deref()
+        .map(|a| ids.account("account", a).map(std::borrow::Cow::into_owned))
+        .transpose()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    if let Some(kind) = &params.kind
+        && kind != "login_failure"
+        && kind != "login_success"
+    {
+        return Err(ApiError::invalid(
+            "type must be login_failure or login_success",
+        ));
+    }
+    let asn = params.asn.as_deref().map(parse_asn).transpose()?;
+    let net = params.ip.as_deref().map(parse_network).transpose()?;
+    let ips = app.lockouts.addresses_matching(net.as_ref(), asn).await?;
+    let (rows, next) = app
+        .analyst
+        .events(&crate::analyst::EventQuery {
+            account,
+            ips,
+            device_id: params.device_id,
+            kind: params.kind,
+            since_ms: parse_time("since", params.since.as_deref())?,
+            until_ms: parse_time("until", params.until.as_deref())?,
+            after: params
+                .cursor
+                .as_deref()
+                .map(parse_event_cursor)
+                .transpose()?,
+            limit,
+        })
+        .await?;
+    Ok(Json(EventPage {
+        items: rows
+            .into_iter()
+            .map(|e| super::lockouts::EventView {
+                event_id: e.event_id,
+                kind: e.kind,
+                account: e.account,
+                account_received: e.account_received,
+                ip: e.ip,
+                device_id: e.device_id,
+                endpoint: e.endpoint,
+                ts: rfc3339(e.ts),
+            })
+            .collect(),
+        next_cursor: next.as_ref().map(event_cursor),
+    }))
 }

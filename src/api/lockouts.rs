@@ -95,6 +95,9 @@ pub struct ListParams {
     /// Only lockouts caused by a failure from this address or network (CIDR).
     #[param(schema_with = super::schema::ip_or_network)]
     pub ip: Option<String>,
+    /// Only lockouts caused by a failure from an address of this ASN (`AS13335` or `13335`).
+    #[param(pattern = "^(AS|as)?[0-9]{1,10}$")]
+    pub asn: Option<String>,
     /// Only lockouts caused by a failure from this device.
     pub device_id: Option<String>,
     /// Only lockouts with this reason code (e.g. `account_failures`).
@@ -126,6 +129,9 @@ pub struct LockoutFilter {
     /// Only lockouts caused by a failure from this address or network (CIDR).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ip: Option<String>,
+    /// Only lockouts caused by a failure from an address of this ASN (`AS13335` or `13335`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asn: Option<String>,
     /// Only lockouts caused by a failure from this device.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
@@ -145,6 +151,7 @@ impl LockoutFilter {
     fn narrows(&self) -> bool {
         self.account.is_some()
             || self.ip.is_some()
+            || self.asn.is_some()
             || self.device_id.is_some()
             || self.reason.is_some()
             || self.since.is_some()
@@ -180,6 +187,7 @@ impl LockoutFilter {
             status: self.status.unwrap_or_default(),
             account,
             ip: self.ip.as_deref().map(parse_network).transpose()?,
+            asn: self.asn.as_deref().map(parse_asn).transpose()?,
             device_id: self.device_id.clone(),
             reason: self.reason.clone(),
             since_ms,
@@ -206,6 +214,7 @@ async fn list_lockouts(
         status: params.status,
         account: params.account,
         ip: params.ip,
+        asn: params.asn,
         device_id: params.device_id,
         reason: params.reason,
         since: params.since,
@@ -268,7 +277,7 @@ async fn bulk_release(
     let reason = release_reason(&body.reason)?;
     if !body.filter.narrows() {
         return Err(ApiError::invalid(
-            "filter must name an account, ip, device_id, reason, since or until: \
+            "filter must name an account, ip, asn, device_id, reason, since or until: \
              releasing every lockout is not a bulk action",
         ));
     }
@@ -355,6 +364,17 @@ pub(super) fn parse_network(text: &str) -> Result<ipnetwork::IpNetwork, ApiError
         return Ok(ipnetwork::IpNetwork::V4(v4.into()));
     }
     Ok(net)
+}
+
+/// An ASN as `AS13335` or `13335`.
+pub(super) fn parse_asn(text: &str) -> Result<u32, ApiError> {
+    let digits = text
+        .strip_prefix("AS")
+        .or_else(|| text.strip_prefix("as"))
+        .unwrap_or(text);
+    digits
+        .parse::<u32>()
+        .map_err(|_| ApiError::invalid(format!("asn {text:.32?} is not an ASN (AS13335 or 13335)")))
 }
 
 /// An optional RFC 3339 time parameter → Unix ms.

@@ -107,6 +107,8 @@ pub struct Query {
     pub account: Option<String>,
     /// Only lockouts caused by a failure from this address or network.
     pub ip: Option<ipnetwork::IpNetwork>,
+    /// Only lockouts caused by a failure from an address of this ASN.
+    pub asn: Option<u32>,
     /// Only lockouts caused by a failure from this device.
     pub device_id: Option<String>,
     /// Only lockouts with this reason code.
@@ -186,12 +188,9 @@ pub enum Error {
     /// A lockout that is no longer in force cannot be moved.
     #[error("lockout {0} is not in force (released or expired)")]
     NotActive(String),
-    /// A search whose network holds more addresses seen in auth events than one search
-    /// may name.
-    #[error(
-        "{0} holds more than {max} addresses seen in auth events; search a narrower network",
-        max = store::MAX_ADDRESSES
-    )]
+    /// A search by network or ASN that names (or must look at) more addresses seen in
+    /// auth events than one search may.
+    #[error("{0}")]
     TooBroad(String),
     /// A store failed.
     #[error(transparent)]

@@ -27,15 +27,41 @@ impl Lockouts {
         Ok((items, next))
     }
 
-    /// The addresses seen in auth events within the query's network, if it names one.
+    /// The addresses seen in auth events within the query's network and ASN, if it names
+    /// either.
     async fn addresses(&self, query: &Query) -> Result<Option<Vec<String>>, Error> {
-        let Some(net) = &query.ip else {
-            return Ok(None);
-        };
-        store::addresses_in(&self.durable, net)
+        self.addresses_matching(query.ip.as_ref(), query.asn).await
+    }
+
+    /// The addresses seen in auth events within `ip` and of `asn` (None when neither is
+    /// named: no address filter).
+    pub async fn addresses_matching(
+        &self,
+        ip: Option<&ipnetwork::IpNetwork>,
+        asn: Option<u32>,
+    ) -> Result<Option<Vec<String>>, Error> {
+        match (ip, asn) {
+            (None, None) => Ok(None),
+            (Some(net), None) => self.addresses_in(net).await.map(Some),
+            (None, Some(asn)) => self.addresses_of(asn).await.map(Some),
+            (Some(net), Some(asn)) => {
+                let mut found = self.addresses_in(net).await?;
+                found.retain(|ip| {
+                    ip.parse()
+                        .is_ok_and(|addr| self.scoring.asn_of(addr) == Some(asn))
+                });
+                Ok(Some(found))
+            }
+        }
+    }
+
+    /// The addresses seen in auth events that belong to `asn` (by the reputation data's
+    /// ASN lookup).
+    pub async fn addresses_of(&self, asn: u32) -> Result<Vec<String>, Error> {
+        let keep = |addr| self.scoring.asn_of(addr) == Some(asn);
+        store::addresses_where(&self.durable, "%", store::MAX_SCANNED, keep)
             .await?
-            .map(Some)
-            .ok_or_else(|| Error::TooBroad(net.to_string()))
+            .map_err(|why| too_broad(&format!("AS{asn}"), why))
     }
 
     /// One lockout with the failure events that caused it.
@@ -228,7 +254,7 @@ impl Lockouts {
     pub async fn addresses_in(&self, net: &ipnetwork::IpNetwork) -> Result<Vec<String>, Error> {
         store::addresses_in(&self.durable, net)
             .await?
-            .ok_or_else(|| Error::TooBroad(net.to_string()))
+            .map_err(|why| too_broad(&net.to_string(), why))
     }
 
     /// Clears what the engine concluded from a subject's behaviour (failures, spraying,
@@ -278,3 +304,17 @@ impl Lockouts {
 /// Lists and reputation are edited where they come from; attestation verdicts change by
 /// attesting again.
 pub const CLEARABLE: &[&str] = &[SIGNAL, "anomaly", "offender"];
+
+fn too_broad(what: &str, why: store::Search) -> Error {
+    Error::TooBroad(match why {
+        store::Search::TooMany => format!(
+            "{what} holds more than {} addresses seen in auth events; search a narrower network",
+            store::MAX_ADDRESSES
+        ),
+        store::Search::TooWide => format!(
+            "searching {what} means looking at more than {} addresses seen in auth events; \
+             search by network instead",
+            store::MAX_SCANNED
+        ),
+    })
+}

@@ -268,38 +268,67 @@ fn text_prefix(net: &ipnetwork::IpNetwork) -> String {
     }
 }
 
-/// The distinct addresses seen in auth events that lie in `net` (at most [`MAX_ADDRESSES`];
-/// `None` when there are more).
+/// At most this many distinct addresses seen in auth events are looked at for one search
+/// by ASN.
+pub(super) const MAX_SCANNED: usize = 200_000;
+
+/// Why an address search could not be answered.
+pub(super) enum Search {
+    /// More than [`MAX_ADDRESSES`] matched.
+    TooMany,
+    /// More than [`MAX_SCANNED`] had to be looked at.
+    TooWide,
+}
+
+/// The distinct addresses seen in auth events that lie in `net` (at most [`MAX_ADDRESSES`]).
 pub(super) async fn addresses_in(
     durable: &Durable,
     net: &ipnetwork::IpNetwork,
-) -> Result<Option<Vec<String>>, Error> {
+) -> Result<Result<Vec<String>, Search>, Error> {
     let whole = if net.is_ipv4() { 32 } else { 128 };
     if net.prefix() == whole {
-        return Ok(Some(vec![net.ip().to_string()]));
+        return Ok(Ok(vec![net.ip().to_string()]));
     }
-    let pattern = text_prefix(net);
+    addresses_where(durable, &text_prefix(net), usize::MAX, |addr| {
+        net.contains(addr)
+    })
+    .await
+}
+
+/// The distinct addresses seen in auth events whose text matches `pattern` (`LIKE`) and that
+/// `keep` accepts, paged by address; at most [`MAX_ADDRESSES`] found and `scan_cap` read.
+pub(super) async fn addresses_where(
+    durable: &Durable,
+    pattern: &str,
+    scan_cap: usize,
+    keep: impl Fn(std::net::IpAddr) -> bool,
+) -> Result<Result<Vec<String>, Search>, Error> {
     let mut found = Vec::new();
     let mut after = String::new();
+    let mut scanned = 0usize;
     // Paged by address: a wide pattern may match many addresses outside the network.
     loop {
         let page: Vec<String> = with_pool!(durable, |pool| {
             sqlx::query_scalar(
             "SELECT DISTINCT ip FROM auth_events WHERE ip LIKE $1 AND ip > $2 ORDER BY ip LIMIT 5000"
         )
-        .bind(&pattern)
+        .bind(pattern)
         .bind(&after)
         .fetch_all(pool)
         .await
         })?;
         let Some(last) = page.last().cloned() else {
-            return Ok(Some(found));
+            return Ok(Ok(found));
         };
+        scanned += page.len();
+        if scanned > scan_cap {
+            return Ok(Err(Search::TooWide));
+        }
         for ip in page {
-            if ip.parse().is_ok_and(|addr| net.contains(addr)) {
+            if ip.parse().is_ok_and(&keep) {
                 found.push(ip);
                 if found.len() > MAX_ADDRESSES {
-                    return Ok(None);
+                    return Ok(Err(Search::TooMany));
                 }
             }
         }

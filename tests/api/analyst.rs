@@ -19,6 +19,8 @@ on_both_backends!(
     the_history_tells_why_a_request_was_refused_and_who_was_challenged,
     a_lockout_is_extended_and_shortened_everywhere_at_once,
     a_data_subject_is_exported_then_erased_everywhere,
+    lockouts_and_failures_are_searched_by_asn,
+    auth_events_are_searched_and_paged,
 );
 
 /// `n` failures of `account` from `ip`, event ids `prefix-0…`, human-paced.
@@ -860,4 +862,118 @@ async fn a_data_subject_is_exported_then_erased_everywhere(app: TestApp) {
     // Another account is untouched.
     let failing = get_as(&app, &token, "/v1/accounts/failing").await;
     assert_eq!(accounts(&failing["items"]), ["heidi"]);
+}
+
+/// "Which accounts did AS1221 go for?": addresses of one ASN (from the ASN database) find
+/// their lockouts and failures; another ASN's do not.
+async fn lockouts_and_failures_are_searched_by_asn(app: TestApp) {
+    app.load_data(&[(
+        "tests/fixtures/mmdb/GeoLite2-ASN-Test.mmdb",
+        "asn/GeoLite2-ASN-Test.mmdb",
+    )])
+    .await;
+    // Two Telstra (AS1221) addresses in different /16s, one address outside it.
+    fail_from(&app, "asn-a", "kate", "1.128.0.1", 10).await;
+    fail_from(&app, "asn-b", "liam", "1.130.9.9", 10).await;
+    fail_from(&app, "asn-c", "mona", "203.0.113.70", 10).await;
+    fail_from(&app, "asn-d", "ned", "1.129.4.4", 3).await;
+    let token = analyst(&app).await;
+    for asn in ["AS1221", "1221", "as1221"] {
+        let page = get_as(&app, &token, &format!("/v1/lockouts?asn={asn}")).await;
+        assert_eq!(accounts(&page["items"]), ["kate", "liam"], "asn={asn}");
+    }
+    let both = get_as(&app, &token, "/v1/lockouts?asn=AS1221&ip=1.128.0.0/16").await;
+    assert_eq!(accounts(&both["items"]), ["kate"]);
+    let failing = get_as(&app, &token, "/v1/accounts/failing?asn=AS1221&locked=false").await;
+    assert_eq!(accounts(&failing["items"]), ["ned"]);
+    let none = get_as(&app, &token, "/v1/lockouts?asn=AS7018").await;
+    assert_eq!(none["items"], json!([]));
+    let dry = post_as(
+        &app,
+        &token,
+        "/v1/lockouts/release",
+        &json!({"filter": {"asn": "AS1221"}, "reason": "carrier incident", "dry_run": true}),
+    )
+    .await;
+    assert_eq!(dry["count"], 2);
+    for path in ["/v1/lockouts?asn=ASN1", "/v1/lockouts?asn=99999999999"] {
+        assert_envelope(
+            app.get(path, Some(&token)).await,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+    }
+}
+
+/// Auth events by account, address, device, type and time, newest first, in pages that
+/// neither skip nor repeat (a forged cursor is a 400).
+async fn auth_events_are_searched_and_paged(app: TestApp) {
+    fail_from(&app, "ev-a", "olga", "192.0.2.50", 5).await;
+    fail_from(&app, "ev-b", "pete", "192.0.2.51", 3).await;
+    app.post_auth(vec![
+        json!({"event_id": "ev-ok", "type": "login_success", "account": "olga",
+        "ip": "192.0.2.50", "device_id": "olgas-phone", "ts": app.human_paced_ts()}),
+    ])
+    .await;
+    let token = analyst(&app).await;
+    let all = get_as(&app, &token, "/v1/events/auth?account=OLGA").await;
+    let items = all["items"].as_array().unwrap();
+    assert_eq!(items.len(), 6);
+    assert_eq!(items[0]["event_id"], "ev-ok", "newest first");
+    let failures = get_as(
+        &app,
+        &token,
+        "/v1/events/auth?account=olga&type=login_failure",
+    )
+    .await;
+    assert_eq!(failures["items"].as_array().unwrap().len(), 5);
+    let by_net = get_as(
+        &app,
+        &token,
+        "/v1/events/auth?ip=192.0.2.0/24&type=login_failure",
+    )
+    .await;
+    assert_eq!(by_net["items"].as_array().unwrap().len(), 8);
+    let by_device = get_as(&app, &token, "/v1/events/auth?device_id=olgas-phone").await;
+    assert_eq!(by_device["items"][0]["event_id"], "ev-ok");
+    let future = get_as(&app, &token, "/v1/events/auth?since=2999-01-01T00:00:00Z").await;
+    assert_eq!(future["items"], json!([]));
+
+    let mut seen = Vec::new();
+    let mut path = "/v1/events/auth?ip=192.0.2.0/24&limit=3".to_owned();
+    loop {
+        let page = get_as(&app, &token, &path).await;
+        for item in page["items"].as_array().unwrap() {
+            seen.push(item["event_id"].as_str().unwrap().to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(cursor) => {
+                path = format!("/v1/events/auth?ip=192.0.2.0/24&limit=3&cursor={cursor}")
+            }
+            None => break,
+        }
+    }
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!((seen.len(), unique.len()), (9, 9), "{seen:?}");
+
+    for path in [
+        "/v1/events/auth?cursor=forged",
+        "/v1/events/auth?cursor=12.%%%",
+        "/v1/events/auth?type=login_maybe",
+        "/v1/events/auth?ip=192.0.2.0/99",
+    ] {
+        assert_envelope(
+            app.get(path, Some(&token)).await,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+    }
+    // Ingest tokens post events; they do not read them back.
+    let ingest = app.create_token("ingest", "auth-service").await.1;
+    let response = app.get("/v1/events/auth", Some(&ingest)).await;
+    assert_envelope(response, StatusCode::FORBIDDEN, "FORBIDDEN").await;
 }

@@ -433,6 +433,7 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("patch", "/v1/lockouts/{id}"),
     ("get", "/v1/accounts/{account}/export"),
     ("post", "/v1/accounts/{account}/erase"),
+    ("get", "/v1/events/auth"),
     ("get", "/v1/reputation/{ip}"),
     ("post", "/v1/admin/reload"),
     ("get", "/v1/lists/{list}"),
