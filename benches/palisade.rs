@@ -9,6 +9,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod attestation;
 mod limiter;
+mod policy;
 mod reputation;
 mod velocity;
 
@@ -17,6 +18,7 @@ criterion_group!(
     limiter::in_process_vs_governor,
     limiter::full_check,
     limiter::reply_decoding,
+    policy::replay,
     reputation::lookups,
     reputation::asn_lookups,
     attestation::play_integrity,

@@ -34,6 +34,8 @@ pub struct App {
     pub analyst: crate::analyst::Analyst,
     /// Refused and challenged limit checks, kept for analysts.
     pub history: Arc<crate::analyst::history::History>,
+    /// The traffic record for policy replay (`[record]`).
+    pub recorder: Arc<crate::policy::record::Recorder>,
     /// Rendered `/v1/multipliers` answers (the HTTP edge's cache).
     pub explanations: crate::api::scoring::Explanations,
     /// Layered token buckets (shared with the `tower` middleware, hence the `Arc`).
@@ -271,6 +273,15 @@ impl App {
         if history.enabled() {
             limiter.set_history(history.clone());
         }
+        let recorder = Arc::new(crate::policy::record::Recorder::new(
+            stores.durable.clone(),
+            clock.clone(),
+            crate::telemetry::privacy::Pseudonyms::new(&settings.privacy),
+            settings.record.clone(),
+        ));
+        if recorder.enabled() {
+            limiter.set_recorder(recorder.clone());
+        }
         // Weak: the limiter holds the engine, the engine must not hold the limiter.
         let weak = Arc::downgrade(&limiter);
         scoring.on_publish(move || {
@@ -316,6 +327,7 @@ impl App {
             access,
             analyst,
             history,
+            recorder,
             audit,
             limiter,
             lockouts,
@@ -388,6 +400,26 @@ impl App {
                 }
             });
         }
+        // The traffic record: written each second, and once more on shutdown.
+        if state.recorder.enabled() {
+            let (app, mut stop) = (state.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(second);
+                every.tick().await;
+                loop {
+                    let stopping = tokio::select! {
+                        _ = every.tick() => false,
+                        _ = stop.changed() => true,
+                    };
+                    if let Err(err) = app.recorder.flush().await {
+                        tracing::warn!(error.cause = %err, "writing the traffic record failed; those checks are lost");
+                    }
+                    if stopping {
+                        return;
+                    }
+                }
+            });
+        }
         // Lists changed on another instance are picked up within half a second.
         every(state, &shutdown, second / 2, |app| async move {
             if let Err(err) = app.lists.refresh_if_changed().await {
@@ -408,6 +440,9 @@ impl App {
                 .saturating_sub(hours.saturating_mul(3_600_000));
             if let Err(err) = app.scoring.prune_factors().await {
                 tracing::warn!(error.cause = %err, "pruning expired factors failed; will retry");
+            }
+            if let Err(err) = app.recorder.prune().await {
+                tracing::warn!(error.cause = %err, "pruning the traffic record failed; will retry");
             }
             if let Err(err) = app.history.prune().await {
                 tracing::warn!(error.cause = %err, "pruning the decision history failed; will retry");

@@ -30,6 +30,7 @@ pub mod ingest;
 pub mod limiter;
 pub mod lockout;
 pub mod model;
+pub mod policy;
 pub mod recovery;
 pub mod reputation;
 pub mod scoring;

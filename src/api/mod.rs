@@ -19,6 +19,7 @@ pub mod layer;
 pub mod limit;
 pub mod lists;
 pub mod lockouts;
+mod policy;
 pub mod reputation;
 pub mod request_id;
 mod schema;
@@ -151,6 +152,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(lockouts::routes())
         .merge(analyst::routes())
         .merge(console::routes())
+        .merge(policy::routes())
         .merge(reputation::routes())
         .merge(lists::routes())
         .merge(scoring::routes())

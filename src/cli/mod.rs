@@ -35,6 +35,22 @@ pub enum Command {
     Migrate,
     /// Print every effective budget and class as Markdown tables.
     Budgets,
+    /// Replay the recorded traffic (`[record]`) through the live `[limits]` and a
+    /// candidate's, and report what would change (Markdown, or JSON with `--json`).
+    Replay {
+        /// A settings file whose `[limits]` is the candidate (other sections are ignored).
+        #[arg(long)]
+        policy: PathBuf,
+        /// From this RFC 3339 time (default: the oldest recorded check).
+        #[arg(long)]
+        from: Option<String>,
+        /// Before this RFC 3339 time (default: now).
+        #[arg(long)]
+        to: Option<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the reputation of one IP from the data dir (offline), as JSON.
     Lookup {
         /// IPv4 or IPv6 address.
@@ -231,6 +247,12 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Replay {
+            policy,
+            from,
+            to,
+            json,
+        } => replay(&settings, &policy, from.as_deref(), to.as_deref(), json).await,
         Command::Migrate => {
             let durable = Durable::connect(
                 &settings.database_url,
@@ -401,4 +423,73 @@ async fn health(settings: &Settings, url: Option<String>) -> anyhow::Result<()> 
     } else {
         anyhow::bail!("{url} answered {status}: {body}")
     }
+}
+
+fn rfc3339_ms(name: &str, value: Option<&str>) -> anyhow::Result<Option<i64>> {
+    value
+        .map(|text| {
+            chrono::DateTime::parse_from_rfc3339(text)
+                .map(|t| t.timestamp_millis())
+                .with_context(|| format!("--{name} must be an RFC 3339 time"))
+        })
+        .transpose()
+}
+
+/// `palisade replay`: pages through the record in order and reports.
+async fn replay(
+    settings: &Settings,
+    policy: &std::path::Path,
+    from: Option<&str>,
+    to: Option<&str>,
+    json: bool,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+
+    let candidate = Settings::candidate(policy).map_err(|err| anyhow::anyhow!("{err}"))?;
+    let from_ms = rfc3339_ms("from", from)?.unwrap_or(i64::MIN);
+    let to_ms = rfc3339_ms("to", to)?.unwrap_or(i64::MAX);
+    let durable = Durable::connect(
+        &settings.database_url,
+        1,
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .context("cannot connect to PALISADE_DATABASE_URL")?;
+    let started = std::time::Instant::now();
+    let progress = std::io::stderr().is_terminal();
+    let mut report = crate::policy::replay::Report::default();
+    let mut replayer = None;
+    let mut after: Option<(i64, String)> = None;
+    loop {
+        let page =
+            crate::policy::record::read(&durable, from_ms, to_ms, after.as_ref(), 20_000).await?;
+        let Some(last) = page.last() else {
+            break;
+        };
+        after = Some((last.at_ms, last.id.clone()));
+        let replayer = replayer.get_or_insert_with(|| {
+            crate::policy::replay::Replayer::new(&settings.limits, &candidate.limits, page[0].at_ms)
+        });
+        for record in &page {
+            let step = replayer.step(record).await;
+            report.add(&step);
+        }
+        if progress {
+            eprint!(
+                "\rreplayed {} checks, up to {}",
+                report.requests,
+                crate::clock::rfc3339(last.at_ms)
+            );
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    report.finish(10, started.elapsed());
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.markdown());
+    }
+    Ok(())
 }

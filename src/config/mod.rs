@@ -11,6 +11,7 @@ mod integrations;
 mod limits;
 mod lockout;
 mod privacy;
+mod record;
 mod reputation;
 mod scoring;
 mod store;
@@ -34,6 +35,7 @@ pub use limits::{
 };
 pub use lockout::{Escalation, LockoutSettings};
 pub use privacy::PrivacySettings;
+pub use record::RecordSettings;
 pub use reputation::{RangeFormat, ReputationSettings, SourceSettings};
 pub use scoring::{
     AnomalySettings, ClassBounds, OffenderSettings, ScoringSettings, WebhookSettings,
@@ -118,6 +120,8 @@ pub struct Settings {
     pub history: HistorySettings,
     /// Pseudonyms in logs, webhooks and erasures (`[privacy]`).
     pub privacy: PrivacySettings,
+    /// The traffic record for policy replay (`[record]`).
+    pub record: RecordSettings,
 }
 
 impl Default for Settings {
@@ -147,6 +151,7 @@ impl Default for Settings {
             store: StoreSettings::default(),
             history: HistorySettings::default(),
             privacy: PrivacySettings::default(),
+            record: RecordSettings::default(),
         }
     }
 }
@@ -282,6 +287,30 @@ impl Settings {
         Self::from_figment(&figment)
     }
 
+    /// A candidate policy: defaults and this TOML file only (no environment: the live
+    /// instance's `PALISADE_*` variables must not leak into what is being compared),
+    /// validated as a whole settings file would be.
+    pub fn candidate(path: &Path) -> Result<Settings, SettingError> {
+        if !path.is_file() {
+            return Err(SettingError::new(
+                "--policy",
+                format!("{} does not exist or is not a file", path.display()),
+            ));
+        }
+        Self::candidate_toml(
+            &std::fs::read_to_string(path).map_err(|err| {
+                SettingError::new("--policy", format!("{}: {err}", path.display()))
+            })?,
+        )
+    }
+
+    /// A candidate policy from TOML text (see [`Settings::candidate`]).
+    pub fn candidate_toml(text: &str) -> Result<Settings, SettingError> {
+        let figment =
+            Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(text));
+        Self::from_figment(&figment)
+    }
+
     /// Extracts and validates settings from an assembled figment (used by [`Settings::load`]
     /// and by tests that bring their own providers).
     pub fn from_figment(figment: &Figment) -> Result<Settings, SettingError> {
@@ -359,6 +388,7 @@ impl Settings {
         self.store.validate()?;
         self.history.validate()?;
         self.privacy.validate()?;
+        self.record.validate(self.privacy.pseudonym_key.is_some())?;
         Ok(self)
     }
 }

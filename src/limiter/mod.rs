@@ -29,7 +29,7 @@ use crate::telemetry::metrics as names;
 pub use budgets::Budgets;
 pub use request::{
     Challenge, Decision, DecisionSink, DefaultMultipliers, Defaults, Error, Exemptions,
-    LimitRequest, ScopeOutcome,
+    LimitRequest, ScopeOutcome, TrafficSink,
 };
 
 /// `retry_after_ms` reported for a bucket blocked by a multiplier that has no expiry
@@ -75,6 +75,7 @@ pub struct Limiter {
     defaults: std::sync::OnceLock<Arc<dyn DefaultMultipliers>>,
     exemptions: std::sync::OnceLock<Arc<dyn Exemptions>>,
     history: std::sync::OnceLock<Arc<dyn DecisionSink>>,
+    recorder: std::sync::OnceLock<Arc<dyn TrafficSink>>,
     /// The hot store is being rebuilt after it lost its data (lockouts and factors not back
     /// yet): classes that fail closed do.
     rebuilding: std::sync::atomic::AtomicBool,
@@ -117,6 +118,7 @@ impl Limiter {
             defaults: std::sync::OnceLock::new(),
             exemptions: std::sync::OnceLock::new(),
             history: std::sync::OnceLock::new(),
+            recorder: std::sync::OnceLock::new(),
             rebuilding: std::sync::atomic::AtomicBool::new(false),
             metrics: Metrics::default(),
             rates,
@@ -138,6 +140,11 @@ impl Limiter {
     /// Installs where refused and challenged decisions are kept (once).
     pub fn set_history(&self, history: Arc<dyn DecisionSink>) {
         let _ = self.history.set(history);
+    }
+
+    /// Installs where the inputs of every check are recorded (once).
+    pub fn set_recorder(&self, recorder: Arc<dyn TrafficSink>) {
+        let _ = self.recorder.set(recorder);
     }
 
     /// Installs the source of default multipliers (once; later calls are ignored).
@@ -280,6 +287,9 @@ impl Limiter {
     /// class's failure policy answers: fail-open allows (`degraded`), fail-closed errors.
     pub async fn check(&self, request: &LimitRequest) -> Result<Decision, Error> {
         let decision = self.decide(request).await?;
+        if let Some(recorder) = self.recorder.get() {
+            recorder.note(request, decision.now_ms);
+        }
         if (!decision.allowed || decision.challenge.is_some())
             && let Some(history) = self.history.get()
         {

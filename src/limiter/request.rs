@@ -82,6 +82,13 @@ pub trait DecisionSink: Send + Sync + std::fmt::Debug {
     fn note(&self, request: &LimitRequest, decision: &Decision);
 }
 
+/// Where the inputs of every decided check go to be recorded (the traffic record for policy
+/// replay); called on the request path, so it must only note them and return.
+pub trait TrafficSink: Send + Sync + std::fmt::Debug {
+    /// Notes one check decided at `now_ms`.
+    fn note(&self, request: &LimitRequest, now_ms: i64);
+}
+
 /// One limit check, already parsed and normalised.
 #[derive(Debug, Clone)]
 pub struct LimitRequest {

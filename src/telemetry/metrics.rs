@@ -72,6 +72,10 @@ pub const FACTOR_PERSIST_FAILURES_TOTAL: &str = "palisade_factor_persist_failure
 pub const IDENTITY_CHECKS_TOTAL: &str = "palisade_identity_checks_total";
 /// 1, labelled with the `version` of this build.
 pub const BUILD_INFO: &str = "palisade_build_info";
+/// Limit checks written to the traffic record.
+pub const RECORD_CHECKS_TOTAL: &str = "palisade_record_checks_total";
+/// Limit checks not recorded (`record.max_buffered` reached, or the write failed).
+pub const RECORD_DROPPED_TOTAL: &str = "palisade_record_dropped_total";
 /// Entries written to the decision history (each counts one key's refusals in a window).
 pub const HISTORY_ENTRIES_TOTAL: &str = "palisade_history_entries_total";
 /// Refused or challenged decisions not kept in the history (`history.max_pending` reached,
@@ -83,6 +87,8 @@ pub const ALL: &[&str] = &[
     BUILD_INFO,
     HISTORY_ENTRIES_TOTAL,
     HISTORY_DROPPED_TOTAL,
+    RECORD_CHECKS_TOTAL,
+    RECORD_DROPPED_TOTAL,
     IDENTITY_CHECKS_TOTAL,
     HTTP_REQUESTS_TOTAL,
     HTTP_REQUEST_DURATION_SECONDS,
@@ -281,6 +287,11 @@ fn describe() {
         HISTORY_ENTRIES_TOTAL,
         "Entries written to the decision history"
     );
+    metrics::describe_counter!(
+        RECORD_CHECKS_TOTAL,
+        "Limit checks written to the traffic record"
+    );
+    metrics::describe_counter!(RECORD_DROPPED_TOTAL, "Limit checks not recorded");
     metrics::describe_counter!(
         HISTORY_DROPPED_TOTAL,
         "Refused or challenged decisions not kept in the decision history"

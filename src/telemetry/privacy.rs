@@ -36,24 +36,25 @@ impl Pseudonyms {
     /// `anon-` and 16 hex digits of HMAC-SHA256(key, `id`): the same for the same id, not
     /// reversible without the key. Without a key, a random one (linked to nothing).
     pub fn of(&self, id: &str) -> String {
-        let digest: [u8; 8] = match &self.key {
-            Some(key) => {
-                let mut mac = Hmac::<Sha256>::new_from_slice(key.expose().as_bytes())
-                    .expect("HMAC takes keys of any length");
-                mac.update(id.as_bytes());
-                let bytes = mac.finalize().into_bytes();
-                let mut out = [0u8; 8];
-                out.copy_from_slice(&bytes[..8]);
-                out
-            }
-            None => rand::random(),
-        };
+        let digest = self.digest(id).unwrap_or_else(rand::random);
         let mut text = String::with_capacity(21);
         text.push_str("anon-");
         for byte in digest {
             text.push_str(&format!("{byte:02x}"));
         }
         text
+    }
+
+    /// The first 8 bytes of HMAC-SHA256(key, `id`); None without a key.
+    pub fn digest(&self, id: &str) -> Option<[u8; 8]> {
+        let key = self.key.as_ref()?;
+        let mut mac = Hmac::<Sha256>::new_from_slice(key.expose().as_bytes())
+            .expect("HMAC takes keys of any length");
+        mac.update(id.as_bytes());
+        let bytes = mac.finalize().into_bytes();
+        let mut out = [0u8; 8];
+        out.copy_from_slice(&bytes[..8]);
+        Some(out)
     }
 
     /// An identifier as logs and webhooks show it.

@@ -434,6 +434,7 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/accounts/{account}/export"),
     ("post", "/v1/accounts/{account}/erase"),
     ("get", "/v1/events/auth"),
+    ("post", "/v1/policy/simulate"),
     ("get", "/v1/reputation/{ip}"),
     ("post", "/v1/admin/reload"),
     ("get", "/v1/lists/{list}"),

@@ -22,6 +22,7 @@ mod limiter;
 mod lists;
 mod lockout;
 mod nginx;
+mod policy;
 mod recovery;
 mod reputation;
 mod scaleout;

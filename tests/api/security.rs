@@ -41,6 +41,7 @@ const ROLE_TABLE: &[(&str, &str, Option<&str>)] = &[
     ("get", "/v1/accounts/{account}/export", Some("analyst")),
     ("post", "/v1/accounts/{account}/erase", Some("admin")),
     ("get", "/v1/events/auth", Some("analyst")),
+    ("post", "/v1/policy/simulate", Some("admin")),
     ("get", "/v1/offenders", Some("analyst")),
     ("get", "/v1/alerts", Some("analyst")),
     ("get", "/v1/lists/{list}", Some("analyst")),

@@ -1,0 +1,263 @@
+//! The traffic record: the inputs of limit checks, written each second when recording.
+//!
+//! Users and devices are keyed pseudonyms and each client a synthetic IPv6 address standing
+//! for its address (IPv4) or prefix (IPv6).
+
+use std::net::Ipv6Addr;
+use std::sync::{Arc, Mutex};
+
+use crate::clock::Clock;
+use crate::config::RecordSettings;
+use crate::limiter::{LimitRequest, TrafficSink};
+use crate::model::SubjectKey;
+use crate::store::with_pool;
+use crate::store::{Durable, Error};
+use crate::telemetry::metrics as names;
+use crate::telemetry::privacy::Pseudonyms;
+
+/// One recorded check as the replay reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// ULID.
+    pub id: String,
+    /// When it was decided, Unix ms.
+    pub at_ms: i64,
+    /// HTTP method.
+    pub method: String,
+    /// Path as sent.
+    pub endpoint: String,
+    /// The client's synthetic address.
+    pub ip: String,
+    /// The user's pseudonym.
+    pub user: Option<String>,
+    /// The device's pseudonym.
+    pub device: Option<String>,
+    /// Tokens it asked for.
+    pub cost: u32,
+    /// Whether it took them.
+    pub consume: bool,
+}
+
+#[derive(Debug)]
+struct Raw {
+    at_ms: i64,
+    method: String,
+    endpoint: String,
+    ip_key: SubjectKey,
+    user: Option<SubjectKey>,
+    device: Option<SubjectKey>,
+    cost: u32,
+    consume: bool,
+}
+
+/// Notes checks on the request path, writes them each second, prunes them.
+#[derive(Debug)]
+pub struct Recorder {
+    durable: Durable,
+    clock: Arc<dyn Clock>,
+    pseudonyms: Pseudonyms,
+    settings: RecordSettings,
+    buffer: Mutex<Vec<Raw>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// FNV-1a: the same on every instance and after restarts (sampling must pick the same
+/// clients everywhere).
+fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl TrafficSink for Recorder {
+    fn note(&self, request: &LimitRequest, now_ms: i64) {
+        let ip_key = SubjectKey::ip(&request.ip);
+        if self.settings.sample < 1.0 {
+            let client = request.user.as_ref().unwrap_or(&ip_key);
+            let bucket = stable_hash(client.as_str()) % 1_000_000;
+            if bucket as f64 >= self.settings.sample * 1_000_000.0 {
+                return;
+            }
+        }
+        let mut buffer = lock(&self.buffer);
+        if buffer.len() >= self.settings.max_buffered {
+            drop(buffer);
+            metrics::counter!(names::RECORD_DROPPED_TOTAL).increment(1);
+            return;
+        }
+        buffer.push(Raw {
+            at_ms: now_ms,
+            method: request.method.clone(),
+            endpoint: request.endpoint.clone(),
+            ip_key,
+            user: request.user.clone(),
+            device: request.device.clone(),
+            cost: request.cost,
+            consume: request.consume,
+        });
+    }
+}
+
+/// Rows per multi-row insert: 9 binds each, under SQLite's 32,766.
+const ROWS_PER_STATEMENT: usize = 1000;
+
+impl Recorder {
+    /// A recorder over the durable store; pseudonyms made with `privacy.pseudonym_key`.
+    pub fn new(
+        durable: Durable,
+        clock: Arc<dyn Clock>,
+        pseudonyms: Pseudonyms,
+        settings: RecordSettings,
+    ) -> Self {
+        Self {
+            durable,
+            clock,
+            pseudonyms,
+            settings,
+            buffer: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether checks are recorded.
+    pub fn enabled(&self) -> bool {
+        self.settings.enabled
+    }
+
+    /// The synthetic address standing for a client key: `fd` and 56 bits of its keyed
+    /// digest in the top 64 bits, so each client has its own /64 (an IPv6 client's prefix
+    /// stays one client).
+    fn synthetic_ip(&self, ip_key: &SubjectKey) -> String {
+        let d = self.pseudonyms.digest(ip_key.as_str()).unwrap_or_default();
+        Ipv6Addr::new(
+            0xfd00 | u16::from(d[0]),
+            u16::from_be_bytes([d[1], d[2]]),
+            u16::from_be_bytes([d[3], d[4]]),
+            u16::from_be_bytes([d[5], d[6]]),
+            0,
+            0,
+            0,
+            1,
+        )
+        .to_string()
+    }
+
+    /// Writes the buffered checks; returns how many.
+    pub async fn flush(&self) -> Result<usize, Error> {
+        let raw = std::mem::take(&mut *lock(&self.buffer));
+        if raw.is_empty() {
+            return Ok(0);
+        }
+        let rows: Vec<Recorded> = raw
+            .into_iter()
+            .map(|r| Recorded {
+                id: self.clock.new_id().to_string(),
+                at_ms: r.at_ms,
+                method: r.method,
+                endpoint: r.endpoint,
+                ip: self.synthetic_ip(&r.ip_key),
+                user: r.user.map(|u| self.pseudonyms.of(u.as_str())),
+                device: r.device.map(|d| self.pseudonyms.of(d.as_str())),
+                cost: r.cost,
+                consume: r.consume,
+            })
+            .collect();
+        for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+            let written = with_pool!(&self.durable, |pool| {
+                let mut builder = sqlx::QueryBuilder::new(
+                    "INSERT INTO traffic_record (id, at, method, endpoint, ip, user_key, \
+                     device_key, cost, consume) ",
+                );
+                builder.push_values(chunk, |mut row, r| {
+                    row.push_bind(r.id.as_str())
+                        .push_bind(r.at_ms)
+                        .push_bind(r.method.as_str())
+                        .push_bind(r.endpoint.as_str())
+                        .push_bind(r.ip.as_str())
+                        .push_bind(r.user.as_deref())
+                        .push_bind(r.device.as_deref())
+                        .push_bind(i64::from(r.cost))
+                        .push_bind(i64::from(r.consume));
+                });
+                builder.build().execute(pool).await.map(|_| ())
+            });
+            if let Err(err) = written {
+                metrics::counter!(names::RECORD_DROPPED_TOTAL).increment(chunk.len() as u64);
+                return Err(err.into());
+            }
+        }
+        metrics::counter!(names::RECORD_CHECKS_TOTAL).increment(rows.len() as u64);
+        Ok(rows.len())
+    }
+
+    /// Deletes checks older than the retention; returns how many.
+    pub async fn prune(&self) -> Result<u64, Error> {
+        let hours = i64::try_from(self.settings.retention_hours).unwrap_or(i64::MAX);
+        let before = self.clock.now_ms() - hours.saturating_mul(3_600_000);
+        Ok(with_pool!(&self.durable, |pool| sqlx::query(
+            "DELETE FROM traffic_record WHERE at < $1"
+        )
+        .bind(before)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()))?)
+    }
+}
+
+type Row = (
+    String,
+    i64,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    i64,
+    i64,
+);
+
+/// Recorded checks from `from_ms` to before `to_ms` after the position `after` (`(at, id)`),
+/// in the order they were decided, at most `limit`.
+pub async fn read(
+    durable: &Durable,
+    from_ms: i64,
+    to_ms: i64,
+    after: Option<&(i64, String)>,
+    limit: u32,
+) -> Result<Vec<Recorded>, Error> {
+    let (after_at, after_id) = after
+        .map(|(at, id)| (*at, id.clone()))
+        .unwrap_or((i64::MIN, String::new()));
+    let rows: Vec<Row> = with_pool!(durable, |pool| sqlx::query_as(
+        "SELECT id, at, method, endpoint, ip, user_key, device_key, cost, consume \
+         FROM traffic_record WHERE at >= $1 AND at < $2 AND (at > $3 OR (at = $3 AND id > $4)) \
+         ORDER BY at, id LIMIT $5"
+    )
+    .bind(from_ms)
+    .bind(to_ms)
+    .bind(after_at)
+    .bind(after_id)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await)?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(id, at_ms, method, endpoint, ip, user, device, cost, consume)| Recorded {
+                id,
+                at_ms,
+                method,
+                endpoint,
+                ip,
+                user,
+                device,
+                cost: u32::try_from(cost).unwrap_or(1),
+                consume: consume != 0,
+            },
+        )
+        .collect())
+}

@@ -1,0 +1,284 @@
+//! Replay: recorded checks through the live and a candidate `[limits]` on simulated time.
+//!
+//! Each policy runs on its own in-process limiter (the twin of the Redis script); the
+//! difference is reported per class and scope, with the keys it changes most.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::record::Recorded;
+use crate::clock::{Clock, ManualClock};
+use crate::config::LimitSettings;
+use crate::limiter::{Decision, LimitRequest, Limiter};
+use crate::model::{ClientIp, SubjectKey};
+use crate::store::{Hot, Keys, MemoryHot};
+
+/// One policy's limiter over its own in-process buckets.
+struct Side {
+    limiter: Limiter,
+    ipv6_prefix_len: u8,
+}
+
+impl Side {
+    fn new(settings: &LimitSettings, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            limiter: Limiter::new(
+                settings,
+                Hot::Memory(MemoryHot::new()),
+                Keys::new("replay"),
+                clock,
+            ),
+            ipv6_prefix_len: settings.ipv6_prefix_len,
+        }
+    }
+
+    fn request(&self, r: &Recorded) -> Option<LimitRequest> {
+        Some(LimitRequest {
+            method: r.method.clone(),
+            endpoint: r.endpoint.clone(),
+            ip: ClientIp::parse(&r.ip, self.ipv6_prefix_len)?,
+            user: r
+                .user
+                .as_deref()
+                .and_then(|u| SubjectKey::user(u, usize::MAX).ok()),
+            device: r
+                .device
+                .as_deref()
+                .and_then(|d| SubjectKey::device(d, usize::MAX).ok()),
+            cost: r.cost,
+            consume: r.consume,
+        })
+    }
+}
+
+/// Both policies' answers to one recorded check.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// The live policy's decision (None: the check was invalid under it, e.g. a cost above
+    /// every capacity).
+    pub live: Option<Decision>,
+    /// The candidate's.
+    pub candidate: Option<Decision>,
+}
+
+/// Runs recorded checks, in order, through both policies.
+pub struct Replayer {
+    clock: ManualClock,
+    start_ms: i64,
+    live: Side,
+    candidate: Side,
+}
+
+impl Replayer {
+    /// Both policies' limiters with empty buckets, time standing at `start_ms`.
+    pub fn new(live: &LimitSettings, candidate: &LimitSettings, start_ms: i64) -> Self {
+        let clock = ManualClock::new(start_ms);
+        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+        Self {
+            live: Side::new(live, shared.clone()),
+            candidate: Side::new(candidate, shared),
+            clock,
+            start_ms,
+        }
+    }
+
+    /// Moves time to `r`'s and asks both policies.
+    pub async fn step(&mut self, r: &Recorded) -> Step {
+        let now = self.clock.now_ms();
+        if r.at_ms > now {
+            let by = u64::try_from(r.at_ms - now).unwrap_or(0);
+            self.clock.advance(Duration::from_millis(by));
+        }
+        debug_assert!(self.clock.now_ms() >= self.start_ms);
+        let live = match self.live.request(r) {
+            Some(request) => self.live.limiter.check(&request).await.ok(),
+            None => None,
+        };
+        let candidate = match self.candidate.request(r) {
+            Some(request) => self.candidate.limiter.check(&request).await.ok(),
+            None => None,
+        };
+        Step { live, candidate }
+    }
+}
+
+/// What changes for one class (or one scope of it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Change {
+    /// Checks.
+    pub requests: u64,
+    /// Refused by the live policy.
+    pub refused_live: u64,
+    /// Refused by the candidate.
+    pub refused_candidate: u64,
+    /// Allowed live, refused by the candidate.
+    pub newly_refused: u64,
+    /// Refused live, allowed by the candidate.
+    pub newly_allowed: u64,
+}
+
+/// The difference between two policies on recorded traffic.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Checks replayed.
+    pub requests: u64,
+    /// Checks whose class differs between the policies.
+    pub reclassified: u64,
+    /// Per class (the candidate's class of each check).
+    pub classes: BTreeMap<String, Change>,
+    /// Per class and deciding scope of the policy that refused (`class/scope`).
+    pub scopes: BTreeMap<String, Change>,
+    /// The keys whose answers change most (deciding key of the refusing side), most first.
+    pub top_keys: Vec<KeyChange>,
+    /// Decisions per second the replay made (both policies counted).
+    pub decisions_per_s: f64,
+    #[serde(skip)]
+    keys: BTreeMap<String, (u64, u64)>,
+}
+
+/// One key's changed answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyChange {
+    /// The subject key (pseudonymous as recorded).
+    pub key: String,
+    /// Checks the candidate refuses that the live policy allowed.
+    pub newly_refused: u64,
+    /// Checks the candidate allows that the live policy refused.
+    pub newly_allowed: u64,
+}
+
+fn refused(decision: Option<&Decision>) -> bool {
+    decision.is_some_and(|d| !d.allowed)
+}
+
+fn scope_of(decision: &Decision) -> (&str, String) {
+    decision
+        .deciding_scope()
+        .map_or(("none", String::new()), |s| {
+            (s.scope.as_str(), s.subject.to_string())
+        })
+}
+
+impl Report {
+    /// Counts one step.
+    pub fn add(&mut self, step: &Step) {
+        self.requests += 1;
+        let (live, candidate) = (step.live.as_ref(), step.candidate.as_ref());
+        let class = candidate
+            .or(live)
+            .map_or_else(|| "invalid".to_owned(), |d| d.class.to_string());
+        if let (Some(l), Some(c)) = (live, candidate)
+            && l.class != c.class
+        {
+            self.reclassified += 1;
+        }
+        let (was, is) = (refused(live), refused(candidate));
+        // The deciding scope of the side that refused (the candidate's when both did).
+        let decider = if is { candidate } else { live };
+        let (scope, key) = decider.map_or(("none", String::new()), scope_of);
+        for change in [
+            self.classes.entry(class.clone()).or_default(),
+            self.scopes.entry(format!("{class}/{scope}")).or_default(),
+        ] {
+            change.requests += 1;
+            change.refused_live += u64::from(was);
+            change.refused_candidate += u64::from(is);
+            change.newly_refused += u64::from(is && !was);
+            change.newly_allowed += u64::from(was && !is);
+        }
+        if was != is && !key.is_empty() {
+            let entry = self.keys.entry(key).or_default();
+            if is {
+                entry.0 += 1;
+            } else {
+                entry.1 += 1;
+            }
+        }
+    }
+
+    /// Fills `top_keys` (the `n` most changed) and the speed.
+    pub fn finish(&mut self, n: usize, elapsed: Duration) {
+        let mut keys: Vec<KeyChange> = std::mem::take(&mut self.keys)
+            .into_iter()
+            .map(|(key, (newly_refused, newly_allowed))| KeyChange {
+                key,
+                newly_refused,
+                newly_allowed,
+            })
+            .collect();
+        keys.sort_by(|a, b| {
+            (b.newly_refused + b.newly_allowed)
+                .cmp(&(a.newly_refused + a.newly_allowed))
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        keys.truncate(n);
+        self.top_keys = keys;
+        let secs = elapsed.as_secs_f64();
+        self.decisions_per_s = if secs > 0.0 {
+            (self.requests * 2) as f64 / secs
+        } else {
+            0.0
+        };
+        // Scopes without a change are noise in the report.
+        self.scopes
+            .retain(|_, c| c.newly_refused > 0 || c.newly_allowed > 0);
+    }
+
+    /// The report as Markdown.
+    pub fn markdown(&self) -> String {
+        let mut out = format!(
+            "Replayed {} checks ({} reclassified), {:.0} decisions/s.\n\n",
+            self.requests, self.reclassified, self.decisions_per_s
+        );
+        out.push_str("| class | checks | refused live | refused candidate | newly refused | newly allowed |\n|---|---:|---:|---:|---:|---:|\n");
+        for (class, c) in &self.classes {
+            out.push_str(&format!(
+                "| {class} | {} | {} | {} | {} | {} |\n",
+                c.requests, c.refused_live, c.refused_candidate, c.newly_refused, c.newly_allowed
+            ));
+        }
+        if !self.scopes.is_empty() {
+            out.push_str("\n| class/scope | newly refused | newly allowed |\n|---|---:|---:|\n");
+            for (scope, c) in &self.scopes {
+                out.push_str(&format!(
+                    "| {scope} | {} | {} |\n",
+                    c.newly_refused, c.newly_allowed
+                ));
+            }
+        }
+        if !self.top_keys.is_empty() {
+            out.push_str("\n| key | newly refused | newly allowed |\n|---|---:|---:|\n");
+            for k in &self.top_keys {
+                out.push_str(&format!(
+                    "| {} | {} | {} |\n",
+                    k.key, k.newly_refused, k.newly_allowed
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// Replays `records` (in the order given) and reports; `each` sees every step.
+pub async fn replay(
+    live: &LimitSettings,
+    candidate: &LimitSettings,
+    records: impl IntoIterator<Item = Recorded>,
+    mut each: impl FnMut(&Recorded, &Step),
+) -> Report {
+    let started = std::time::Instant::now();
+    let mut records = records.into_iter().peekable();
+    let start = records.peek().map_or(0, |r| r.at_ms);
+    let mut replayer = Replayer::new(live, candidate, start);
+    let mut report = Report::default();
+    for record in records {
+        let step = replayer.step(&record).await;
+        report.add(&step);
+        each(&record, &step);
+    }
+    report.finish(10, started.elapsed());
+    report
+}

@@ -1,0 +1,273 @@
+//! Changing policy without fear: the traffic record keeps limit checks with keyed
+//! pseudonyms; a replay of it through a candidate `[limits]` predicts exactly what the
+//! candidate then does on the same traffic.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{Backend, TestApp};
+use crate::on_both_backends;
+
+on_both_backends!(the_record_keeps_checks_with_pseudonyms_only);
+
+const KEY: &str = "replay-test-pseudonym-key-0123456789abcdef";
+
+/// A candidate: anonymous clients get a third of today's budget, readers more, logins fewer.
+const CANDIDATE: &str = r#"
+[[limits.budgets]]
+name = "global"
+scope = "global"
+limit = 100000
+period_s = 1
+
+[[limits.budgets]]
+name = "ip-anon"
+scope = "ip"
+limit = 20
+period_s = 60
+when = "unauthenticated"
+
+[[limits.budgets]]
+name = "user-read"
+scope = "user"
+classes = ["read"]
+limit = 500
+period_s = 60
+
+[[limits.budgets]]
+name = "auth-account"
+scope = "endpoint_user"
+classes = ["auth"]
+limit = 3
+period_s = 60
+"#;
+
+fn recording(s: &mut palisade::Settings) {
+    s.privacy.pseudonym_key = Some(palisade::config::Secret::new(KEY));
+    s.record.enabled = true;
+}
+
+/// The traffic of both runs: anonymous reads, a heavy reader, a login burst, interleaved,
+/// 50 ms apart.
+fn traffic() -> Vec<Value> {
+    let mut out = Vec::new();
+    for i in 0..120 {
+        out.push(json!({"endpoint": "/api/feed", "method": "GET", "ip": "192.0.2.10"}));
+        for _ in 0..5 {
+            out.push(
+                json!({"endpoint": format!("/api/items/{i}"), "method": "GET",
+                "ip": "192.0.2.11", "user_id": "reader"}),
+            );
+        }
+        if i % 15 == 0 {
+            out.push(
+                json!({"endpoint": "/auth/login", "method": "POST", "ip": "192.0.2.12",
+                "user_id": "victim"}),
+            );
+        }
+    }
+    out
+}
+
+/// Sends the traffic, 50 ms of (manual) time apart; the answers, allowed or not.
+async fn run(app: &TestApp, traffic: &[Value]) -> Vec<bool> {
+    let mut answers = Vec::with_capacity(traffic.len());
+    for check in traffic {
+        let response = app.limit_check(check).await;
+        let status = response.status();
+        assert!(
+            status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+            "{status}"
+        );
+        answers.push(status == StatusCode::OK);
+        app.advance(std::time::Duration::from_millis(50)).await;
+    }
+    answers
+}
+
+async fn recorded(app: &TestApp) -> Vec<palisade::policy::record::Recorded> {
+    app.app.recorder.flush().await.unwrap();
+    palisade::policy::record::read(&app.app.stores.durable, i64::MIN, i64::MAX, None, 100_000)
+        .await
+        .unwrap()
+}
+
+async fn the_record_keeps_checks_with_pseudonyms_only(app: TestApp) {
+    let backend = app.backend;
+    drop(app);
+    let app = TestApp::spawn_with(backend, recording).await.unwrap();
+    let traffic: Vec<Value> = traffic().into_iter().take(20).collect();
+    for check in &traffic {
+        app.limit_check(check).await;
+    }
+    let rows = recorded(&app).await;
+    assert_eq!(rows.len(), traffic.len());
+    let text = format!("{rows:?}");
+    for clear in ["reader", "victim", "192.0.2.1"] {
+        assert!(!text.contains(clear), "{clear} is in the record: {text}");
+    }
+    let reader: Vec<_> = rows
+        .iter()
+        .filter(|r| r.endpoint.starts_with("/api/items"))
+        .collect();
+    assert!(
+        reader
+            .iter()
+            .all(|r| r.user == reader[0].user && r.ip == reader[0].ip)
+    );
+    assert!(reader[0].user.as_deref().unwrap().starts_with("anon-"));
+    assert!(reader[0].ip.starts_with("fd"), "{}", reader[0].ip);
+    let ordered: Vec<i64> = rows.iter().map(|r| r.at_ms).collect();
+    assert!(ordered.windows(2).all(|w| w[0] <= w[1]));
+    // Written once: a second flush has nothing.
+    assert_eq!(app.app.recorder.flush().await.unwrap(), 0);
+}
+
+/// Replay → apply → compare: the candidate's answers predicted from the record are the
+/// answers it gives when it runs (and the live side's are the answers given when recorded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_predicts_exactly_what_the_candidate_does() {
+    let traffic = traffic();
+    let live_app = TestApp::spawn_with(Backend::Embedded, recording)
+        .await
+        .unwrap();
+    let live_answers = run(&live_app, &traffic).await;
+    let rows = recorded(&live_app).await;
+    assert_eq!(rows.len(), traffic.len());
+
+    let candidate = palisade::Settings::candidate_toml(CANDIDATE).unwrap();
+    let mut predicted_live = Vec::new();
+    let mut predicted = Vec::new();
+    let report = palisade::policy::replay::replay(
+        &live_app.settings.limits,
+        &candidate.limits,
+        rows,
+        |_, step| {
+            predicted_live.push(step.live.as_ref().is_some_and(|d| d.allowed));
+            predicted.push(step.candidate.as_ref().is_some_and(|d| d.allowed));
+        },
+    )
+    .await;
+    assert_eq!(
+        predicted_live, live_answers,
+        "the replay of the live policy is what it did"
+    );
+
+    let candidate_app = TestApp::spawn_with(Backend::Embedded, |s| {
+        s.limits = candidate.limits.clone();
+    })
+    .await
+    .unwrap();
+    let candidate_answers = run(&candidate_app, &traffic).await;
+    assert_eq!(
+        predicted, candidate_answers,
+        "the replay predicts the candidate"
+    );
+
+    // The report says what changes, per class and with the keys it changes most.
+    let read = &report.classes["read"];
+    assert!(
+        read.newly_refused > 0,
+        "anonymous reads lose budget: {report:?}"
+    );
+    assert!(read.newly_allowed > 0, "the heavy reader gains: {report:?}");
+    assert!(report.classes["auth"].newly_refused > 0, "{report:?}");
+    assert_eq!(report.requests, traffic.len() as u64);
+    let changed: u64 = report
+        .classes
+        .values()
+        .map(|c| c.newly_refused + c.newly_allowed)
+        .sum();
+    let differing = predicted_live
+        .iter()
+        .zip(&predicted)
+        .filter(|(a, b)| a != b)
+        .count() as u64;
+    assert_eq!(changed, differing);
+    assert!(
+        report.top_keys[0].key.starts_with("user:anon-")
+            || report.top_keys[0].key.starts_with("ip:")
+    );
+    let markdown = report.markdown();
+    assert!(
+        markdown.contains("| read |") && markdown.contains("newly refused"),
+        "{markdown}"
+    );
+}
+
+/// A candidate file with an error names the setting; recording needs a pseudonym key.
+#[test]
+fn bad_candidates_and_keyless_recording_are_refused() {
+    let err = palisade::Settings::candidate_toml(
+        "[[limits.budgets]]\nname = \"x\"\nscope = \"ip\"\nlimit = 0\nperiod_s = 60\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("limit"), "{err}");
+    let err = palisade::Settings::candidate_toml("[limits\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.to_lowercase().contains("line"), "{err}");
+    let mut settings = palisade::Settings::default();
+    settings.record.enabled = true;
+    let err = settings.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("record.enabled") && err.contains("pseudonym_key"),
+        "{err}"
+    );
+}
+
+/// `palisade replay` against an instance's record: Markdown by default, JSON on request,
+/// and a broken candidate file named in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replay_command_reports_on_the_record() {
+    let app = TestApp::spawn_with(Backend::Embedded, recording)
+        .await
+        .unwrap();
+    let traffic = traffic();
+    run(&app, &traffic).await;
+    app.app.recorder.flush().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("candidate.toml");
+    std::fs::write(&policy, CANDIDATE).unwrap();
+    let replay = |args: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
+        for (key, _) in std::env::vars() {
+            if key.starts_with("PALISADE_") {
+                command.env_remove(key);
+            }
+        }
+        command
+            .current_dir(dir.path())
+            .env("PALISADE_DATABASE_URL", &app.settings.database_url)
+            .arg("replay")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let output = replay(&["--policy", policy.to_str().unwrap(), "--json"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["requests"], traffic.len());
+    assert!(
+        report["classes"]["read"]["newly_refused"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    let output = replay(&[
+        "--policy",
+        policy.to_str().unwrap(),
+        "--from",
+        "2100-01-01T00:00:00Z",
+    ]);
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(text.starts_with("Replayed 0 checks"), "{text}");
+    std::fs::write(&policy, "[limits]\nl1_ttl_ms = \"soon\"\n").unwrap();
+    let output = replay(&["--policy", policy.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("l1_ttl_ms"), "{stderr}");
+}
