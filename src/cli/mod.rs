@@ -26,6 +26,19 @@ pub struct Args {
     pub command: Option<Command>,
 }
 
+/// `palisade policy …`.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Report a candidate file's errors, dead rules and changes (exit 1 on an error).
+    Check {
+        /// The candidate settings file.
+        file: PathBuf,
+        /// Print the findings as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 /// Sub-commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -35,6 +48,13 @@ pub enum Command {
     Migrate,
     /// Print every effective budget and class as Markdown tables.
     Budgets,
+    /// Check a candidate settings file: errors with line and column, unreachable class
+    /// patterns, budgets that never apply, and its `[limits]` against the live one.
+    Policy {
+        /// What to do with the policy.
+        #[command(subcommand)]
+        action: PolicyCommand,
+    },
     /// Replay the recorded traffic (`[record]`) through the live `[limits]` and a
     /// candidate's, and report what would change (Markdown, or JSON with `--json`).
     Replay {
@@ -247,6 +267,9 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Policy {
+            action: PolicyCommand::Check { file, json },
+        } => policy_check(&settings, &file, json),
         Command::Replay {
             policy,
             from,
@@ -490,6 +513,42 @@ async fn replay(
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.markdown());
+    }
+    Ok(())
+}
+
+/// `palisade policy check FILE`: findings as `FILE:LINE:COL: level: message` lines.
+fn policy_check(settings: &Settings, file: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    use crate::policy::check::{Level, check};
+
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let findings = check(&text, &settings.limits);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&findings)?);
+    } else {
+        for f in &findings {
+            let at = match (f.line, f.column) {
+                (Some(line), Some(column)) => format!("{}:{line}:{column}", file.display()),
+                _ => file.display().to_string(),
+            };
+            let level = match f.level {
+                Level::Error => "error",
+                Level::Warning => "warning",
+                Level::Change => "change",
+            };
+            println!("{at}: {level}: {}", f.message);
+        }
+        let count = |l: Level| findings.iter().filter(|f| f.level == l).count();
+        println!(
+            "{} error(s), {} warning(s), {} change(s) against the live [limits]",
+            count(Level::Error),
+            count(Level::Warning),
+            count(Level::Change)
+        );
+    }
+    if findings.iter().any(|f| f.level == Level::Error) {
+        anyhow::bail!("{} has errors", file.display());
     }
     Ok(())
 }

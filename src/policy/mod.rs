@@ -1,9 +1,11 @@
-//! Changing policy without fear: the traffic record ([`record`]) and the replay of recorded
-//! traffic through the live and a candidate policy ([`replay`]).
+//! Changing policy without fear: the traffic record ([`record`]), the replay of recorded
+//! traffic through the live and a candidate policy ([`replay`]), and the static check of a
+//! candidate file ([`check`]).
 //!
 //! The replay runs the real limiter (the in-process twin of the Redis script) on simulated
 //! time, so a candidate's answers are the ones it would give; multipliers are held at 1
 //! (the record keeps the requests, not the signals of the day).
 
+pub mod check;
 pub mod record;
 pub mod replay;

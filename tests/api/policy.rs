@@ -271,3 +271,93 @@ async fn the_replay_command_reports_on_the_record() {
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("l1_ttl_ms"), "{stderr}");
 }
+
+/// `palisade policy check`: an error with its line and column (exit 1); a usable file's
+/// dead rules as warnings and its differences from the live `[limits]` (exit 0).
+#[test]
+fn policy_check_finds_errors_dead_rules_and_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |name: &str, text: &str| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
+        for (key, _) in std::env::vars() {
+            if key.starts_with("PALISADE_") {
+                command.env_remove(key);
+            }
+        }
+        let output = command
+            .current_dir(dir.path())
+            .args(["policy", "check", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8(output.stdout).unwrap(),
+        )
+    };
+    let (code, out) = check("syntax.toml", "[limits\nx = 1\n");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("syntax.toml:1:8: error:"), "{out}");
+    let (code, out) = check(
+        "zero.toml",
+        "[[limits.budgets]]\nname = \"global\"\nscope = \"global\"\nlimit = 10\nperiod_s = 1\n\n[[limits.budgets]]\nname = \"x\"\nscope = \"ip\"\nlimit = 0\nperiod_s = 60\n",
+    );
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("zero.toml:7:1: error: limits.budgets[1] (x)"),
+        "{out}"
+    );
+
+    let (code, out) = check(
+        "dead.toml",
+        r#"[limits.classes.partner-login]
+paths = ["/auth/partner"]
+methods = ["POST"]
+fail = "closed"
+priority = 20
+
+[[limits.budgets]]
+name = "global"
+scope = "global"
+limit = 50000
+period_s = 1
+
+[[limits.budgets]]
+name = "anon-user"
+scope = "user"
+limit = 10
+period_s = 60
+when = "unauthenticated"
+"#,
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(
+            "dead.toml:1:1: warning: class partner-login: pattern \"/auth/partner\" is unreachable"
+        ) || out.contains(
+            "dead.toml:2:1: warning: class partner-login: pattern \"/auth/partner\" is unreachable"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("dead.toml:13:1: warning: budget anon-user: keyed by the user"),
+        "{out}"
+    );
+    assert!(
+        out.contains("change: budget global: 100000 per 1 s"),
+        "{out}"
+    );
+    assert!(out.contains("change: budget auth-account removed"), "{out}");
+    assert!(out.contains("change: class partner-login added"), "{out}");
+    assert!(out.contains("0 error(s), 2 warning(s)"), "{out}");
+    // The live policy checked against itself: nothing to say.
+    let example =
+        std::fs::read_to_string(crate::helpers::repo_file("palisade.example.toml")).unwrap();
+    let (code, out) = check("example.toml", &example);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("0 error(s), 0 warning(s), 0 change(s)"),
+        "{out}"
+    );
+}
