@@ -36,6 +36,8 @@ pub struct App {
     pub history: Arc<crate::analyst::history::History>,
     /// The traffic record for policy replay (`[record]`).
     pub recorder: Arc<crate::policy::record::Recorder>,
+    /// Operators' runtime overrides of multipliers.
+    pub overrides: crate::policy::overrides::Overrides,
     /// Rendered `/v1/multipliers` answers (the HTTP edge's cache).
     pub explanations: crate::api::scoring::Explanations,
     /// Layered token buckets (shared with the `tower` middleware, hence the `Arc`).
@@ -282,6 +284,12 @@ impl App {
         if recorder.enabled() {
             limiter.set_recorder(recorder.clone());
         }
+        let overrides = crate::policy::overrides::Overrides::new(
+            stores.durable.clone(),
+            clock.clone(),
+            scoring.clone(),
+            audit.clone(),
+        );
         // Weak: the limiter holds the engine, the engine must not hold the limiter.
         let weak = Arc::downgrade(&limiter);
         scoring.on_publish(move || {
@@ -328,6 +336,7 @@ impl App {
             analyst,
             history,
             recorder,
+            overrides,
             audit,
             limiter,
             lockouts,

@@ -1,4 +1,5 @@
-//! Policy what-if (role `admin`): the traffic record replayed through a candidate `[limits]`.
+//! Policy: what-if replays of the traffic record through a candidate `[limits]`, and runtime
+//! overrides of one subject's multiplier.
 
 use axum::Json;
 use axum::extract::State;
@@ -7,13 +8,19 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Envelope};
-use super::extract::{ApiJson, Authorized, role};
+use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, ReasonQuery, parse_reason, role};
 use super::lockouts::parse_time;
+use super::request_id::current_request_id;
 use crate::app::AppState;
+use crate::model::{ClientIp, SubjectKey};
+use crate::policy::overrides::Override;
 use crate::policy::replay::{Replayer, Report};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(simulate))
+    OpenApiRouter::new()
+        .routes(routes!(simulate))
+        .routes(routes!(create_override, list_overrides))
+        .routes(routes!(delete_override))
 }
 
 /// `POST /v1/policy/simulate` body.
@@ -86,4 +93,168 @@ async fn simulate(
     }
     report.finish(10, started.elapsed());
     Ok(Json(report))
+}
+
+/// `POST /v1/overrides` body: one of `account`, `ip`, `device_id`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewOverride {
+    /// An account.
+    pub account: Option<String>,
+    /// An address (an IPv6 client's prefix, as the limiter keys it).
+    pub ip: Option<String>,
+    /// A device.
+    pub device_id: Option<String>,
+    /// Classes it applies to (default: every class).
+    #[serde(default)]
+    pub classes: Vec<String>,
+    /// The multiplier it sets, 0–1000 (beyond the class bounds; 0 blocks).
+    pub multiplier: f64,
+    /// When it ends, RFC 3339, within 90 days.
+    #[schema(format = DateTime)]
+    pub expires_at: String,
+    /// Why (1–500 characters; kept in the audit log and the explanation).
+    pub reason: String,
+}
+
+/// An override.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct OverrideView {
+    /// ULID.
+    pub id: String,
+    /// Subject key.
+    pub subject: String,
+    /// Classes (empty: every class).
+    pub classes: Vec<String>,
+    /// Multiplier it sets.
+    pub multiplier: f64,
+    /// RFC 3339.
+    pub expires_at: String,
+    /// Who set it and why.
+    pub message: String,
+}
+
+impl From<Override> for OverrideView {
+    fn from(o: Override) -> Self {
+        OverrideView {
+            id: o.id,
+            subject: o.subject,
+            classes: o.classes,
+            multiplier: o.multiplier,
+            expires_at: crate::clock::rfc3339(o.expires_at_ms),
+            message: o.message,
+        }
+    }
+}
+
+/// The overrides in force.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct OverridePage {
+    /// Newest first.
+    pub items: Vec<OverrideView>,
+}
+
+/// Sets one subject's multiplier on some classes (or all) until a time, beyond the class
+/// bounds, at once on every instance (role `admin`): raise a partner for a launch, cut a
+/// misbehaving key. A lockout or deny entry still blocks; of two overrides the smaller wins.
+/// Shown in every explanation; audited as `override.create`.
+#[utoipa::path(post, path = "/v1/overrides", tag = "admin", security(("bearer" = [])),
+    request_body = NewOverride,
+    responses((status = 201, body = OverrideView), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
+async fn create_override(
+    auth: Authorized<role::Admin>,
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<NewOverride>,
+) -> Result<(axum::http::StatusCode, Json<OverrideView>), ApiError> {
+    let reason = parse_reason(Some(&body.reason))?;
+    let ids = app.settings.http.identifiers();
+    let invalid = |e: crate::model::InvalidId| ApiError::invalid(e.to_string());
+    let subject = match (&body.account, &body.ip, &body.device_id) {
+        (Some(account), None, None) => ids.user_key("account", account).map_err(invalid)?,
+        (None, Some(ip), None) => {
+            let ip = ClientIp::parse(ip, app.settings.limits.ipv6_prefix_len)
+                .ok_or_else(|| ApiError::invalid(format!("ip {ip:.64?} is not an IP address")))?;
+            SubjectKey::ip(&ip)
+        }
+        (None, None, Some(device)) => ids.device_key(device).map_err(invalid)?,
+        _ => {
+            return Err(ApiError::invalid(
+                "name exactly one of account, ip and device_id",
+            ));
+        }
+    };
+    if !(0.0..=1000.0).contains(&body.multiplier) || body.multiplier.is_nan() {
+        return Err(ApiError::invalid("multiplier must be between 0 and 1000"));
+    }
+    if let Some(unknown) = body
+        .classes
+        .iter()
+        .find(|c| !app.scoring.classes().contains(c))
+    {
+        return Err(ApiError::invalid(format!(
+            "class {unknown:.64?} is not configured (classes: {})",
+            app.scoring.classes().join(", ")
+        )));
+    }
+    let now = app.clock.now_ms();
+    let expires = parse_time("expires_at", Some(&body.expires_at))?
+        .ok_or_else(|| ApiError::invalid("expires_at is required"))?;
+    if expires <= now || expires > now + 90 * 86_400_000 {
+        return Err(ApiError::invalid(
+            "expires_at must be in the future and within 90 days",
+        ));
+    }
+    let created = app
+        .overrides
+        .create(
+            &subject,
+            &body.classes,
+            body.multiplier,
+            expires,
+            &reason,
+            &auth.caller.actor(),
+            &current_request_id(),
+        )
+        .await?;
+    Ok((axum::http::StatusCode::CREATED, Json(created.into())))
+}
+
+/// The overrides in force, newest first (role `analyst`).
+#[utoipa::path(get, path = "/v1/overrides", tag = "analyst", security(("bearer" = [])),
+    responses((status = 200, body = OverridePage), (status = 401, body = Envelope),
+        (status = 403, body = Envelope)))]
+async fn list_overrides(
+    _auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+) -> Result<Json<OverridePage>, ApiError> {
+    let items = app.overrides.list().await?;
+    Ok(Json(OverridePage {
+        items: items.into_iter().map(OverrideView::from).collect(),
+    }))
+}
+
+/// Removes an override at once on every instance (role `admin`); `?reason=` is required and
+/// audited as `override.delete`.
+#[utoipa::path(delete, path = "/v1/overrides/{id}", tag = "admin", security(("bearer" = [])),
+    params(("id" = String, Path, description = "override id"), ReasonQuery),
+    responses((status = 200, body = OverrideView), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 404, body = Envelope)))]
+async fn delete_override(
+    auth: Authorized<role::Admin>,
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ReasonQuery>,
+) -> Result<Json<OverrideView>, ApiError> {
+    let reason = parse_reason(query.reason.as_deref())?;
+    let not_found = || ApiError::not_found(format!("no override with id {id:.40?} in force"));
+    if ulid::Ulid::from_string(&id).is_err() {
+        return Err(not_found());
+    }
+    let removed = app
+        .overrides
+        .delete(&id, &reason, &auth.caller.actor(), &current_request_id())
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(Json(removed.into()))
 }

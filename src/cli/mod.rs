@@ -107,6 +107,16 @@ pub enum Command {
         #[command(subcommand)]
         action: remote::ListsCommand,
     },
+    /// Runtime overrides of a running instance (`--url`, `--token` of an admin; listing
+    /// needs an analyst).
+    Overrides {
+        /// The instance.
+        #[command(flatten)]
+        remote: remote::Remote,
+        /// What to do.
+        #[command(subcommand)]
+        action: remote::OverridesCommand,
+    },
     /// API tokens of a running instance (`--url`, `--token` of an admin).
     Tokens {
         /// The instance.
@@ -216,6 +226,7 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Lockouts { remote, action } => remote::lockouts(&remote, action).await,
         Command::Lists { remote, action } => remote::lists(&remote, action).await,
         Command::Tokens { remote, action } => remote::tokens(&remote, action).await,
+        Command::Overrides { remote, action } => remote::overrides(&remote, action).await,
         Command::Identity {
             action: IdentityCommand::Sign { uid, did, ttl },
         } => {

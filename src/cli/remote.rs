@@ -271,6 +271,89 @@ pub async fn lists(remote: &Remote, command: ListsCommand) -> anyhow::Result<()>
     Ok(())
 }
 
+/// `palisade overrides …`.
+#[derive(Debug, Subcommand)]
+pub enum OverridesCommand {
+    /// The overrides in force.
+    List,
+    /// Set one subject's multiplier until a time (audited).
+    Set {
+        /// `user:…`, `ip:…` or `device:…`.
+        subject: String,
+        /// The multiplier it sets (0–1000).
+        #[arg(long)]
+        multiplier: f64,
+        /// Classes it applies to, comma-separated (default: every class).
+        #[arg(long, value_delimiter = ',')]
+        classes: Vec<String>,
+        /// RFC 3339 time it ends.
+        #[arg(long)]
+        expires_at: String,
+        /// Why (kept in the audit log and the explanation).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Remove an override (audited).
+    Remove {
+        /// The override id.
+        id: String,
+        /// Why (kept in the audit log).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+/// Runs an overrides command.
+pub async fn overrides(remote: &Remote, command: OverridesCommand) -> anyhow::Result<()> {
+    let columns = [
+        "id",
+        "subject",
+        "classes",
+        "multiplier",
+        "expires_at",
+        "message",
+    ];
+    match command {
+        OverridesCommand::List => {
+            let page = remote
+                .call(reqwest::Method::GET, "/v1/overrides", None)
+                .await?;
+            remote.print(&page, &columns);
+        }
+        OverridesCommand::Set {
+            subject,
+            multiplier,
+            classes,
+            expires_at,
+            reason,
+        } => {
+            let (kind, id) = subject
+                .split_once(':')
+                .context("subject must be user:…, ip:… or device:…")?;
+            let field = match kind {
+                "user" => "account",
+                "ip" => "ip",
+                "device" => "device_id",
+                _ => anyhow::bail!("subject must be user:…, ip:… or device:…"),
+            };
+            let body = json!({
+                field: id, "multiplier": multiplier, "classes": classes,
+                "expires_at": expires_at, "reason": reason,
+            });
+            let created = remote
+                .call(reqwest::Method::POST, "/v1/overrides", Some(body))
+                .await?;
+            remote.print(&created, &columns);
+        }
+        OverridesCommand::Remove { id, reason } => {
+            let path = format!("/v1/overrides/{}?reason={}", encode(&id), encode(&reason));
+            let removed = remote.call(reqwest::Method::DELETE, &path, None).await?;
+            remote.print(&removed, &columns);
+        }
+    }
+    Ok(())
+}
+
 /// Runs a tokens command.
 pub async fn tokens(remote: &Remote, command: TokensCommand) -> anyhow::Result<()> {
     let columns = ["id", "name", "role", "created_at", "revoked_at"];

@@ -8,5 +8,6 @@
 //! (the record keeps the requests, not the signals of the day).
 
 pub mod check;
+pub mod overrides;
 pub mod record;
 pub mod replay;

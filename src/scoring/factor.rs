@@ -20,6 +20,9 @@ pub enum Effect {
     Scale,
     /// Lifts the result to at least its value (allow entries: 1.0), unless a factor blocks.
     Pin,
+    /// Sets the result to its value, beyond the class bounds (an operator's override), unless
+    /// another factor blocks; of several, the smallest.
+    Set,
 }
 
 /// One signal's contribution to one subject's multiplier.
@@ -70,6 +73,14 @@ impl Factor {
         Self {
             effect: Effect::Pin,
             ..Self::scale(signal, code, 1.0, message)
+        }
+    }
+
+    /// An override factor: sets the multiplier to `value` on every class.
+    pub fn set(signal: &str, code: &str, value: f64, message: impl Into<String>) -> Self {
+        Self {
+            effect: Effect::Set,
+            ..Self::scale(signal, code, value, message)
         }
     }
 
@@ -207,12 +218,17 @@ pub struct Combined {
 fn fold(values: impl Iterator<Item = (Effect, f64)> + Clone, floor: f64, ceiling: f64) -> f64 {
     let mut product = 1.0;
     let mut pin: Option<f64> = None;
+    let mut set: Option<f64> = None;
     for (effect, value) in values {
         match effect {
             Effect::Scale if value == 0.0 => return 0.0,
             Effect::Scale => product *= value,
             Effect::Pin => pin = Some(pin.map_or(value, |p: f64| p.max(value))),
+            Effect::Set => set = Some(set.map_or(value, |s: f64| s.min(value))),
         }
+    }
+    if let Some(set) = set {
+        return set;
     }
     let clamped = product.clamp(floor, ceiling);
     match pin {
@@ -314,6 +330,26 @@ mod tests {
         assert_eq!(combine(&many, "read", &policy(&[]), 0).multiplier, 0.1);
         let loose = [Factor::scale("attestation", "attestation_strong", 5.0, "")];
         assert_eq!(combine(&loose, "read", &policy(&[]), 0).multiplier, 2.0);
+    }
+
+    #[test]
+    fn an_override_sets_the_result_beyond_the_bounds_but_not_past_a_block() {
+        let raise = Factor::set("override", "o1", 5.0, "partner launch");
+        let halve = Factor::scale("offender", "repeat_offender", 0.5, "429s");
+        assert_eq!(
+            combine(&[raise.clone(), halve.clone()], "read", &policy(&[]), 0).multiplier,
+            5.0
+        );
+        let cut = Factor::set("override", "o2", 0.01, "misbehaving");
+        assert_eq!(
+            combine(&[raise.clone(), cut], "read", &policy(&[]), 0).multiplier,
+            0.01
+        );
+        let locked = Factor::scale("velocity", "lockout", 0.0, "locked");
+        assert_eq!(
+            combine(&[raise, locked], "read", &policy(&[]), 0).multiplier,
+            0.0
+        );
     }
 
     #[test]

@@ -229,7 +229,7 @@ fn identity_sign_prints_a_valid_identity_and_short_secrets_are_refused() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("IDENTITY_SECRET"));
 }
 
-/// `palisade lockouts|lists|tokens` against a running instance: tables for people, `--json`
+/// `palisade lockouts|lists|overrides|tokens` against a running instance: tables for people, `--json`
 /// for scripts, the API's error on a bad token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_commands_list_and_change_lockouts_lists_and_tokens() {
@@ -294,6 +294,34 @@ async fn remote_commands_list_and_change_lockouts_lists_and_tokens() {
     assert_eq!(code, Some(0), "{err}");
     let (_, out, _) = run(args("lists list deny"), ADMIN_TOKEN).await.unwrap();
     assert!(!out.contains("198.51.100.0/24"), "{out}");
+    let until = chrono::DateTime::from_timestamp_millis(app.app.clock.now_ms() + 3_600_000)
+        .unwrap()
+        .to_rfc3339();
+    let mut set = args("overrides set user:partner --multiplier 3 --classes read,write");
+    set.extend([
+        "--expires-at".to_owned(),
+        until,
+        "--reason".to_owned(),
+        "launch day".to_owned(),
+    ]);
+    let (code, out, err) = run(set, ADMIN_TOKEN).await.unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("user:partner"), "{out}");
+    let (_, out, _) = run(args("overrides list --json"), ADMIN_TOKEN)
+        .await
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        listed["items"][0]["classes"],
+        serde_json::json!(["read", "write"])
+    );
+    let override_id = listed["items"][0]["id"].as_str().unwrap().to_owned();
+    let mut remove = args("overrides remove");
+    remove.extend([override_id, "--reason".to_owned(), "launch over".to_owned()]);
+    let (code, _, err) = run(remove, ADMIN_TOKEN).await.unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    let (_, out, _) = run(args("overrides list"), ADMIN_TOKEN).await.unwrap();
+    assert!(!out.contains("user:partner"), "{out}");
     let (code, out, _) = run(args("tokens list"), ADMIN_TOKEN).await.unwrap();
     assert_eq!(code, Some(0));
     assert!(out.starts_with("ID"), "{out}");

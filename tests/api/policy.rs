@@ -8,7 +8,10 @@ use serde_json::{Value, json};
 use crate::helpers::{Backend, TestApp};
 use crate::on_both_backends;
 
-on_both_backends!(the_record_keeps_checks_with_pseudonyms_only);
+on_both_backends!(
+    the_record_keeps_checks_with_pseudonyms_only,
+    overrides_raise_and_cut_one_subject_everywhere_until_they_end,
+);
 
 const KEY: &str = "replay-test-pseudonym-key-0123456789abcdef";
 
@@ -360,4 +363,152 @@ when = "unauthenticated"
         out.contains("0 error(s), 0 warning(s), 0 change(s)"),
         "{out}"
     );
+}
+
+fn in_ms(app: &TestApp, ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(app.app.clock.now_ms() + ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+async fn user_multiplier(app: &TestApp, user: &str) -> Value {
+    app.admin_json(&format!(
+        "/v1/multipliers?user_id={user}&endpoint=/api/items&method=GET&ip=192.0.2.200"
+    ))
+    .await["keys"][format!("user:{user}")]
+    .clone()
+}
+
+/// An operator cuts a misbehaving account to 1 % of its read budget and raises a partner
+/// beyond the class ceiling; both show in explanations, are listed for analysts, end when
+/// removed or expired, and are audited.
+async fn overrides_raise_and_cut_one_subject_everywhere_until_they_end(app: TestApp) {
+    use crate::helpers::{ADMIN_TOKEN, assert_envelope};
+    let app = &app;
+    let create =
+        |body: Value| async move { app.post("/v1/overrides", Some(ADMIN_TOKEN), &body).await };
+    let response = create(
+        json!({"account": "spammer", "classes": ["read"], "multiplier": 0.01,
+        "expires_at": in_ms(app, 3_600_000), "reason": "scraping the catalogue"}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let cut: Value = response.json().await.unwrap();
+    let response = create(
+        json!({"account": "partner", "classes": ["read"], "multiplier": 3.0,
+        "expires_at": in_ms(app, 600_000), "reason": "launch day"}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+
+    // 300 a minute × 0.01: three reads, then 429.
+    let read = json!({"endpoint": "/api/items", "method": "GET", "ip": "192.0.2.201", "user_id": "spammer"});
+    for _ in 0..3 {
+        assert_eq!(app.limit_check(&read).await.status(), StatusCode::OK);
+    }
+    assert_eq!(
+        app.limit_check(&read).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let spammer = user_multiplier(app, "spammer").await;
+    assert_eq!(spammer["multiplier"], 0.01, "{spammer}");
+    assert!(
+        spammer["reasons"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("scraping the catalogue")
+    );
+    // Beyond the class ceiling (2).
+    assert_eq!(user_multiplier(app, "partner").await["multiplier"], 3.0);
+    // Other classes are untouched.
+    let write = app
+        .admin_json(
+            "/v1/multipliers?user_id=spammer&endpoint=/api/items&method=POST&ip=192.0.2.200",
+        )
+        .await;
+    assert_eq!(write["keys"]["user:spammer"]["multiplier"], 1.0);
+
+    let analyst = app.create_token("analyst", "ana").await.1;
+    let listed: Value = app
+        .get("/v1/overrides", Some(&analyst))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 2, "{listed}");
+    let response = app
+        .post(
+            "/v1/overrides",
+            Some(&analyst),
+            &json!({"account": "x", "multiplier": 2.0,
+            "expires_at": in_ms(app, 60_000), "reason": "x"}),
+        )
+        .await;
+    assert_envelope(response, StatusCode::FORBIDDEN, "FORBIDDEN").await;
+
+    let id = cut["id"].as_str().unwrap();
+    let response = app
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/overrides/{id}"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    let response = app
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/overrides/{id}?reason=settled"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(user_multiplier(app, "spammer").await["multiplier"], 1.0);
+    let response = app
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/overrides/{id}?reason=again"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_envelope(response, StatusCode::NOT_FOUND, "NOT_FOUND").await;
+    let audit = app.admin_json("/v1/audit?action=override.create").await;
+    assert_eq!(audit["items"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        app.admin_json("/v1/audit?action=override.delete").await["items"][0]["details"]["reason"],
+        "settled"
+    );
+
+    for body in [
+        json!({"account": "a", "ip": "192.0.2.1", "multiplier": 2.0, "expires_at": in_ms(app, 60_000), "reason": "x"}),
+        json!({"account": "a", "multiplier": 5000.0, "expires_at": in_ms(app, 60_000), "reason": "x"}),
+        json!({"account": "a", "multiplier": 2.0, "expires_at": in_ms(app, -60_000), "reason": "x"}),
+        json!({"account": "a", "multiplier": 2.0, "expires_at": in_ms(app, 100 * 86_400_000), "reason": "x"}),
+        json!({"account": "a", "classes": ["nope"], "multiplier": 2.0, "expires_at": in_ms(app, 60_000), "reason": "x"}),
+        json!({"account": "a", "multiplier": 2.0, "expires_at": in_ms(app, 60_000), "reason": ""}),
+    ] {
+        assert_envelope(
+            create(body).await,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+    }
+
+    // The partner's ends by itself.
+    if app.clock.is_some() {
+        app.advance(std::time::Duration::from_secs(601)).await;
+        app.app.scoring.republish_due().await.unwrap();
+        assert_eq!(user_multiplier(app, "partner").await["multiplier"], 1.0);
+        let listed: Value = app
+            .get("/v1/overrides", Some(&analyst))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(listed["items"], json!([]));
+    }
 }
