@@ -209,10 +209,12 @@ async fn create_override(
         .overrides
         .create(
             &subject,
-            &body.classes,
-            body.multiplier,
-            expires,
-            &reason,
+            &crate::policy::overrides::Spec {
+                classes: body.classes,
+                multiplier: body.multiplier,
+                expires_at_ms: expires,
+                reason,
+            },
             &auth.caller.actor(),
             &current_request_id(),
         )

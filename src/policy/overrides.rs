@@ -37,6 +37,19 @@ pub struct Override {
     pub message: String,
 }
 
+/// What an override sets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    /// Classes it applies to (empty: every class).
+    pub classes: Vec<String>,
+    /// The multiplier it sets.
+    pub multiplier: f64,
+    /// When it ends, Unix ms.
+    pub expires_at_ms: i64,
+    /// Why.
+    pub reason: String,
+}
+
 /// Sets, lists and removes overrides.
 #[derive(Debug, Clone)]
 pub struct Overrides {
@@ -70,13 +83,17 @@ impl Overrides {
     pub async fn create(
         &self,
         subject: &SubjectKey,
-        classes: &[String],
-        multiplier: f64,
-        expires_at_ms: i64,
-        reason: &str,
+        spec: &Spec,
         actor: &Actor,
         request_id: &str,
     ) -> Result<Override, crate::scoring::Error> {
+        let Spec {
+            classes,
+            multiplier,
+            expires_at_ms,
+            reason,
+        } = spec;
+        let (multiplier, expires_at_ms) = (*multiplier, *expires_at_ms);
         let id = self.clock.new_id().to_string();
         let message = format!("override by {}: {reason}", actor.name);
         let class_refs: Vec<&str> = classes.iter().map(String::as_str).collect();
