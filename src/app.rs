@@ -38,6 +38,8 @@ pub struct App {
     pub recorder: Arc<crate::policy::record::Recorder>,
     /// Operators' runtime overrides of multipliers.
     pub overrides: crate::policy::overrides::Overrides,
+    /// A candidate policy run beside the live one, never enforced.
+    pub canary: Arc<crate::policy::canary::Canary>,
     /// Rendered `/v1/multipliers` answers (the HTTP edge's cache).
     pub explanations: crate::api::scoring::Explanations,
     /// Layered token buckets (shared with the `tower` middleware, hence the `Arc`).
@@ -265,7 +267,9 @@ impl App {
         limiter.set_defaults(scoring.clone());
         lockouts.set_attested(Arc::new(attestation.attested_devices()));
         scoring.set_asn_lookup(reputation.clone());
-        limiter.set_exemptions(Arc::new(LockoutRule(lockouts.clone())));
+        let exemptions: Arc<dyn crate::limiter::Exemptions> =
+            Arc::new(LockoutRule(lockouts.clone()));
+        limiter.set_exemptions(exemptions.clone());
         let history = Arc::new(crate::analyst::history::History::new(
             stores.durable.clone(),
             clock.clone(),
@@ -283,6 +287,18 @@ impl App {
         ));
         if recorder.enabled() {
             limiter.set_recorder(recorder.clone());
+        }
+        let canary = Arc::new(crate::policy::canary::Canary::new(
+            stores.durable.clone(),
+            stores.hot.clone(),
+            stores.keys.clone(),
+            clock.clone(),
+            audit.clone(),
+            scoring.clone(),
+            exemptions,
+        ));
+        if let Err(err) = canary.refresh().await {
+            tracing::warn!(error.cause = %err, "could not read the canary policy; will retry");
         }
         let overrides = crate::policy::overrides::Overrides::new(
             stores.durable.clone(),
@@ -337,6 +353,7 @@ impl App {
             history,
             recorder,
             overrides,
+            canary,
             audit,
             limiter,
             lockouts,
@@ -363,6 +380,9 @@ impl App {
         every(state, &shutdown, second, |app| async move {
             if let Err(err) = app.scoring.republish_due().await {
                 tracing::warn!(error.cause = %err, "republishing due multipliers failed; will retry");
+            }
+            if let Err(err) = app.canary.refresh().await {
+                tracing::warn!(error.cause = %err, "reading the canary policy failed; will retry");
             }
             if let Err(err) = app.scoring.shared_ips().refresh().await {
                 tracing::warn!(error.cause = %err, "reading shared addresses failed; will retry");

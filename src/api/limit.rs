@@ -203,6 +203,7 @@ pub(super) async fn check_and_observe(
     request: &LimitRequest,
 ) -> Result<Decision, limiter::Error> {
     let decision = app.limiter.check(request).await?;
+    app.canary.observe(request, &decision);
     if let Err(err) = app.scoring.observe_check(request, &decision).await {
         tracing::warn!(error.cause = %err, "scoring could not record a limit decision");
     }

@@ -21,6 +21,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(simulate))
         .routes(routes!(create_override, list_overrides))
         .routes(routes!(delete_override))
+        .routes(routes!(load_canary))
+        .routes(routes!(canary_report, discard_canary))
 }
 
 /// `POST /v1/policy/simulate` body.
@@ -259,4 +261,94 @@ async fn delete_override(
         .await?
         .ok_or_else(not_found)?;
     Ok(Json(removed.into()))
+}
+
+/// `POST /v1/policy/candidates` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewCanary {
+    /// The candidate as a settings file's TOML text (its `[limits]` runs). At most 256 KiB.
+    pub policy: String,
+    /// Why (1–500 characters; kept in the audit log).
+    pub reason: String,
+}
+
+/// A loaded canary.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct CanaryLoaded {
+    /// Its id.
+    pub id: String,
+}
+
+/// Loads a candidate `[limits]` as the canary: every instance runs it beside the live policy
+/// within a second, never enforcing it, and counts where it would answer differently
+/// (role `admin`). Replaces a canary in force; audited as `policy.canary_load`.
+#[utoipa::path(post, path = "/v1/policy/candidates", tag = "admin", security(("bearer" = [])),
+    request_body = NewCanary,
+    responses((status = 201, body = CanaryLoaded), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
+async fn load_canary(
+    auth: Authorized<role::Admin>,
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<NewCanary>,
+) -> Result<(axum::http::StatusCode, Json<CanaryLoaded>), ApiError> {
+    let reason = parse_reason(Some(&body.reason))?;
+    if body.policy.len() > 256 * 1024 {
+        return Err(ApiError::invalid("policy must be at most 256 KiB of TOML"));
+    }
+    let id = app
+        .canary
+        .load(
+            &body.policy,
+            &reason,
+            &auth.caller.actor(),
+            &current_request_id(),
+        )
+        .await
+        .map_err(|err| match err {
+            crate::policy::canary::CanaryError::Invalid(message) => ApiError::invalid(message),
+            crate::policy::canary::CanaryError::Store(store) => store.into(),
+        })?;
+    Ok((axum::http::StatusCode::CREATED, Json(CanaryLoaded { id })))
+}
+
+/// The canary in force and what this instance has counted of it: per live class, checks
+/// answered alike, that it would refuse, that it would allow, and the deciding scopes of the
+/// differences (role `analyst`). The fleet's counts are the Prometheus counter
+/// `palisade_canary_decisions_total`. 404 when no canary is in force.
+#[utoipa::path(get, path = "/v1/policy/candidates/current", tag = "analyst", security(("bearer" = [])),
+    responses((status = 200, body = Object), (status = 401, body = Envelope),
+        (status = 403, body = Envelope), (status = 404, body = Envelope)))]
+async fn canary_report(
+    _auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+) -> Result<Json<crate::policy::canary::Report>, ApiError> {
+    app.canary
+        .report()
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("no canary policy is in force"))
+}
+
+/// Discards the canary in force on every instance within a second (role `admin`);
+/// `?reason=` is required; audited as `policy.canary_discard`. To make a candidate the live
+/// policy, deploy its file (`palisade policy check` it first).
+#[utoipa::path(delete, path = "/v1/policy/candidates/current", tag = "admin", security(("bearer" = [])),
+    params(ReasonQuery),
+    responses((status = 204), (status = 400, body = Envelope), (status = 401, body = Envelope),
+        (status = 403, body = Envelope), (status = 404, body = Envelope)))]
+async fn discard_canary(
+    auth: Authorized<role::Admin>,
+    State(app): State<AppState>,
+    ApiQuery(query): ApiQuery<ReasonQuery>,
+) -> Result<axum::http::StatusCode, ApiError> {
+    let reason = parse_reason(query.reason.as_deref())?;
+    if app
+        .canary
+        .discard(&reason, &auth.caller.actor(), &current_request_id())
+        .await?
+    {
+        Ok(axum::http::StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found("no canary policy is in force"))
+    }
 }

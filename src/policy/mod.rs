@@ -7,6 +7,7 @@
 //! time, so a candidate's answers are the ones it would give; multipliers are held at 1
 //! (the record keeps the requests, not the signals of the day).
 
+pub mod canary;
 pub mod check;
 pub mod overrides;
 pub mod record;

@@ -72,6 +72,9 @@ pub const FACTOR_PERSIST_FAILURES_TOTAL: &str = "palisade_factor_persist_failure
 pub const IDENTITY_CHECKS_TOTAL: &str = "palisade_identity_checks_total";
 /// 1, labelled with the `version` of this build.
 pub const BUILD_INFO: &str = "palisade_build_info";
+/// Checks asked again of the canary policy, by live `class`, deciding `scope` and `outcome`
+/// (`same`, `would_refuse`, `would_allow`).
+pub const CANARY_DECISIONS_TOTAL: &str = "palisade_canary_decisions_total";
 /// Limit checks written to the traffic record.
 pub const RECORD_CHECKS_TOTAL: &str = "palisade_record_checks_total";
 /// Limit checks not recorded (`record.max_buffered` reached, or the write failed).
@@ -89,6 +92,7 @@ pub const ALL: &[&str] = &[
     HISTORY_DROPPED_TOTAL,
     RECORD_CHECKS_TOTAL,
     RECORD_DROPPED_TOTAL,
+    CANARY_DECISIONS_TOTAL,
     IDENTITY_CHECKS_TOTAL,
     HTTP_REQUESTS_TOTAL,
     HTTP_REQUEST_DURATION_SECONDS,
@@ -292,6 +296,10 @@ fn describe() {
         "Limit checks written to the traffic record"
     );
     metrics::describe_counter!(RECORD_DROPPED_TOTAL, "Limit checks not recorded");
+    metrics::describe_counter!(
+        CANARY_DECISIONS_TOTAL,
+        "Checks asked again of the canary policy, by class, scope and outcome"
+    );
     metrics::describe_counter!(
         HISTORY_DROPPED_TOTAL,
         "Refused or challenged decisions not kept in the decision history"

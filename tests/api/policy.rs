@@ -11,6 +11,7 @@ use crate::on_both_backends;
 on_both_backends!(
     the_record_keeps_checks_with_pseudonyms_only,
     overrides_raise_and_cut_one_subject_everywhere_until_they_end,
+    a_canary_counts_what_the_candidate_would_do_and_never_enforces_it,
 );
 
 const KEY: &str = "replay-test-pseudonym-key-0123456789abcdef";
@@ -511,4 +512,120 @@ async fn overrides_raise_and_cut_one_subject_everywhere_until_they_end(app: Test
             .unwrap();
         assert_eq!(listed["items"], json!([]));
     }
+}
+
+/// A canary runs the candidate beside the live policy on every instance: the clients get the
+/// live answers, the report counts where the candidate would differ, and a discard ends it.
+async fn a_canary_counts_what_the_candidate_would_do_and_never_enforces_it(app: TestApp) {
+    use crate::helpers::{ADMIN_TOKEN, assert_envelope};
+    let response = app
+        .post(
+            "/v1/policy/candidates",
+            Some(ADMIN_TOKEN),
+            &json!({"policy": CANDIDATE, "reason": "try 20 anonymous reads a minute"}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let loaded: Value = response.json().await.unwrap();
+    // Every instance runs it.
+    let other = app.another_instance().await;
+    assert_eq!(
+        other.app.canary.report().unwrap().id,
+        loaded["id"].as_str().unwrap()
+    );
+
+    let read = json!({"endpoint": "/api/feed", "method": "GET", "ip": "192.0.2.30"});
+    for _ in 0..40 {
+        assert_eq!(
+            app.limit_check(&read).await.status(),
+            StatusCode::OK,
+            "the canary never enforces"
+        );
+    }
+    let analyst = app.create_token("analyst", "ana").await.1;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let report = loop {
+        let report: Value = app
+            .get("/v1/policy/candidates/current", Some(&analyst))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if report["classes"]["read"]["checks"] == 40 || std::time::Instant::now() > deadline {
+            break report;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let read_counts = &report["classes"]["read"];
+    assert_eq!(
+        (
+            read_counts["checks"].as_u64(),
+            read_counts["same"].as_u64(),
+            read_counts["would_refuse"].as_u64(),
+            read_counts["would_allow"].as_u64()
+        ),
+        (Some(40), Some(20), Some(20), Some(0)),
+        "{report}"
+    );
+    assert_eq!(report["scopes"]["read/ip"]["would_refuse"], 20, "{report}");
+    assert_eq!(report["reason"], "try 20 anonymous reads a minute");
+    let metrics = app.get("/metrics", None).await.text().await.unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("palisade_canary_decisions_total")
+                && l.contains("outcome=\"would_refuse\"")),
+        "{metrics}"
+    );
+
+    for body in [
+        json!({"policy": "[limits\n", "reason": "x"}),
+        json!({"policy": CANDIDATE, "reason": ""}),
+        json!({"policy": CANDIDATE}),
+    ] {
+        let response = app
+            .post("/v1/policy/candidates", Some(ADMIN_TOKEN), &body)
+            .await;
+        assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    }
+    let response = app
+        .post(
+            "/v1/policy/candidates",
+            Some(&analyst),
+            &json!({"policy": CANDIDATE, "reason": "x"}),
+        )
+        .await;
+    assert_envelope(response, StatusCode::FORBIDDEN, "FORBIDDEN").await;
+
+    let response = app
+        .request(
+            reqwest::Method::DELETE,
+            "/v1/policy/candidates/current?reason=seen%20enough",
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let response = app
+        .get("/v1/policy/candidates/current", Some(&analyst))
+        .await;
+    assert_envelope(response, StatusCode::NOT_FOUND, "NOT_FOUND").await;
+    other.app.canary.refresh().await.unwrap();
+    assert!(
+        other.app.canary.report().is_none(),
+        "every instance drops it"
+    );
+    let response = app
+        .request(
+            reqwest::Method::DELETE,
+            "/v1/policy/candidates/current?reason=again",
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_envelope(response, StatusCode::NOT_FOUND, "NOT_FOUND").await;
+    let audit = app
+        .admin_json("/v1/audit?action=policy.canary_discard")
+        .await;
+    assert_eq!(audit["items"][0]["details"]["reason"], "seen enough");
 }

@@ -1,0 +1,323 @@
+//! Canary: a candidate `[limits]` every instance runs beside the live one, never enforced.
+//!
+//! Each live decision is asked again of the candidate in a task of its own (the answer the
+//! client gets never waits for it). The candidate's buckets live in the same hot store
+//! under budget names prefixed `canary-`, so they count the whole fleet's traffic, and it
+//! reads the same multipliers, lockouts and exemptions as the live policy: the only
+//! difference is the policy. While a canary is loaded each check costs a second bucket
+//! evaluation. Differences are counted per class and deciding scope in this instance (the
+//! report) and in `palisade_canary_decisions_total` (the fleet).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwapOption;
+use serde::Serialize;
+
+use crate::audit::{Actor, Audit};
+use crate::clock::Clock;
+use crate::config::{LimitSettings, Settings};
+use crate::limiter::{Decision, DefaultMultipliers, Exemptions, LimitRequest, Limiter};
+use crate::store::with_pool;
+use crate::store::{Durable, Error, Hot, Keys};
+use crate::telemetry::metrics as names;
+
+/// Prefix of the candidate's budget names (and so of its buckets' keys).
+pub const BUDGET_PREFIX: &str = "canary-";
+
+/// Counts of one class (or class and scope).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Checks compared.
+    pub checks: u64,
+    /// Both answered alike.
+    pub same: u64,
+    /// The live policy allowed, the candidate would refuse.
+    pub would_refuse: u64,
+    /// The live policy refused, the candidate would allow.
+    pub would_allow: u64,
+}
+
+/// What this instance has seen of the canary in force.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The candidate's id.
+    pub id: String,
+    /// Why it was loaded.
+    pub reason: String,
+    /// Who loaded it.
+    pub created_by: String,
+    /// When, Unix ms.
+    pub created_at_ms: i64,
+    /// Per class.
+    pub classes: BTreeMap<String, Counts>,
+    /// Per class and deciding scope of the side that refused (`class/scope`), changes only.
+    pub scopes: BTreeMap<String, Counts>,
+}
+
+struct Loaded {
+    id: String,
+    reason: String,
+    created_by: String,
+    created_at_ms: i64,
+    limiter: Limiter,
+    counts: Mutex<(BTreeMap<String, Counts>, BTreeMap<String, Counts>)>,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loaded").field("id", &self.id).finish()
+    }
+}
+
+/// Why a candidate could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum CanaryError {
+    /// The TOML is not a valid settings file.
+    #[error("policy: {0}")]
+    Invalid(String),
+    /// A store failed.
+    #[error(transparent)]
+    Store(#[from] Error),
+}
+
+/// The canary of one instance.
+#[derive(Debug)]
+pub struct Canary {
+    durable: Durable,
+    hot: Hot,
+    keys: Keys,
+    clock: Arc<dyn Clock>,
+    audit: Audit,
+    defaults: Arc<dyn DefaultMultipliers>,
+    exemptions: Arc<dyn Exemptions>,
+    current: ArcSwapOption<Loaded>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The candidate's `[limits]` with its budgets renamed into the canary's namespace.
+fn renamed(limits: &LimitSettings) -> LimitSettings {
+    let mut limits = limits.clone();
+    for budget in &mut limits.budgets {
+        budget.name = format!("{BUDGET_PREFIX}{}", budget.name);
+    }
+    limits
+}
+
+type Row = (String, String, String, i64, String);
+
+impl Canary {
+    /// No canary yet; `defaults` and `exemptions` are the live limiter's.
+    pub fn new(
+        durable: Durable,
+        hot: Hot,
+        keys: Keys,
+        clock: Arc<dyn Clock>,
+        audit: Audit,
+        defaults: Arc<dyn DefaultMultipliers>,
+        exemptions: Arc<dyn Exemptions>,
+    ) -> Self {
+        Self {
+            durable,
+            hot,
+            keys,
+            clock,
+            audit,
+            defaults,
+            exemptions,
+            current: ArcSwapOption::empty(),
+        }
+    }
+
+    /// Stores a candidate as the canary in force (every instance loads it within a second);
+    /// audited as `policy.canary_load`. Returns its id.
+    pub async fn load(
+        &self,
+        policy: &str,
+        reason: &str,
+        actor: &Actor,
+        request_id: &str,
+    ) -> Result<String, CanaryError> {
+        Settings::candidate_toml(policy).map_err(|e| CanaryError::Invalid(e.to_string()))?;
+        let id = self.clock.new_id().to_string();
+        let now = self.clock.now_ms();
+        with_pool!(&self.durable, |pool| sqlx::query(
+            "INSERT INTO policy_candidates (id, policy, reason, created_at, created_by) \
+             VALUES ($1, $2, $3, $4, $5)"
+        )
+        .bind(&id)
+        .bind(policy)
+        .bind(reason)
+        .bind(now)
+        .bind(&actor.name)
+        .execute(pool)
+        .await
+        .map(|_| ()))
+        .map_err(Error::from)?;
+        self.audit
+            .record(
+                actor,
+                "policy.canary_load",
+                &id,
+                serde_json::json!({ "reason": reason, "bytes": policy.len() }),
+                request_id,
+            )
+            .await?;
+        self.refresh().await?;
+        Ok(id)
+    }
+
+    /// Discards the canary in force (every instance drops it within a second); audited as
+    /// `policy.canary_discard`. False when none is in force.
+    pub async fn discard(
+        &self,
+        reason: &str,
+        actor: &Actor,
+        request_id: &str,
+    ) -> Result<bool, Error> {
+        let now = self.clock.now_ms();
+        let ids: Vec<String> = with_pool!(&self.durable, |pool| sqlx::query_scalar(
+            "SELECT id FROM policy_candidates WHERE discarded_at IS NULL"
+        )
+        .fetch_all(pool)
+        .await)?;
+        if ids.is_empty() {
+            return Ok(false);
+        }
+        with_pool!(&self.durable, |pool| {
+            sqlx::query(
+            "UPDATE policy_candidates SET discarded_at = $1, discarded_by = $2 WHERE discarded_at IS NULL"
+        )
+        .bind(now)
+        .bind(&actor.name)
+        .execute(pool)
+        .await
+        .map(|_| ())
+        })?;
+        for id in &ids {
+            self.audit
+                .record(
+                    actor,
+                    "policy.canary_discard",
+                    id,
+                    serde_json::json!({ "reason": reason }),
+                    request_id,
+                )
+                .await?;
+        }
+        self.refresh().await?;
+        Ok(true)
+    }
+
+    /// Loads the canary in force if it changed (every second on every instance).
+    pub async fn refresh(&self) -> Result<(), Error> {
+        let row: Option<Row> = with_pool!(&self.durable, |pool| sqlx::query_as(
+            "SELECT id, policy, reason, created_at, created_by FROM policy_candidates \
+             WHERE discarded_at IS NULL ORDER BY id DESC LIMIT 1"
+        )
+        .fetch_optional(pool)
+        .await)?;
+        let current = self.current.load();
+        match (row, current.as_ref()) {
+            (None, None) => {}
+            (None, Some(_)) => self.current.store(None),
+            (Some((id, _, _, _, _)), Some(loaded)) if loaded.id == id => {}
+            (Some((id, policy, reason, created_at_ms, created_by)), _) => {
+                // Stored only after it validated; a row that no longer parses (a newer
+                // build's setting) is not run.
+                match Settings::candidate_toml(&policy) {
+                    Ok(settings) => {
+                        let limiter = Limiter::new(
+                            &renamed(&settings.limits),
+                            self.hot.clone(),
+                            self.keys.clone(),
+                            self.clock.clone(),
+                        );
+                        limiter.set_defaults(self.defaults.clone());
+                        limiter.set_exemptions(self.exemptions.clone());
+                        self.current.store(Some(Arc::new(Loaded {
+                            id,
+                            reason,
+                            created_by,
+                            created_at_ms,
+                            limiter,
+                            counts: Mutex::new(Default::default()),
+                        })));
+                    }
+                    Err(err) => {
+                        tracing::warn!(canary.id = %id, error.cause = %err, "the canary policy does not load; not running it");
+                        self.current.store(None);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the canary about a request the live policy decided, in a task of its own.
+    pub fn observe(self: &Arc<Self>, request: &LimitRequest, live: &Decision) {
+        let Some(loaded) = self.current.load_full() else {
+            return;
+        };
+        let (request, live_allowed) = (request.clone(), live.allowed);
+        let live_class = live.class.clone();
+        let live_scope = live.deciding_scope().map_or("none", |s| s.scope.as_str());
+        tokio::spawn(async move {
+            let Ok(candidate) = loaded.limiter.check(&request).await else {
+                return;
+            };
+            let would = candidate.allowed;
+            let outcome = match (live_allowed, would) {
+                (true, false) => "would_refuse",
+                (false, true) => "would_allow",
+                _ => "same",
+            };
+            let scope = if !would {
+                candidate
+                    .deciding_scope()
+                    .map_or("none", |s| s.scope.as_str())
+            } else {
+                live_scope
+            };
+            metrics::counter!(names::CANARY_DECISIONS_TOTAL, "class" => live_class.to_string(), "scope" => scope, "outcome" => outcome)
+                .increment(1);
+            let mut counts = lock(&loaded.counts);
+            let class = counts.0.entry(live_class.to_string()).or_default();
+            add(class, outcome);
+            if outcome != "same" {
+                add(
+                    counts.1.entry(format!("{live_class}/{scope}")).or_default(),
+                    outcome,
+                );
+            }
+        });
+    }
+
+    /// What this instance has seen of the canary in force; None when there is none.
+    pub fn report(&self) -> Option<Report> {
+        let loaded = self.current.load_full()?;
+        let counts = lock(&loaded.counts).clone();
+        Some(Report {
+            id: loaded.id.clone(),
+            reason: loaded.reason.clone(),
+            created_by: loaded.created_by.clone(),
+            created_at_ms: loaded.created_at_ms,
+            classes: counts.0,
+            scopes: counts.1,
+        })
+    }
+}
+
+fn add(counts: &mut Counts, outcome: &str) {
+    counts.checks += 1;
+    match outcome {
+        "would_refuse" => counts.would_refuse += 1,
+        "would_allow" => counts.would_allow += 1,
+        _ => counts.same += 1,
+    }
+}
