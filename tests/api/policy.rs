@@ -629,3 +629,45 @@ async fn a_canary_counts_what_the_candidate_would_do_and_never_enforces_it(app: 
         .await;
     assert_eq!(audit["items"][0]["details"]["reason"], "seen enough");
 }
+
+/// The same on the production backend (Postgres record, Redis buckets on Redis time): a
+/// burst whose outcome no refill within it can change (anonymous reads refill one token a
+/// second), replayed, then run against the candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_predicts_the_candidate_on_redis_too() {
+    let Some(live_app) = TestApp::spawn_with(Backend::Production, recording).await else {
+        return;
+    };
+    let burst: Vec<Value> = (0..40)
+        .map(|_| json!({"endpoint": "/api/feed", "method": "GET", "ip": "192.0.2.40"}))
+        .collect();
+    let mut live_answers = Vec::new();
+    for check in &burst {
+        live_answers.push(live_app.limit_check(check).await.status() == StatusCode::OK);
+    }
+    let rows = recorded(&live_app).await;
+    let candidate = palisade::Settings::candidate_toml(CANDIDATE).unwrap();
+    let (mut predicted_live, mut predicted) = (Vec::new(), Vec::new());
+    palisade::policy::replay::replay(
+        &live_app.settings.limits,
+        &candidate.limits,
+        rows,
+        |_, step| {
+            predicted_live.push(step.live.as_ref().is_some_and(|d| d.allowed));
+            predicted.push(step.candidate.as_ref().is_some_and(|d| d.allowed));
+        },
+    )
+    .await;
+    assert_eq!(predicted_live, live_answers);
+    let candidate_app = TestApp::spawn_with(Backend::Production, |s| {
+        s.limits = candidate.limits.clone();
+    })
+    .await
+    .unwrap();
+    let mut candidate_answers = Vec::new();
+    for check in &burst {
+        candidate_answers.push(candidate_app.limit_check(check).await.status() == StatusCode::OK);
+    }
+    assert_eq!(predicted, candidate_answers);
+    assert_eq!(predicted.iter().filter(|a| **a).count(), 20);
+}
