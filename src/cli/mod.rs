@@ -520,10 +520,34 @@ async fn replay(
         eprintln!();
     }
     report.finish(10, started.elapsed());
+    // The logins of the window through both `[lockout]`s, when any were stored.
+    let events = crate::policy::logins::read(&durable, from_ms, to_ms, 2_000_000).await?;
+    let logins = if events.is_empty() {
+        None
+    } else {
+        Some(crate::policy::logins::replay(settings, &candidate.lockout, &events).await?)
+    };
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let mut value = serde_json::to_value(&report)?;
+        value["logins"] = serde_json::to_value(&logins)?;
+        println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print!("{}", report.markdown());
+        if let Some(l) = &logins {
+            println!(
+                "\n| logins | live | candidate |\n|---|---:|---:|\n| accounts locked | {} | {} |\n| successful logins it would have refused | {} | {} |",
+                l.locked_live,
+                l.locked_candidate,
+                l.successes_refused_live,
+                l.successes_refused_candidate
+            );
+            if !l.newly_locked.is_empty() {
+                println!("\nNewly locked: {}", l.newly_locked.join(", "));
+            }
+            if !l.no_longer_locked.is_empty() {
+                println!("\nNo longer locked: {}", l.no_longer_locked.join(", "));
+            }
+        }
     }
     Ok(())
 }

@@ -671,3 +671,82 @@ async fn a_replay_predicts_the_candidate_on_redis_too() {
     assert_eq!(predicted, candidate_answers);
     assert_eq!(predicted.iter().filter(|a| **a).count(), 20);
 }
+
+/// Logins replayed through a candidate `[lockout]` on the real velocity and lockout code:
+/// which accounts it would lock or no longer lock, and which successful logins it would
+/// have refused (honest users hurt); the same through `palisade replay`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_replay_names_accounts_newly_locked_and_honest_logins_refused() {
+    let app = TestApp::spawn(Backend::Embedded).await.unwrap();
+    // alice: 10 failures (locked today); bob: 6 failures, then logs in from his phone.
+    app.fail("lr-a", "alice", &["203.0.113.60"], 10).await;
+    app.fail("lr-b", "bob", &["203.0.113.61"], 6).await;
+    app.post_auth(vec![
+        json!({"event_id": "lr-ok", "type": "login_success", "account": "bob",
+        "ip": "198.51.100.61", "ts": app.human_paced_ts()}),
+    ])
+    .await;
+    let events = palisade::policy::logins::read(&app.app.stores.durable, i64::MIN, i64::MAX, 1000)
+        .await
+        .unwrap();
+    assert_eq!(events.len(), 17);
+    // Stricter: lock after 6 failures.
+    let mut stricter = app.settings.lockout.clone();
+    stricter.challenge_after = 3;
+    stricter.lockout_after = 6;
+    let report = palisade::policy::logins::replay(&app.settings, &stricter, &events)
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.locked_live, report.locked_candidate),
+        (1, 2),
+        "{report:?}"
+    );
+    assert_eq!(report.newly_locked, ["bob"]);
+    assert!(report.no_longer_locked.is_empty());
+    assert_eq!(
+        (
+            report.successes_refused_live,
+            report.successes_refused_candidate
+        ),
+        (0, 1),
+        "bob's own login would have been refused: {report:?}"
+    );
+    // Looser: lock after 20.
+    let mut looser = app.settings.lockout.clone();
+    looser.lockout_after = 20;
+    let report = palisade::policy::logins::replay(&app.settings, &looser, &events)
+        .await
+        .unwrap();
+    assert_eq!(report.no_longer_locked, ["alice"]);
+    assert_eq!(report.locked_candidate, 0);
+
+    // Through the command, with a candidate file.
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("candidate.toml");
+    std::fs::write(
+        &policy,
+        "[lockout]\nchallenge_after = 3\nlockout_after = 6\n",
+    )
+    .unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("PALISADE_") {
+            command.env_remove(key);
+        }
+    }
+    let output = command
+        .current_dir(dir.path())
+        .env("PALISADE_DATABASE_URL", &app.settings.database_url)
+        .args(["replay", "--policy", policy.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["logins"]["newly_locked"], json!(["bob"]), "{report}");
+    assert_eq!(report["logins"]["successes_refused_candidate"], 1);
+}
