@@ -264,31 +264,18 @@ async fn clear_penalties(
     State(app): State<AppState>,
     ApiJson(body): ApiJson<ClearPenalties>,
 ) -> Result<Json<Cleared>, ApiError> {
-    let reason = body.reason.trim();
-    if reason.is_empty() || reason.chars().count() > 500 {
-        return Err(ApiError::invalid("reason must be 1-500 characters"));
-    }
-    let ids = app.settings.http.identifiers();
-    let invalid = |e: crate::model::InvalidId| ApiError::invalid(e.to_string());
-    let subject = match (&body.account, &body.ip, &body.device_id) {
-        (Some(account), None, None) => ids.user_key("account", account).map_err(invalid)?,
-        (None, Some(ip), None) => {
-            let ip = ClientIp::parse(ip, app.settings.limits.ipv6_prefix_len)
-                .ok_or_else(|| ApiError::invalid(format!("ip {ip:.64?} is not an IP address")))?;
-            SubjectKey::ip(&ip)
-        }
-        (None, None, Some(device)) => ids.device_key(device).map_err(invalid)?,
-        _ => {
-            return Err(ApiError::invalid(
-                "name exactly one of account, ip and device_id",
-            ));
-        }
-    };
+    let reason = super::extract::parse_reason(Some(&body.reason))?;
+    let subject = super::extract::one_subject(
+        &app,
+        body.account.as_deref(),
+        body.ip.as_deref(),
+        body.device_id.as_deref(),
+    )?;
     let cleared = app
         .lockouts
         .clear_penalties(
             &subject,
-            reason,
+            &reason,
             &auth.caller.actor(),
             &current_request_id(),
         )
@@ -606,10 +593,7 @@ async fn erase_account(
     ApiPath(account): ApiPath<String>,
     ApiJson(body): ApiJson<Erase>,
 ) -> Result<Json<ErasedView>, ApiError> {
-    let reason = body.reason.trim();
-    if reason.is_empty() || reason.chars().count() > 500 {
-        return Err(ApiError::invalid("reason must be 1-500 characters"));
-    }
+    let reason = super::extract::parse_reason(Some(&body.reason))?;
     let (account, subject) = account_subject(&app, &account)?;
     let pseudonym = app.scoring.pseudonyms().of(&account);
     app.lockouts.forget(&subject).await?;

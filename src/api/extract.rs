@@ -338,6 +338,30 @@ pub(super) fn parse_reason(reason: Option<&str>) -> Result<String, ApiError> {
     Ok(reason.to_owned())
 }
 
+/// The one subject named by `account`, `ip` or `device_id` (a body naming none or several
+/// is refused): its subject key as the limiter keys it.
+pub(super) fn one_subject(
+    app: &AppState,
+    account: Option<&str>,
+    ip: Option<&str>,
+    device_id: Option<&str>,
+) -> Result<crate::model::SubjectKey, ApiError> {
+    let ids = app.settings.http.identifiers();
+    let invalid = |e: crate::model::InvalidId| ApiError::invalid(e.to_string());
+    match (account, ip, device_id) {
+        (Some(account), None, None) => ids.user_key("account", account).map_err(invalid),
+        (None, Some(ip), None) => {
+            let ip = crate::model::ClientIp::parse(ip, app.settings.limits.ipv6_prefix_len)
+                .ok_or_else(|| ApiError::invalid(format!("ip {ip:.64?} is not an IP address")))?;
+            Ok(crate::model::SubjectKey::ip(&ip))
+        }
+        (None, None, Some(device)) => ids.device_key(device).map_err(invalid),
+        _ => Err(ApiError::invalid(
+            "name exactly one of account, ip and device_id",
+        )),
+    }
+}
+
 /// A page size within `1..=max` (default `default`).
 pub(super) fn parse_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, ApiError> {
     let limit = limit.unwrap_or(default);

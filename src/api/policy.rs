@@ -12,7 +12,6 @@ use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, ReasonQuery, parse_
 use super::lockouts::parse_time;
 use super::request_id::current_request_id;
 use crate::app::AppState;
-use crate::model::{ClientIp, SubjectKey};
 use crate::policy::overrides::Override;
 use crate::policy::replay::{Replayer, Report};
 
@@ -170,22 +169,12 @@ async fn create_override(
     ApiJson(body): ApiJson<NewOverride>,
 ) -> Result<(axum::http::StatusCode, Json<OverrideView>), ApiError> {
     let reason = parse_reason(Some(&body.reason))?;
-    let ids = app.settings.http.identifiers();
-    let invalid = |e: crate::model::InvalidId| ApiError::invalid(e.to_string());
-    let subject = match (&body.account, &body.ip, &body.device_id) {
-        (Some(account), None, None) => ids.user_key("account", account).map_err(invalid)?,
-        (None, Some(ip), None) => {
-            let ip = ClientIp::parse(ip, app.settings.limits.ipv6_prefix_len)
-                .ok_or_else(|| ApiError::invalid(format!("ip {ip:.64?} is not an IP address")))?;
-            SubjectKey::ip(&ip)
-        }
-        (None, None, Some(device)) => ids.device_key(device).map_err(invalid)?,
-        _ => {
-            return Err(ApiError::invalid(
-                "name exactly one of account, ip and device_id",
-            ));
-        }
-    };
+    let subject = super::extract::one_subject(
+        &app,
+        body.account.as_deref(),
+        body.ip.as_deref(),
+        body.device_id.as_deref(),
+    )?;
     if !(0.0..=1000.0).contains(&body.multiplier) || body.multiplier.is_nan() {
         return Err(ApiError::invalid("multiplier must be between 0 and 1000"));
     }
