@@ -428,6 +428,27 @@ function historyTable(items) {
     why(d)]), "Nothing refused.");
 }
 
+async function policyView() {
+  const overrides = await api("GET", "/v1/overrides");
+  let canary = null;
+  try {
+    canary = await api("GET", "/v1/policy/candidates/current");
+  } catch (err) {
+    if (err.status !== 404) throw err;
+  }
+  show("Policy",
+    h("h2", {}, "Overrides in force"),
+    table("Overrides", ["Subject", "Classes", "Multiplier", "Until", "Who and why"], overrides.items.map((o) => [
+      subjectLink(o.subject), o.classes.length ? o.classes.join(", ") : "all", num(o.multiplier), when(o.expires_at), o.message]),
+    "No overrides. An admin sets them with POST /v1/overrides or palisade overrides set."),
+    h("h2", {}, "Canary"),
+    ...(canary ? [
+      h("p", {}, `Candidate ${canary.id} loaded by ${canary.created_by}: ${canary.reason}. Counts of this instance since it loaded it.`),
+      table("Canary", ["Class", "Checks", "Same", "Would refuse", "Would allow"], Object.entries(canary.classes).map(([c, n]) => [
+        c, num(n.checks), num(n.same), num(n.would_refuse), num(n.would_allow)]), "No checks yet."),
+    ] : [h("p", { class: "muted" }, "No canary policy is running. An admin loads one with POST /v1/policy/candidates.")]));
+}
+
 async function alertsView() {
   const page = await api("GET", "/v1/alerts?limit=200");
   show("Alerts", alertsTable(page.items));
@@ -465,6 +486,7 @@ async function render() {
       case "account": await accountView(arg); break;
       case "ip": await ipView(arg); break;
       case "alerts": await alertsView(); break;
+      case "policy": await policyView(); break;
       case "audit": await auditView(params); break;
       default: show("Not found", h("p", {}, "No such view."));
     }

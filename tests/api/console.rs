@@ -82,6 +82,40 @@ async fn an_analyst_finds_reads_and_releases_in_a_real_browser() {
         10,
     )
     .await;
+    // An override and a canary for the policy view.
+    let until = chrono::DateTime::from_timestamp_millis(app.app.clock.now_ms() + 3_600_000)
+        .unwrap()
+        .to_rfc3339();
+    let response = app
+        .post(
+            "/v1/overrides",
+            Some(crate::helpers::ADMIN_TOKEN),
+            &serde_json::json!({"account": "partner", "classes": ["read"], "multiplier": 3.0,
+                "expires_at": until, "reason": "launch day"}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let response = app
+        .post(
+            "/v1/policy/candidates",
+            Some(crate::helpers::ADMIN_TOKEN),
+            &serde_json::json!({"policy": "[limits]\nl1_ttl_ms = 100\n",
+                "reason": "try 20 anonymous reads a minute"}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let current = app
+        .get(
+            "/v1/policy/candidates/current",
+            Some(crate::helpers::ADMIN_TOKEN),
+        )
+        .await;
+    assert_eq!(
+        current.status(),
+        StatusCode::OK,
+        "{}",
+        current.text().await.unwrap()
+    );
     // A spraying address (one failure on each of 20 accounts: failing, none locked) and
     // traffic for the block-rate chart, some of it refused.
     let spray: Vec<serde_json::Value> = (0..20)

@@ -121,6 +121,15 @@ def main():
         expect(entry).to_contain_text("incident 7: test network, verified")
         shot(page, "audit")
 
+        # Overrides and the canary in force.
+        page.get_by_role("link", name="Policy").click()
+        expect(page.get_by_role("heading", name="Policy")).to_be_visible()
+        override = page.locator("tbody tr", has_text="launch day")
+        expect(override).to_have_count(1)
+        expect(override.get_by_role("link", name="partner")).to_be_visible()
+        expect(page.get_by_text("try 20 anonymous reads a minute", exact=False)).to_be_visible()
+        shot(page, "policy")
+
         # An account name written as markup is shown as text, never run.
         page.goto(BASE + "/console#/failing")
         expect(page.get_by_role("heading", name="Failing, not locked")).to_be_visible()
