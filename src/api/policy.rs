@@ -44,8 +44,9 @@ const MAX_RECORDS: usize = 1_000_000;
 
 /// Replays the recorded traffic of a window (at most one million checks) through the live
 /// `[limits]` and a candidate's and reports the difference: per class, per deciding scope,
-/// and the keys it changes most (role `admin`). Needs `[record]` on; an empty record gives
-/// an empty report.
+/// and the keys it changes most; and the window's stored logins (at most 100,000) through
+/// both `[lockout]`s under `logins` (role `admin`). Needs `[record]` on for the checks; an
+/// empty record gives an empty report.
 #[utoipa::path(post, path = "/v1/policy/simulate", tag = "admin", security(("bearer" = [])),
     request_body = Simulate,
     responses((status = 200, body = Object), (status = 400, body = Envelope),
@@ -54,7 +55,7 @@ async fn simulate(
     _auth: Authorized<role::Admin>,
     State(app): State<AppState>,
     ApiJson(body): ApiJson<Simulate>,
-) -> Result<Json<Report>, ApiError> {
+) -> Result<Json<Simulated>, ApiError> {
     if body.policy.len() > 256 * 1024 {
         return Err(ApiError::invalid("policy must be at most 256 KiB of TOML"));
     }
@@ -93,7 +94,38 @@ async fn simulate(
         seen += page.len();
     }
     report.finish(10, started.elapsed());
-    Ok(Json(report))
+    let events =
+        crate::policy::logins::read(&app.stores.durable, from_ms, to_ms, MAX_EVENTS).await?;
+    let logins = if events.is_empty() {
+        None
+    } else {
+        Some(
+            crate::policy::logins::replay(&app.settings, &candidate.lockout, &events)
+                .await
+                .map_err(|err| ApiError::internal(format!("the login replay failed: {err}")))?,
+        )
+    };
+    Ok(Json(Simulated {
+        report,
+        logins,
+        logins_truncated: events.len() as u32 >= MAX_EVENTS,
+    }))
+}
+
+/// Auth events one simulation replays at most.
+const MAX_EVENTS: u32 = 100_000;
+
+/// What a simulation found.
+#[derive(Debug, serde::Serialize)]
+pub struct Simulated {
+    /// The limit checks' report (flattened: `requests`, `classes`, `scopes`, `top_keys`, …).
+    #[serde(flatten)]
+    pub report: Report,
+    /// The window's logins through both `[lockout]`s; absent without stored auth events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logins: Option<crate::policy::logins::LoginReport>,
+    /// True when the window held more than 100,000 auth events (only the first were replayed).
+    pub logins_truncated: bool,
 }
 
 /// `POST /v1/overrides` body: one of `account`, `ip`, `device_id`.

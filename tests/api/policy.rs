@@ -749,4 +749,22 @@ async fn a_login_replay_names_accounts_newly_locked_and_honest_logins_refused() 
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["logins"]["newly_locked"], json!(["bob"]), "{report}");
     assert_eq!(report["logins"]["successes_refused_candidate"], 1);
+
+    // And through the API.
+    let simulated = app
+        .post(
+            "/v1/policy/simulate",
+            Some(crate::helpers::ADMIN_TOKEN),
+            &json!({"policy": "[lockout]\nchallenge_after = 3\nlockout_after = 6\n",
+                "from": "2020-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(simulated.status(), StatusCode::OK);
+    let simulated: Value = simulated.json().await.unwrap();
+    assert_eq!(
+        simulated["logins"]["newly_locked"],
+        json!(["bob"]),
+        "{simulated}"
+    );
+    assert_eq!(simulated["logins_truncated"], false);
 }
