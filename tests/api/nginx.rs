@@ -64,22 +64,53 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// `docs/gateways/nginx.conf` (the documented snippet) in a server of this test's ports.
-fn config(dir: &Path, port: u16, upstream: u16, palisade: u16, token: &str) -> String {
+/// What differs between the documented configurations.
+struct Variant {
+    /// The snippet under `docs/gateways/`.
+    snippet: &'static str,
+    /// Lines of the main context.
+    main: String,
+    /// Lines of the `http` block.
+    http: String,
+}
+
+impl Variant {
+    fn plain() -> Self {
+        Variant {
+            snippet: "docs/gateways/nginx.conf",
+            main: String::new(),
+            http: String::new(),
+        }
+    }
+}
+
+/// A documented snippet in a server of this test's ports.
+fn config(
+    dir: &Path,
+    port: u16,
+    upstream: u16,
+    palisade: u16,
+    token: &str,
+    variant: &Variant,
+) -> String {
     let d = dir.display();
-    let snippet = std::fs::read_to_string(crate::helpers::repo_file("docs/gateways/nginx.conf"))
+    let snippet = std::fs::read_to_string(crate::helpers::repo_file(variant.snippet))
         .expect("the documented snippet")
         .replace("PALISADE", &format!("127.0.0.1:{palisade}"))
         .replace("LIMITER_TOKEN", token)
+        .replace("HTPASSWD", &format!("{d}/htpasswd"))
         .replace("APP", &format!("127.0.0.1:{upstream}"));
+    let (main, http) = (&variant.main, &variant.http);
     format!(
         r#"
 worker_processes 1;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
+{main}
 events {{ worker_connections 64; }}
 http {{
     access_log off;
+{http}
     client_body_temp_path {d}/body;
     proxy_temp_path {d}/proxy;
     fastcgi_temp_path {d}/fastcgi;
@@ -105,12 +136,26 @@ async fn start_upstream() -> u16 {
     port
 }
 
-async fn start_nginx(binary: &Path, upstream: u16, palisade: u16, token: &str) -> Nginx {
+async fn start_nginx(
+    binary: &Path,
+    upstream: u16,
+    palisade: u16,
+    token: &str,
+    variant: &Variant,
+    env: &[(&str, &str)],
+) -> Nginx {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let conf = dir.path().join("nginx.conf");
-    std::fs::write(&conf, config(dir.path(), port, upstream, palisade, token)).unwrap();
+    std::fs::write(
+        &conf,
+        config(dir.path(), port, upstream, palisade, token, variant),
+    )
+    .unwrap();
+    // alice's password for the basic-auth variant (nginx reads the {PLAIN} scheme).
+    std::fs::write(dir.path().join("htpasswd"), "alice:{PLAIN}wonderland\n").unwrap();
     let mut command = Command::new(binary);
+    command.envs(env.iter().copied());
     command
         .args([
             "-p",
@@ -156,7 +201,15 @@ async fn nginx_auth_request_passes_then_blocks_with_headers() {
     let (_, token) = app.create_token("limiter", "nginx").await;
     let palisade_port = crate::helpers::socket_of(&app.base).port();
     let upstream = start_upstream().await;
-    let nginx = start_nginx(&binary, upstream, palisade_port, &token).await;
+    let nginx = start_nginx(
+        &binary,
+        upstream,
+        palisade_port,
+        &token,
+        &Variant::plain(),
+        &[],
+    )
+    .await;
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{}/auth/login", nginx.port);
     let master = nginx.child.id();
@@ -219,4 +272,100 @@ async fn nginx_auth_request_passes_then_blocks_with_headers() {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "nginx (master {master}) still serves port {port}"
     );
+}
+
+/// The signed-identity configuration (`docs/gateways/nginx-identity.conf` with
+/// `palisade_identity.js` in nginx's JavaScript module): nginx authenticates alice, signs
+/// her identity, and Palisade counts her own auth budget; an identity or user id the client
+/// sends itself changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_signs_the_identity_it_authenticated_with_njs() {
+    let Some(binary) = nginx_binary() else {
+        return;
+    };
+    let module = Path::new("/usr/lib/nginx/modules/ngx_http_js_module.so");
+    if !module.is_file() {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI=true but nginx's JavaScript module is not installed (.ci/run installs libnginx-mod-http-js)"
+        );
+        eprintln!("SKIPPED (no njs): apt-get install libnginx-mod-http-js");
+        return;
+    }
+    const SECRET: &str = "nginx-signs-identities-with-this-32-byte-secret";
+    let first = TestApp::spawn_with(Backend::Embedded, |s| {
+        s.forward_auth.identity_secret = vec![palisade::config::Secret::new(SECRET)];
+    })
+    .await
+    .unwrap();
+    // njs signs with the real time: this instance's clock reads it too.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let app = first.another_instance_with_wall_clock(now_ms).await;
+    let (_, token) = app.create_token("limiter", "nginx").await;
+    let palisade_port = crate::helpers::socket_of(&app.base).port();
+    let upstream = start_upstream().await;
+    let js = crate::helpers::repo_file("docs/gateways/palisade_identity.js");
+    let variant = Variant {
+        snippet: "docs/gateways/nginx-identity.conf",
+        main: format!(
+            "load_module {};\nenv PALISADE_IDENTITY_SECRET;",
+            module.display()
+        ),
+        http: format!(
+            "    js_path {};\n    js_import palisade from palisade_identity.js;\n    js_set $palisade_identity palisade.identity;",
+            js.parent().unwrap().display()
+        ),
+    };
+    let nginx = start_nginx(
+        &binary,
+        upstream,
+        palisade_port,
+        &token,
+        &variant,
+        &[("PALISADE_IDENTITY_SECRET", SECRET)],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{}/auth/login", nginx.port);
+    // Without credentials nginx answers before Palisade is asked.
+    let anonymous = client.post(&url).send().await.unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    // alice, who also claims to be the victim in every header Palisade could read.
+    // Signed with the real secret: were it to reach Palisade, it would count as the victim.
+    let secret = palisade::config::Secret::new(SECRET);
+    let now_s = app.app.clock.now_ms() / 1000;
+    let forged = palisade::access::identity::sign(&secret, now_s + 60, Some("victim"), None);
+    let as_alice = || {
+        client
+            .post(&url)
+            .basic_auth("alice", Some("wonderland"))
+            .header("x-palisade-identity", &forged)
+            .header("x-user-id", "victim")
+    };
+    // Her own login budget: 5 a minute per account (the IP allows 10).
+    for n in 1..=5u32 {
+        let response = as_alice().send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "request {n}");
+        assert_eq!(
+            response.headers()["x-ratelimit-limit"],
+            "5",
+            "alice's budget"
+        );
+    }
+    let blocked = as_alice().send().await.unwrap();
+    assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The victim's budget is whole: nginx replaced the client's identity with alice's.
+    let victim = app
+        .limit_check(
+            &serde_json::json!({"endpoint": "/auth/login", "method": "POST",
+            "ip": "198.51.100.1", "identity": forged,
+            "consume": false}),
+        )
+        .await;
+    let victim: serde_json::Value = victim.json().await.unwrap();
+    assert_eq!(victim["remaining"], 5, "{victim}");
+    drop(nginx);
 }
