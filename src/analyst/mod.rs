@@ -42,7 +42,7 @@ pub struct Failing {
 /// Which failing accounts to list.
 #[derive(Debug, Clone, Default)]
 pub struct FailingQuery {
-    /// Failures received at or after this Unix ms.
+    /// Failures at or after this Unix ms (event time, which the events' time index serves).
     pub since_ms: i64,
     /// Only failures from these addresses (a searched network, resolved).
     pub ips: Option<Vec<String>>,

@@ -36,7 +36,7 @@ pub(super) async fn failing(
             ") AS lockout_id FROM (SELECT account, COUNT(*) AS failures, \
              COUNT(DISTINCT ip) AS ips, COUNT(DISTINCT device_id) AS devices, \
              MIN(ts) AS first_ts, MAX(ts) AS last_ts FROM auth_events \
-             WHERE kind = 'login_failure' AND received_at >= ",
+             WHERE kind = 'login_failure' AND ts >= ",
         );
         builder.push_bind(query.since_ms);
         if let Some(ips) = &query.ips {

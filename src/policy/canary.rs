@@ -92,7 +92,13 @@ pub struct Canary {
     defaults: Arc<dyn DefaultMultipliers>,
     exemptions: Arc<dyn Exemptions>,
     current: ArcSwapOption<Loaded>,
+    /// Canary checks on their way at once; beyond it a check is not compared (counted as
+    /// `skipped`), so a slow hot store cannot pile up tasks.
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
+
+/// Canary checks on their way at once per instance.
+const MAX_IN_FLIGHT: usize = 1024;
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
@@ -131,6 +137,7 @@ impl Canary {
             defaults,
             exemptions,
             current: ArcSwapOption::empty(),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         }
     }
 
@@ -264,10 +271,16 @@ impl Canary {
         let Some(loaded) = self.current.load_full() else {
             return;
         };
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            metrics::counter!(names::CANARY_DECISIONS_TOTAL, "class" => live.class.to_string(), "scope" => "none", "outcome" => "skipped")
+                .increment(1);
+            return;
+        };
         let (request, live_allowed) = (request.clone(), live.allowed);
         let live_class = live.class.clone();
         let live_scope = live.deciding_scope().map_or("none", |s| s.scope.as_str());
         tokio::spawn(async move {
+            let _permit = permit;
             let Ok(candidate) = loaded.limiter.check(&request).await else {
                 return;
             };

@@ -73,7 +73,7 @@ pub const IDENTITY_CHECKS_TOTAL: &str = "palisade_identity_checks_total";
 /// 1, labelled with the `version` of this build.
 pub const BUILD_INFO: &str = "palisade_build_info";
 /// Checks asked again of the canary policy, by live `class`, deciding `scope` and `outcome`
-/// (`same`, `would_refuse`, `would_allow`).
+/// (`same`, `would_refuse`, `would_allow`; `skipped` when 1024 were already on their way).
 pub const CANARY_DECISIONS_TOTAL: &str = "palisade_canary_decisions_total";
 /// Limit checks written to the traffic record.
 pub const RECORD_CHECKS_TOTAL: &str = "palisade_record_checks_total";
