@@ -22,6 +22,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(delete_override))
         .routes(routes!(load_canary))
         .routes(routes!(canary_report, discard_canary))
+        .routes(routes!(export_rules))
 }
 
 /// `POST /v1/policy/simulate` body.
@@ -372,4 +373,34 @@ async fn discard_canary(
     } else {
         Err(ApiError::not_found("no canary policy is in force"))
     }
+}
+
+/// The budgets and deny entries a CDN can enforce itself, in the provider's rule format
+/// (role `admin`): `cloudflare` (rate limiting rules, custom rules and an IP list, JSON),
+/// `aws-waf` (rate-based rules and IP sets, JSON), `fastly` (VCL). What the edge cannot
+/// express (user- and device-keyed budgets, signed-in-only budgets, fallback classes,
+/// multipliers, account and device deny entries) is listed in `not_expressed` (JSON) or as
+/// comments (VCL).
+#[utoipa::path(get, path = "/v1/export/{provider}", tag = "admin", security(("bearer" = [])),
+    params(("provider" = String, Path, description = "cloudflare, aws-waf or fastly")),
+    responses((status = 200, content_type = "application/json", body = Object),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 404, body = Envelope)))]
+async fn export_rules(
+    _auth: Authorized<role::Admin>,
+    State(app): State<AppState>,
+    ApiPath(provider): ApiPath<String>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let provider = crate::policy::export::Provider::parse(&provider).ok_or_else(|| {
+        ApiError::not_found(format!(
+            "no export for {provider:.32?}: cloudflare, aws-waf or fastly"
+        ))
+    })?;
+    let deny = app.lists.entries(crate::reputation::lists::ListName::Deny);
+    let exported = crate::policy::export::export(provider, &app.settings.limits, &deny);
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, exported.content_type)],
+        exported.body,
+    )
+        .into_response())
 }

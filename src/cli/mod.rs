@@ -117,6 +117,18 @@ pub enum Command {
         #[command(subcommand)]
         action: remote::OverridesCommand,
     },
+    /// A running instance's edge rules for a CDN (`--url`, `--token` of an admin):
+    /// `cloudflare`, `aws-waf` or `fastly`, to stdout or `--out FILE`.
+    Export {
+        /// The instance.
+        #[command(flatten)]
+        remote: remote::Remote,
+        /// `cloudflare`, `aws-waf` or `fastly`.
+        provider: String,
+        /// Write to this file instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// API tokens of a running instance (`--url`, `--token` of an admin).
     Tokens {
         /// The instance.
@@ -227,6 +239,11 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Lists { remote, action } => remote::lists(&remote, action).await,
         Command::Tokens { remote, action } => remote::tokens(&remote, action).await,
         Command::Overrides { remote, action } => remote::overrides(&remote, action).await,
+        Command::Export {
+            remote,
+            provider,
+            out,
+        } => remote::export(&remote, &provider, out.as_deref()).await,
         Command::Identity {
             action: IdentityCommand::Sign { uid, did, ttl },
         } => {

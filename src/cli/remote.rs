@@ -354,6 +354,31 @@ pub async fn overrides(remote: &Remote, command: OverridesCommand) -> anyhow::Re
     Ok(())
 }
 
+/// `palisade export PROVIDER [--out FILE]`: the instance's edge rules, as served.
+pub async fn export(
+    remote: &Remote,
+    provider: &str,
+    out: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let value = remote
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/export/{}", encode(provider)),
+            None,
+        )
+        .await?;
+    let text = match &value {
+        Value::String(vcl) => vcl.clone(),
+        json => serde_json::to_string_pretty(json)? + "\n",
+    };
+    match out {
+        Some(path) => std::fs::write(path, text)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
 /// Runs a tokens command.
 pub async fn tokens(remote: &Remote, command: TokensCommand) -> anyhow::Result<()> {
     let columns = ["id", "name", "role", "created_at", "revoked_at"];

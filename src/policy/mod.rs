@@ -9,6 +9,7 @@
 
 pub mod canary;
 pub mod check;
+pub mod export;
 pub mod logins;
 pub mod overrides;
 pub mod record;

@@ -322,6 +322,21 @@ async fn remote_commands_list_and_change_lockouts_lists_and_tokens() {
     assert_eq!(code, Some(0), "{err}");
     let (_, out, _) = run(args("overrides list"), ADMIN_TOKEN).await.unwrap();
     assert!(!out.contains("user:partner"), "{out}");
+    let file = std::env::temp_dir().join(format!("palisade-export-{}.json", std::process::id()));
+    let mut export = args("export cloudflare --out");
+    export.push(file.display().to_string());
+    let (code, _, err) = run(export, ADMIN_TOKEN).await.unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    let exported: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    assert!(
+        exported["rate_limiting_rules"]["rules"].is_array(),
+        "{exported}"
+    );
+    let (code, out, _) = run(args("export fastly"), ADMIN_TOKEN).await.unwrap();
+    assert_eq!(code, Some(0));
+    assert!(out.contains("acl palisade_deny"), "{out}");
     let (code, out, _) = run(args("tokens list"), ADMIN_TOKEN).await.unwrap();
     assert_eq!(code, Some(0));
     assert!(out.starts_with("ID"), "{out}");

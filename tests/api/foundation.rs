@@ -441,6 +441,7 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/policy/candidates"),
     ("get", "/v1/policy/candidates/current"),
     ("delete", "/v1/policy/candidates/current"),
+    ("get", "/v1/export/{provider}"),
     ("get", "/v1/reputation/{ip}"),
     ("post", "/v1/admin/reload"),
     ("get", "/v1/lists/{list}"),

@@ -48,6 +48,7 @@ const ROLE_TABLE: &[(&str, &str, Option<&str>)] = &[
     ("post", "/v1/policy/candidates", Some("admin")),
     ("get", "/v1/policy/candidates/current", Some("analyst")),
     ("delete", "/v1/policy/candidates/current", Some("admin")),
+    ("get", "/v1/export/{provider}", Some("admin")),
     ("get", "/v1/offenders", Some("analyst")),
     ("get", "/v1/alerts", Some("analyst")),
     ("get", "/v1/lists/{list}", Some("analyst")),
@@ -68,6 +69,7 @@ fn concrete(path: &str) -> String {
         .replace("{list}", "deny")
         .replace("{device_id}", "phone-1")
         .replace("{id}", "01ARZ3NDEKTSV4RRFFQ69G5FAV")
+        .replace("{provider}", "cloudflare")
 }
 
 async fn call(app: &TestApp, method: &str, path: &str, token: Option<&str>) -> StatusCode {
