@@ -266,6 +266,9 @@ impl App {
         ]);
         limiter.set_defaults(scoring.clone());
         lockouts.set_attested(Arc::new(attestation.attested_devices()));
+        let attested: Arc<dyn crate::limiter::AttestedDevices> =
+            Arc::new(attestation.attested_devices());
+        limiter.set_attested(attested.clone());
         scoring.set_asn_lookup(reputation.clone());
         let exemptions: Arc<dyn crate::limiter::Exemptions> =
             Arc::new(LockoutRule(lockouts.clone()));
@@ -294,8 +297,11 @@ impl App {
             stores.keys.clone(),
             clock.clone(),
             audit.clone(),
-            scoring.clone(),
-            exemptions,
+            crate::policy::canary::Sockets {
+                defaults: scoring.clone(),
+                exemptions,
+                attested,
+            },
         ));
         if let Err(err) = canary.refresh().await {
             tracing::warn!(error.cause = %err, "could not read the canary policy; will retry");

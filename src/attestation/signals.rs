@@ -30,12 +30,9 @@ pub struct AttestedDevices {
     clock: Arc<dyn Clock>,
 }
 
-impl crate::lockout::AttestedDevices for AttestedDevices {
-    fn is_attested<'a>(
-        &'a self,
-        device: &'a SubjectKey,
-    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>> {
-        Box::pin(async move {
+impl AttestedDevices {
+    async fn check(&self, device: &SubjectKey) -> Result<bool, crate::store::Error> {
+        {
             let now = self.clock.now_ms();
             let factors = self.scoring.stored(device).await.map_err(|err| match err {
                 crate::scoring::Error::Store(store) => store,
@@ -45,7 +42,25 @@ impl crate::lockout::AttestedDevices for AttestedDevices {
                     && matches!(f.code.as_str(), "attestation_strong" | "attestation_device")
                     && f.expires_at_ms.is_none_or(|at| at > now)
             }))
-        })
+        }
+    }
+}
+
+impl crate::lockout::AttestedDevices for AttestedDevices {
+    fn is_attested<'a>(
+        &'a self,
+        device: &'a SubjectKey,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>> {
+        Box::pin(self.check(device))
+    }
+}
+
+impl crate::limiter::AttestedDevices for AttestedDevices {
+    fn is_attested<'a>(
+        &'a self,
+        device: &'a SubjectKey,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>> {
+        Box::pin(self.check(device))
     }
 }
 

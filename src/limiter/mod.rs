@@ -28,8 +28,8 @@ use crate::telemetry::metrics as names;
 
 pub use budgets::Budgets;
 pub use request::{
-    Challenge, Decision, DecisionSink, DefaultMultipliers, Defaults, Error, Exemptions,
-    LimitRequest, ScopeOutcome, TrafficSink,
+    AttestedDevices, Challenge, Decision, DecisionSink, DefaultMultipliers, Defaults, Error,
+    Exemptions, LimitRequest, ScopeOutcome, TrafficSink,
 };
 
 /// `retry_after_ms` reported for a bucket blocked by a multiplier that has no expiry
@@ -76,6 +76,7 @@ pub struct Limiter {
     exemptions: std::sync::OnceLock<Arc<dyn Exemptions>>,
     history: std::sync::OnceLock<Arc<dyn DecisionSink>>,
     recorder: std::sync::OnceLock<Arc<dyn TrafficSink>>,
+    attested: std::sync::OnceLock<Arc<dyn AttestedDevices>>,
     /// The hot store is being rebuilt after it lost its data (lockouts and factors not back
     /// yet): classes that fail closed do.
     rebuilding: std::sync::atomic::AtomicBool,
@@ -119,6 +120,7 @@ impl Limiter {
             exemptions: std::sync::OnceLock::new(),
             history: std::sync::OnceLock::new(),
             recorder: std::sync::OnceLock::new(),
+            attested: std::sync::OnceLock::new(),
             rebuilding: std::sync::atomic::AtomicBool::new(false),
             metrics: Metrics::default(),
             rates,
@@ -142,6 +144,13 @@ impl Limiter {
         let _ = self.history.set(history);
     }
 
+    /// Installs which devices count as attested (once): an attested device's requests get
+    /// their own per-IP budgets (keyed by IP and device, under the IP-wide ceiling), as on a
+    /// shared address.
+    pub fn set_attested(&self, attested: Arc<dyn AttestedDevices>) {
+        let _ = self.attested.set(attested);
+    }
+
     /// Installs where the inputs of every check are recorded (once).
     pub fn set_recorder(&self, recorder: Arc<dyn TrafficSink>) {
         let _ = self.recorder.set(recorder);
@@ -162,7 +171,21 @@ impl Limiter {
         &self.budgets
     }
 
-    fn scopes(&self, class: usize, request: &LimitRequest) -> Vec<Scope> {
+    /// Whether the request's device is attested, asked only when it matters: a device id on
+    /// a class with a per-endpoint IP budget (auth, expensive). A failed lookup counts as not
+    /// attested (the strict IP budget stands).
+    async fn attested(&self, class: usize, request: &LimitRequest) -> bool {
+        let (Some(device), Some(hook)) = (&request.device, self.attested.get()) else {
+            return false;
+        };
+        let per_endpoint_ip = self
+            .budgets
+            .applicable(class, request.user.is_some(), true)
+            .any(|i| self.budgets.budgets[i].scope == ScopeKind::EndpointIp);
+        per_endpoint_ip && hook.is_attested(device).await.unwrap_or(false)
+    }
+
+    fn scopes(&self, class: usize, request: &LimitRequest, attested: bool) -> Vec<Scope> {
         let class_info = &self.budgets.classes[class];
         let defaults = self
             .defaults
@@ -203,9 +226,10 @@ impl Limiter {
                 ScopeKind::Ip | ScopeKind::EndpointIp => {
                     let ip = SubjectKey::ip(&request.ip);
                     match &request.device {
-                        Some(device) if defaults.shared_ip => {
+                        Some(device) if defaults.shared_ip || attested => {
                             // Per device behind the address, with the budget's own numbers,
-                            // and one IP-wide bucket raised to the ceiling.
+                            // and one IP-wide bucket raised to the ceiling (a shared address,
+                            // or an attested device: it does not share the IP's budget).
                             out.push(self.ip_device(
                                 scope(
                                     index,
@@ -301,7 +325,8 @@ impl Limiter {
     async fn decide(&self, request: &LimitRequest) -> Result<Decision, Error> {
         let class = self.budgets.classify(&request.method, &request.endpoint);
         let class_name = self.budgets.classes[class].name.clone();
-        let scopes = self.scopes(class, request);
+        let attested = self.attested(class, request).await;
+        let scopes = self.scopes(class, request, attested);
         for scope in scopes.iter().filter(|s| s.enforced) {
             let budget = &self.budgets.budgets[scope.budget];
             if request.cost > budget.capacity() {

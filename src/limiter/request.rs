@@ -75,6 +75,18 @@ pub trait Exemptions: Send + Sync + std::fmt::Debug {
     ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>>;
 }
 
+/// Which devices hold a fresh attestation verdict of device integrity or better.
+///
+/// The socket attestation plugs into (the limiter never imports it); asked only for requests
+/// with a device id of classes with a per-endpoint IP budget.
+pub trait AttestedDevices: Send + Sync + std::fmt::Debug {
+    /// True when `device` is attested now.
+    fn is_attested<'a>(
+        &'a self,
+        device: &'a SubjectKey,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>>;
+}
+
 /// Where refused and challenged decisions go to be kept (the decision history); called
 /// on the request path, so it must only note them and return.
 pub trait DecisionSink: Send + Sync + std::fmt::Debug {

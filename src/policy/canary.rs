@@ -81,6 +81,17 @@ pub enum CanaryError {
     Store(#[from] Error),
 }
 
+/// What the live limiter is plugged into, for the candidate to see the same.
+#[derive(Debug, Clone)]
+pub struct Sockets {
+    /// Default multipliers (scoring).
+    pub defaults: Arc<dyn DefaultMultipliers>,
+    /// The lockout-DoS rule.
+    pub exemptions: Arc<dyn Exemptions>,
+    /// Attested devices.
+    pub attested: Arc<dyn crate::limiter::AttestedDevices>,
+}
+
 /// The canary of one instance.
 #[derive(Debug)]
 pub struct Canary {
@@ -89,8 +100,7 @@ pub struct Canary {
     keys: Keys,
     clock: Arc<dyn Clock>,
     audit: Audit,
-    defaults: Arc<dyn DefaultMultipliers>,
-    exemptions: Arc<dyn Exemptions>,
+    sockets: Sockets,
     current: ArcSwapOption<Loaded>,
     /// Canary checks on their way at once; beyond it a check is not compared (counted as
     /// `skipped`), so a slow hot store cannot pile up tasks.
@@ -118,15 +128,14 @@ fn renamed(limits: &LimitSettings) -> LimitSettings {
 type Row = (String, String, String, i64, String);
 
 impl Canary {
-    /// No canary yet; `defaults` and `exemptions` are the live limiter's.
+    /// No canary yet; `sockets` are the live limiter's.
     pub fn new(
         durable: Durable,
         hot: Hot,
         keys: Keys,
         clock: Arc<dyn Clock>,
         audit: Audit,
-        defaults: Arc<dyn DefaultMultipliers>,
-        exemptions: Arc<dyn Exemptions>,
+        sockets: Sockets,
     ) -> Self {
         Self {
             durable,
@@ -134,8 +143,7 @@ impl Canary {
             keys,
             clock,
             audit,
-            defaults,
-            exemptions,
+            sockets,
             current: ArcSwapOption::empty(),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         }
@@ -245,8 +253,9 @@ impl Canary {
                             self.keys.clone(),
                             self.clock.clone(),
                         );
-                        limiter.set_defaults(self.defaults.clone());
-                        limiter.set_exemptions(self.exemptions.clone());
+                        limiter.set_defaults(self.sockets.defaults.clone());
+                        limiter.set_exemptions(self.sockets.exemptions.clone());
+                        limiter.set_attested(self.sockets.attested.clone());
                         self.current.store(Some(Arc::new(Loaded {
                             id,
                             reason,

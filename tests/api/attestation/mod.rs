@@ -35,6 +35,7 @@ on_both_backends!(
     a_negative_play_verdict_is_stored_as_failed,
     strong_and_unverified_devices_get_different_multipliers,
     attestation_routes_need_their_roles,
+    an_attested_device_has_its_own_login_budget_behind_a_busy_address,
 );
 
 const APP_ID: &str = "ABCDE12345.com.example.app";
@@ -565,6 +566,60 @@ async fn strong_and_unverified_devices_get_different_multipliers(app: TestApp) {
     );
     assert_eq!(device_limit("iphone-new", "/v1/feed", "GET").await, 600);
     assert_eq!(device_limit("iphone-new", "/auth/login", "POST").await, 150);
+}
+
+/// An attested device does not share its address's login budget: when the other devices
+/// behind one address have spent it, the attested one still logs in (counted per address and
+/// device, under the IP-wide ceiling); an unattested newcomer does not.
+async fn an_attested_device_has_its_own_login_budget_behind_a_busy_address(app: TestApp) {
+    let (app, f) = app_for(app).await;
+    let key = app_key();
+    let challenge = app.challenge_for("iphone-own").await;
+    let object = attestation_object(&key, &challenge, &f, Bad::None);
+    let response = app
+        .attest(&apple(
+            "iphone-own",
+            &challenge,
+            &key,
+            "attestation_object",
+            object,
+        ))
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let login = |user: &str, device: &str| {
+        json!({"endpoint": "/auth/login", "method": "POST", "ip": "198.51.100.200",
+            "user_id": user, "device_id": device})
+    };
+    // Ten people on ten unattested phones spend the address's 10 logins a minute.
+    for i in 0..10 {
+        let response = app
+            .limit_check(&login(&format!("u{i}"), &format!("phone-{i}")))
+            .await;
+        assert_eq!(response.status(), StatusCode::OK, "login {i}");
+    }
+    let newcomer = app.limit_check(&login("u-new", "phone-new")).await;
+    assert_eq!(newcomer.status(), StatusCode::TOO_MANY_REQUESTS);
+    let owner = app.limit_check(&login("owner", "iphone-own")).await;
+    assert_eq!(
+        owner.status(),
+        StatusCode::OK,
+        "the attested device has its own budget"
+    );
+    let body: Value = owner.json().await.unwrap();
+    assert_eq!(
+        body["remaining"], 4,
+        "its account's 5 a minute decide now: {body}"
+    );
+    // Its own per-address budget: the budget's 10 × the device's multiplier (1.5 for a
+    // strong verdict) = 15, one of them spent above.
+    for i in 0..14 {
+        let response = app
+            .limit_check(&login(&format!("owner-{i}"), "iphone-own"))
+            .await;
+        assert_eq!(response.status(), StatusCode::OK, "attested login {i}");
+    }
+    let spent = app.limit_check(&login("owner-10", "iphone-own")).await;
+    assert_eq!(spent.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
 async fn attestation_routes_need_their_roles(app: TestApp) {
