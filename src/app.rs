@@ -58,6 +58,8 @@ pub struct App {
     pub attestation: Attestation,
     /// IP bans as CrowdSec's decisions stream.
     pub crowdsec: crate::crowdsec::Crowdsec,
+    /// envoyproxy/ratelimit descriptor rules (`envoy.ratelimit_config`), when configured.
+    pub envoy_rules: Option<Arc<crate::descriptors::watch::LiveRules>>,
     /// Notices a hot store that lost its data and rebuilds it from the durable store.
     pub recovery: crate::recovery::Recovery,
     /// Wall and monotonic time for every domain.
@@ -78,6 +80,9 @@ pub enum BuildError {
     /// The App Attest root CA could not be read.
     #[error(transparent)]
     Attestation(#[from] crate::attestation::LoadError),
+    /// An envoyproxy/ratelimit config file is not valid (named with the file).
+    #[error("envoy.ratelimit_config: {0}")]
+    EnvoyRules(#[from] crate::descriptors::ConfigError),
 }
 
 /// Runs `step` every `period` (the first at once) until `shutdown` fires.
@@ -346,6 +351,21 @@ impl App {
         if let Err(err) = recovery.check().await {
             tracing::warn!(error.cause = %err, "could not check the hot store's epoch; will retry");
         }
+        // The recorder first: the load is counted.
+        crate::telemetry::metrics::handle();
+        let envoy_rules = if settings.envoy.ratelimit_config.is_empty() {
+            None
+        } else {
+            let rules = crate::descriptors::watch::LiveRules::load(
+                settings.envoy.ratelimit_config.clone(),
+                settings.envoy.merge_domains,
+            )?;
+            tracing::info!(
+                domains = ?rules.current().domains().collect::<Vec<_>>(),
+                "envoy ratelimit config loaded"
+            );
+            Some(Arc::new(rules))
+        };
         Ok(App {
             recovery,
             settings: {
@@ -369,6 +389,7 @@ impl App {
             scoring,
             attestation,
             crowdsec,
+            envoy_rules,
             clock,
             explanations: Default::default(),
             metrics: crate::telemetry::metrics::handle(),
@@ -409,6 +430,9 @@ impl App {
             let (tracked, _, _) = app.scoring.baseline_keys();
             metrics::gauge!(crate::telemetry::metrics::BASELINE_KEYS).set(tracked as f64);
         });
+        if let Some(rules) = &state.envoy_rules {
+            rules.spawn_watch(shutdown.clone());
+        }
         // A hot store that lost its data is noticed (and rebuilt) within a second or two.
         every(state, &shutdown, second, |app| async move {
             if let Err(err) = app.recovery.check().await {

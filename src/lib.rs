@@ -26,6 +26,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod crowdsec;
+pub mod descriptors;
 pub mod ingest;
 pub mod limiter;
 pub mod lockout;

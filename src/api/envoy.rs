@@ -55,6 +55,10 @@ pub mod proto {
         /// The entries.
         #[prost(message, repeated, tag = "1")]
         pub entries: Vec<Entry>,
+        /// The route's own limit for this descriptor (Envoy's `limit` override): used instead
+        /// of the configured rule of the domain.
+        #[prost(message, optional, tag = "2")]
+        pub limit: Option<RateLimitOverride>,
         /// A per-descriptor hits addend (`google.protobuf.UInt64Value`), overriding the
         /// request's. Sent by newer Envoy versions only; older ones leave field 3 unused, so
         /// it is simply absent there.
@@ -71,6 +75,17 @@ pub mod proto {
         /// Descriptor value.
         #[prost(string, tag = "2")]
         pub value: String,
+    }
+
+    /// `RateLimitDescriptor.RateLimitOverride`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RateLimitOverride {
+        /// Requests per unit.
+        #[prost(uint32, tag = "1")]
+        pub requests_per_unit: u32,
+        /// `envoy.type.v3.RateLimitUnit` (the same numbers as [`Unit`]).
+        #[prost(int32, tag = "2")]
+        pub unit: i32,
     }
 
     /// `google.protobuf.UInt64Value`.
@@ -199,8 +214,14 @@ fn scopes_named(state: &AppState, descriptor: &proto::RateLimitDescriptor) -> Ve
     kinds
 }
 
-/// The request's check, assembled from every descriptor's entries.
-fn limit_check(state: &AppState, request: &RateLimitRequest) -> Result<LimitCheck, tonic::Status> {
+/// The request's check, assembled from every descriptor's entries. Without an entry naming
+/// the client IP there is no check of Palisade's own (Ok(None)) when `rules_only` (the
+/// domain has descriptor rules), an error otherwise.
+fn limit_check(
+    state: &AppState,
+    request: &RateLimitRequest,
+    rules_only: bool,
+) -> Result<Option<LimitCheck>, tonic::Status> {
     let envoy = &state.settings.envoy;
     let mut check = LimitCheck {
         endpoint: String::new(),
@@ -229,6 +250,9 @@ fn limit_check(state: &AppState, request: &RateLimitRequest) -> Result<LimitChec
         }
     }
     if check.ip.is_empty() {
+        if rules_only {
+            return Ok(None);
+        }
         return Err(tonic::Status::invalid_argument(format!(
             "no descriptor entry names the client IP (keys {:?}: add a remote_address action)",
             envoy.ip_keys
@@ -248,7 +272,28 @@ fn limit_check(state: &AppState, request: &RateLimitRequest) -> Result<LimitChec
     check.cost = Some(u32::try_from(hits).map_err(|_| {
         tonic::Status::invalid_argument(format!("hits_addend {hits} is too large"))
     })?);
-    Ok(check)
+    Ok(Some(check))
+}
+
+/// The endpoint class of a request (its name and failure policy), from its path and method
+/// entries or the default path.
+fn class_of(
+    state: &AppState,
+    request: &RateLimitRequest,
+) -> (std::sync::Arc<str>, crate::config::FailMode) {
+    let envoy = &state.settings.envoy;
+    let mut path = envoy.default_path.as_str();
+    let mut method = "GET";
+    for entry in request.descriptors.iter().flat_map(|d| &d.entries) {
+        if envoy.path_keys.contains(&entry.key) {
+            path = &entry.value;
+        } else if envoy.method_keys.contains(&entry.key) {
+            method = &entry.value;
+        }
+    }
+    let budgets = state.limiter.budgets();
+    let class = &budgets.classes[budgets.classify(&method.to_ascii_uppercase(), path)];
+    (class.name.clone(), class.fail)
 }
 
 /// The most telling scope among `kinds`: a blocking one (longest wait), else the one with
@@ -323,40 +368,75 @@ pub async fn should_rate_limit(
             ErrorCode::Forbidden => tonic::Status::permission_denied(err.message()),
             _ => tonic::Status::unavailable(err.message()),
         })?;
-    let check = limit_check(state, request)?;
-    let limit_request =
-        parse(state, check).map_err(|err| tonic::Status::invalid_argument(err.message()))?;
-    let decision = match check_and_observe(state, &limit_request).await {
-        Ok(decision) => decision,
-        Err(crate::limiter::Error::CostAboveCapacity { .. }) => {
-            return Err(tonic::Status::invalid_argument(
-                "hits_addend exceeds what a budget can ever hold",
-            ));
-        }
-        // Fails closed: over limit, marked degraded (Envoy's own failure_mode_deny only
-        // covers Palisade being unreachable).
-        Err(crate::limiter::Error::FailClosed { .. }) => {
-            return Ok(RateLimitResponse {
-                overall_code: Code::OverLimit as i32,
-                statuses: request
-                    .descriptors
-                    .iter()
-                    .map(|_| status(None, false))
-                    .collect(),
-                response_headers_to_add: vec![
-                    header(layer::DEGRADED_HEADER, "redis-unavailable"),
-                    header("retry-after", "1"),
-                ],
-                request_headers_to_add: Vec::new(),
-            });
-        }
+    let rules = state
+        .envoy_rules
+        .as_ref()
+        .map(|live| live.current())
+        .filter(|rules| rules.has_domain(&request.domain));
+    let check = limit_check(state, request, rules.is_some())?;
+    let limit_request = match check {
+        Some(check) => Some(
+            parse(state, check).map_err(|err| tonic::Status::invalid_argument(err.message()))?,
+        ),
+        None => None,
+    };
+    let decision = match &limit_request {
+        None => None,
+        Some(limit_request) => match check_and_observe(state, limit_request).await {
+            Ok(decision) => Some(decision),
+            Err(crate::limiter::Error::CostAboveCapacity { .. }) => {
+                return Err(tonic::Status::invalid_argument(
+                    "hits_addend exceeds what a budget can ever hold",
+                ));
+            }
+            // Fails closed: over limit, marked degraded (Envoy's own failure_mode_deny only
+            // covers Palisade being unreachable).
+            Err(crate::limiter::Error::FailClosed { .. }) => {
+                return Ok(RateLimitResponse {
+                    overall_code: Code::OverLimit as i32,
+                    statuses: request
+                        .descriptors
+                        .iter()
+                        .map(|_| status(None, false))
+                        .collect(),
+                    response_headers_to_add: vec![
+                        header(layer::DEGRADED_HEADER, "redis-unavailable"),
+                        header("retry-after", "1"),
+                    ],
+                    request_headers_to_add: Vec::new(),
+                });
+            }
+        },
+    };
+    let admitted = decision.as_ref().is_none_or(|d| d.allowed);
+    let ruled = match &rules {
+        Some(rules) => Some(
+            super::envoy_rules::answer(
+                state,
+                rules,
+                request,
+                limit_request.as_ref(),
+                class_of(state, request),
+                admitted,
+            )
+            .await?,
+        ),
+        None => None,
     };
     let statuses = request
         .descriptors
         .iter()
-        .map(|descriptor| {
+        .enumerate()
+        .map(|(i, descriptor)| {
+            if let Some(status) = ruled.as_ref().and_then(|r| r.statuses[i].clone()) {
+                return status;
+            }
+            let Some(decision) = &decision else {
+                // No rule and no check of Palisade's own: nothing limits it (as upstream).
+                return status(None, true);
+            };
             let kinds = scopes_named(state, descriptor);
-            let scope = scope_for(&decision, &kinds);
+            let scope = scope_for(decision, &kinds);
             let allowed = scope.is_none_or(|s| s.allowed || !s.enforced);
             // A descriptor naming no scope of ours carries the request's answer.
             status(
@@ -369,20 +449,76 @@ pub async fn should_rate_limit(
             )
         })
         .collect();
-    let response_headers_to_add = layer::headers(&decision)
-        .iter()
-        .filter_map(|(name, value)| Some(header(name.as_str(), value.to_str().ok()?)))
-        .collect();
+    let mut response_headers_to_add: Vec<proto::HeaderValue> = decision
+        .as_ref()
+        .map(|decision| {
+            layer::headers(decision)
+                .iter()
+                .filter_map(|(name, value)| Some(header(name.as_str(), value.to_str().ok()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(ruled) = &ruled {
+        let now_ms = state.clock.now_ms();
+        rule_headers(
+            &mut response_headers_to_add,
+            ruled,
+            decision.as_ref(),
+            now_ms,
+        );
+    }
+    let over_limit = !admitted || ruled.as_ref().is_some_and(|r| r.over_limit);
     Ok(RateLimitResponse {
-        overall_code: if decision.allowed {
-            Code::Ok
-        } else {
+        overall_code: if over_limit {
             Code::OverLimit
+        } else {
+            Code::Ok
         } as i32,
         statuses,
         response_headers_to_add,
         request_headers_to_add: Vec::new(),
     })
+}
+
+/// `x-ratelimit-limit`, `-remaining` and `-reset` name the most limiting of the rules and
+/// Palisade's deciding scope (fewest tokens left), the reset in Unix seconds as Palisade's
+/// own; a degraded rule check is marked.
+fn rule_headers(
+    headers: &mut Vec<proto::HeaderValue>,
+    ruled: &super::envoy_rules::RuleAnswer,
+    decision: Option<&Decision>,
+    now_ms: i64,
+) {
+    if ruled.degraded {
+        headers.push(header(layer::DEGRADED_HEADER, "redis-unavailable"));
+    }
+    let Some(tightest) = &ruled.tightest else {
+        return;
+    };
+    let palisade_left = decision
+        .and_then(Decision::deciding_scope)
+        .map(|s| s.remaining);
+    if palisade_left.is_some_and(|left| left <= u64::from(tightest.limit_remaining)) {
+        return;
+    }
+    headers.retain(|h| !h.key.starts_with("x-ratelimit-"));
+    let limit = tightest
+        .current_limit
+        .as_ref()
+        .map_or(0, |l| l.requests_per_unit);
+    let reset_ms = tightest.duration_until_reset.as_ref().map_or(0, |d| {
+        d.seconds
+            .saturating_mul(1000)
+            .saturating_add(i64::from(d.nanos / 1_000_000))
+    });
+    let at_ms = now_ms.saturating_add(reset_ms);
+    let reset_s = at_ms.div_euclid(1000) + i64::from(at_ms.rem_euclid(1000) > 0);
+    headers.push(header("x-ratelimit-limit", &limit.to_string()));
+    headers.push(header(
+        "x-ratelimit-remaining",
+        &tightest.limit_remaining.to_string(),
+    ));
+    headers.push(header("x-ratelimit-reset", &reset_s.to_string()));
 }
 
 fn header(key: &str, value: &str) -> proto::HeaderValue {

@@ -37,6 +37,19 @@ pub struct EnvoySettings {
     ///
     /// TOML `envoy.default_path`; default `/`.
     pub default_path: String,
+    /// envoyproxy/ratelimit config files, read as they are (docs/GUIDE.md "Envoy"): files,
+    /// or folders whose `*.yaml`/`*.yml` files are read in name order. Their rules run
+    /// beside Palisade's own classes; changes are picked up within a second.
+    ///
+    /// TOML `envoy.ratelimit_config` (a path or a list), env
+    /// `PALISADE_ENVOY__RATELIMIT_CONFIG` (comma-separated); default none.
+    #[serde(deserialize_with = "one_or_many")]
+    pub ratelimit_config: Vec<std::path::PathBuf>,
+    /// Two files may name the same domain (their descriptors are merged; a key in both is
+    /// still an error), as upstream's `MERGE_DOMAIN_CONFIG`.
+    ///
+    /// TOML `envoy.merge_domains`; default false.
+    pub merge_domains: bool,
 }
 
 impl Default for EnvoySettings {
@@ -49,6 +62,8 @@ impl Default for EnvoySettings {
             path_keys: list(&["path", ":path", "request_path"]),
             method_keys: list(&["method", ":method", "request_method"]),
             default_path: "/".to_owned(),
+            ratelimit_config: Vec::new(),
+            merge_domains: false,
         }
     }
 }
@@ -84,9 +99,9 @@ pub struct ForwardAuthSettings {
 }
 
 /// A list, or one comma-separated string (as an environment variable gives it).
-fn one_or_many<'de, D: serde::Deserializer<'de>>(
+fn one_or_many<'de, D: serde::Deserializer<'de>, T: From<String>>(
     deserializer: D,
-) -> Result<Vec<super::Secret>, D::Error> {
+) -> Result<Vec<T>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum OneOrMany {
@@ -101,7 +116,7 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(
         .into_iter()
         .map(|item| item.trim().to_owned())
         .filter(|item| !item.is_empty())
-        .map(super::Secret::new)
+        .map(T::from)
         .collect())
 }
 

@@ -171,6 +171,12 @@ pub enum LogFormat {
 #[serde(transparent)]
 pub struct Secret(String);
 
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Self(value)
+    }
+}
+
 impl Secret {
     /// Wraps a secret value.
     pub fn new(value: impl Into<String>) -> Self {

@@ -15,6 +15,7 @@ mod multipliers;
 pub mod rates;
 mod redis_backend;
 mod request;
+mod rules;
 pub mod target;
 
 use std::sync::Arc;
@@ -31,6 +32,7 @@ pub use request::{
     AttestedDevices, Challenge, Decision, DecisionSink, DefaultMultipliers, Defaults, Error,
     Exemptions, LimitRequest, ScopeOutcome, TrafficSink,
 };
+pub use rules::{RuleBucket, RuleOutcome};
 
 /// `retry_after_ms` reported for a bucket blocked by a multiplier that has no expiry
 /// (e.g. a manual deny): ask again in a minute.

@@ -53,6 +53,12 @@ pub const BASELINE_KEYS: &str = "palisade_baseline_keys";
 pub const ATTESTATIONS_TOTAL: &str = "palisade_attestations_total";
 /// Envoy rate limit service calls, by `outcome` (`ok`, `over_limit`, `error`).
 pub const GRPC_REQUESTS_TOTAL: &str = "palisade_grpc_requests_total";
+/// Descriptors matched by an envoyproxy/ratelimit rule, by `domain`, `rule` (the rule's
+/// metric key, upstream's stats key) and `outcome` (`within_limit`, `over_limit`,
+/// `shadow_mode`, `unlimited`).
+pub const ENVOY_RULE_HITS_TOTAL: &str = "palisade_envoy_rule_hits_total";
+/// Loads of the envoyproxy/ratelimit config files, by `outcome` (`loaded`, `failed`).
+pub const ENVOY_CONFIG_LOADS_TOTAL: &str = "palisade_envoy_config_loads_total";
 /// Forward-auth answers, by `outcome` (`pass`, `block`).
 pub const FORWARD_AUTH_TOTAL: &str = "palisade_forward_auth_total";
 /// CrowdSec stream pulls, by `startup` (`true`, `false`).
@@ -117,6 +123,8 @@ pub const ALL: &[&str] = &[
     BASELINE_KEYS,
     ATTESTATIONS_TOTAL,
     GRPC_REQUESTS_TOTAL,
+    ENVOY_RULE_HITS_TOTAL,
+    ENVOY_CONFIG_LOADS_TOTAL,
     FORWARD_AUTH_TOTAL,
     CROWDSEC_PULLS_TOTAL,
     HOT_REBUILDS_TOTAL,
@@ -312,6 +320,14 @@ fn describe() {
         GRPC_REQUESTS_TOTAL,
         "Envoy rate limit service calls by outcome"
     );
+    metrics::describe_counter!(
+        ENVOY_RULE_HITS_TOTAL,
+        "Descriptors matched by an envoyproxy/ratelimit rule, by domain, rule and outcome"
+    );
+    metrics::describe_counter!(
+        ENVOY_CONFIG_LOADS_TOTAL,
+        "Loads of the envoyproxy/ratelimit config files by outcome"
+    );
     metrics::describe_counter!(FORWARD_AUTH_TOTAL, "Forward-auth answers by outcome");
     metrics::describe_counter!(CROWDSEC_PULLS_TOTAL, "CrowdSec decision stream pulls");
     metrics::describe_counter!(
@@ -376,7 +392,7 @@ pub fn zero(settings: &crate::config::Settings) {
         metrics::counter!(FAIL_OPEN_TOTAL, "class" => name.clone(), "outcome" => outcome)
             .increment(0);
     }
-    let labelled: [(&'static str, &'static str, &[&'static str]); 11] = [
+    let labelled: [(&'static str, &'static str, &[&'static str]); 12] = [
         (STORE_UNAVAILABLE_TOTAL, "store", &["durable", "hot"]),
         (
             ACCESS_CHECKS_TOTAL,
@@ -390,6 +406,7 @@ pub fn zero(settings: &crate::config::Settings) {
             &["ok", "over_limit", "error"],
         ),
         (FORWARD_AUTH_TOTAL, "outcome", &["pass", "block"]),
+        (ENVOY_CONFIG_LOADS_TOTAL, "outcome", &["loaded", "failed"]),
         (CROWDSEC_PULLS_TOTAL, "startup", &["true", "false", "live"]),
         (
             MULTIPLIER_PUBLISHES_TOTAL,

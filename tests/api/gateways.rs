@@ -26,14 +26,14 @@ on_both_backends!(
 );
 
 /// A tonic client of the rate limit service of `app`, served on an ephemeral port.
-struct Envoy {
+pub(crate) struct Envoy {
     grpc: tonic::client::Grpc<tonic::transport::Channel>,
     channel: tonic::transport::Channel,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Envoy {
-    async fn start(app: &TestApp) -> Envoy {
+    pub(crate) async fn start(app: &TestApp) -> Envoy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -57,7 +57,7 @@ impl Envoy {
         }
     }
 
-    async fn call(
+    pub(crate) async fn call(
         &mut self,
         token: Option<&str>,
         request: RateLimitRequest,
@@ -78,7 +78,7 @@ impl Envoy {
     }
 }
 
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: entries
             .iter()
@@ -87,6 +87,7 @@ fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
                 value: (*value).to_owned(),
             })
             .collect(),
+        limit: None,
         hits_addend: None,
     }
 }
@@ -105,7 +106,7 @@ fn login(ip: &str, user: &str, hits: u32) -> RateLimitRequest {
     }
 }
 
-fn header<'r>(response: &'r RateLimitResponse, name: &str) -> Option<&'r str> {
+pub(crate) fn header<'r>(response: &'r RateLimitResponse, name: &str) -> Option<&'r str> {
     response
         .response_headers_to_add
         .iter()

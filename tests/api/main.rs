@@ -13,6 +13,7 @@ mod console;
 mod deploy;
 mod docs;
 mod edge;
+mod envoy_rules;
 mod export;
 mod fairness;
 mod faults;

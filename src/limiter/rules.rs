@@ -1,0 +1,111 @@
+//! Buckets that are not in the budget table: envoyproxy/ratelimit descriptor rules
+//! (`crate::descriptors`), checked in the same hot store with the same bucket model.
+
+use super::*;
+
+/// One rule's bucket for one request.
+#[derive(Debug, Clone)]
+pub struct RuleBucket {
+    /// The counter's name (upstream's cache key without its window: `domain_key_value_…`).
+    pub counter: String,
+    /// Whose multiplier scales the bucket (and in whose Redis slot it lives): None for a
+    /// rule's own numbers (the bucket lives beside the `global` scope).
+    pub subject: Option<SubjectKey>,
+    /// The request's endpoint class (whose multiplier of `subject` is read).
+    pub class: Arc<str>,
+    /// Requests per period.
+    pub requests: u32,
+    /// The period in seconds.
+    pub period_s: u32,
+}
+
+/// What one rule's bucket says.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RuleOutcome {
+    /// The bucket held the request's hits.
+    pub allowed: bool,
+    /// Tokens left.
+    pub remaining: u64,
+    /// Until the bucket is full again.
+    pub reset_ms: u64,
+    /// Until the request's hits fit again (0 when allowed).
+    pub retry_after_ms: u64,
+    /// The multiplier applied (1 without one).
+    pub multiplier: f64,
+}
+
+impl Limiter {
+    /// Takes `cost` tokens from each rule bucket that holds them (each counts on its own,
+    /// as envoyproxy/ratelimit's counters do; none when `consume` is false), in one call to
+    /// the hot store.
+    pub async fn check_rules(
+        &self,
+        buckets: &[RuleBucket],
+        cost: u32,
+        consume: bool,
+    ) -> Result<Vec<RuleOutcome>, crate::store::Error> {
+        let scopes: Vec<Scope> = buckets
+            .iter()
+            .map(|rule| {
+                let subject = rule.subject.clone().unwrap_or_else(SubjectKey::global);
+                let capacity = f64::from(rule.requests);
+                Scope {
+                    budget: 0,
+                    kind: ScopeKind::Global,
+                    bucket_key: self.keys.bucket(&subject, &format!("rl~{}", rule.counter)),
+                    multiplier_key: self.keys.multiplier(&subject, &rule.class),
+                    label: None,
+                    params: bucket::Params {
+                        capacity,
+                        refill_per_s: capacity / f64::from(rule.period_s.max(1)),
+                        multiplier: 1.0,
+                    },
+                    scale: 1.0,
+                    // Never blocking the others: each bucket is taken from on its own.
+                    enforced: false,
+                    default_multiplier: 1.0,
+                    multiplier_override: rule.subject.is_none().then_some(1.0),
+                    network_blocked: false,
+                    subject,
+                }
+            })
+            .collect();
+        let request = LimitRequest {
+            method: String::new(),
+            endpoint: String::new(),
+            ip: ClientIp::new(std::net::IpAddr::from([0, 0, 0, 0]), 64),
+            user: None,
+            device: None,
+            cost,
+            consume,
+        };
+        let now_us = self.clock.monotonic_us();
+        let raw = self.evaluate(&scopes, &request, now_us).await?;
+        Ok(scopes
+            .iter()
+            .zip(raw)
+            .map(|(scope, raw)| {
+                let raw = if consume {
+                    raw
+                } else {
+                    raw.unconsumed(scope, cost)
+                };
+                RuleOutcome {
+                    allowed: raw.allowed,
+                    remaining: raw.remaining,
+                    reset_ms: raw.reset_ms,
+                    retry_after_ms: if raw.allowed {
+                        0
+                    } else {
+                        raw.retry_after_ms.unwrap_or_else(|| {
+                            raw.multiplier_ttl_ms
+                                .filter(|&ms| ms > 0)
+                                .unwrap_or(BLOCKED_RETRY_MS)
+                        })
+                    },
+                    multiplier: raw.multiplier,
+                }
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,386 @@
+//! envoyproxy/ratelimit config files served as they are: upstream's example config
+//! (`tests/fixtures/envoy-ratelimit/example.yaml`) over Envoy's gRPC API, on both backends.
+
+use palisade::api::envoy::proto::{
+    Code, RateLimitDescriptor, RateLimitOverride, RateLimitRequest, RateLimitResponse, Unit,
+};
+
+use crate::gateways::{Envoy, descriptor, header};
+use crate::helpers::{ADMIN_TOKEN, TestApp, repo_file};
+use crate::on_both_backends;
+
+on_both_backends!(
+    upstreams_example_config_limits_as_upstream_does,
+    replaces_unlimited_shadow_and_quota_mode_answer_as_upstream,
+    rules_run_beside_palisades_own_check,
+    a_changed_config_is_picked_up_and_a_bad_one_keeps_the_rules,
+);
+
+async fn with_rules(app: TestApp, paths: Vec<std::path::PathBuf>) -> TestApp {
+    TestApp::spawn_with(app.backend, move |s| {
+        s.envoy.ratelimit_config = paths;
+    })
+    .await
+    .expect("the backend exists")
+}
+
+async fn example(app: TestApp) -> TestApp {
+    with_rules(
+        app,
+        vec![repo_file("tests/fixtures/envoy-ratelimit/example.yaml")],
+    )
+    .await
+}
+
+fn rl(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "rl".to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+async fn ask(envoy: &mut Envoy, entries: &[&[(&str, &str)]]) -> RateLimitResponse {
+    envoy
+        .call(
+            Some(ADMIN_TOKEN),
+            rl(entries.iter().map(|e| descriptor(e)).collect()),
+        )
+        .await
+        .expect("answered")
+}
+
+fn codes(response: &RateLimitResponse) -> (i32, Vec<i32>) {
+    (
+        response.overall_code,
+        response.statuses.iter().map(|s| s.code).collect(),
+    )
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+async fn upstreams_example_config_limits_as_upstream_does(app: TestApp) {
+    let app = example(app).await;
+    let mut envoy = Envoy::start(&app).await;
+    // `foo` (any value): 2 a minute, counted per value; no client IP is needed.
+    for n in 1..=2u32 {
+        let answer = ask(&mut envoy, &[&[("foo", "pelican")]]).await;
+        assert_eq!(codes(&answer), (OK, vec![OK]), "request {n}");
+        let status = &answer.statuses[0];
+        let limit = status.current_limit.as_ref().expect("the rule's limit");
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (2, Unit::Minute as i32)
+        );
+        assert_eq!(status.limit_remaining, 2 - n);
+        assert!(status.duration_until_reset.is_some());
+    }
+    let third = ask(&mut envoy, &[&[("foo", "pelican")]]).await;
+    assert_eq!(codes(&third), (OVER, vec![OVER]));
+    assert_eq!(third.statuses[0].limit_remaining, 0);
+    assert_eq!(header(&third, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header(&third, "x-ratelimit-limit"), Some("2"));
+    let other_value = ask(&mut envoy, &[&[("foo", "heron")]]).await;
+    assert_eq!(
+        codes(&other_value),
+        (OK, vec![OK]),
+        "another value has its own counter"
+    );
+    // The most specific rule wins: foo → bar_bkthomps (named, 1 a minute).
+    let named = ask(&mut envoy, &[&[("foo", "x"), ("bar", "bkthomps")]]).await;
+    assert_eq!(codes(&named), (OK, vec![OK]));
+    let limit = named.statuses[0].current_limit.as_ref().expect("limit");
+    assert_eq!(
+        (limit.requests_per_unit, limit.name.as_str()),
+        (1, "bkthomps")
+    );
+    let named = ask(&mut envoy, &[&[("foo", "x"), ("bar", "bkthomps")]]).await;
+    assert_eq!(codes(&named), (OVER, vec![OVER]));
+    // foo → bar (any other value): 3 a minute.
+    let bar = ask(&mut envoy, &[&[("foo", "x"), ("bar", "other")]]).await;
+    assert_eq!(
+        bar.statuses[0]
+            .current_limit
+            .as_ref()
+            .expect("limit")
+            .requests_per_unit,
+        3
+    );
+    // 0 requests per unit: always over.
+    let banned = ask(&mut envoy, &[&[("foo", "x"), ("bar", "banned")]]).await;
+    assert_eq!(codes(&banned), (OVER, vec![OVER]));
+    // A descriptor deeper than any rule, or naming no rule, is not limited.
+    let unmatched = ask(
+        &mut envoy,
+        &[
+            &[("nothing", "here")],
+            &[("foo", "x"), ("bar", "y"), ("z", "1")],
+        ],
+    )
+    .await;
+    assert_eq!(codes(&unmatched), (OK, vec![OK, OK]));
+    assert!(unmatched.statuses.iter().all(|s| s.current_limit.is_none()));
+    // The route's own limit overrides the config (counted per descriptor values).
+    let mut overridden = descriptor(&[("unspec", "route-override")]);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Hour as i32,
+    });
+    let call = |d: RateLimitDescriptor| rl(vec![d]);
+    let first = envoy
+        .call(Some(ADMIN_TOKEN), call(overridden.clone()))
+        .await
+        .unwrap();
+    assert_eq!(codes(&first), (OK, vec![OK]));
+    let limit = first.statuses[0].current_limit.as_ref().expect("limit");
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, Unit::Hour as i32)
+    );
+    let second = envoy
+        .call(Some(ADMIN_TOKEN), call(overridden))
+        .await
+        .unwrap();
+    assert_eq!(codes(&second), (OVER, vec![OVER]));
+    // hits_addend counts several hits at once.
+    let mut heavy = descriptor(&[("unspec", "bulk")]);
+    heavy.hits_addend = Some(palisade::api::envoy::proto::UInt64Value { value: 2 });
+    let bulk = envoy.call(Some(ADMIN_TOKEN), call(heavy)).await.unwrap();
+    assert_eq!(
+        (bulk.overall_code, bulk.statuses[0].limit_remaining),
+        (OK, 0)
+    );
+    // The rule's hits are in the metrics, by its upstream stats key (the registry is the
+    // process's: other tests may add to it).
+    let metrics = app.get("/metrics", None).await.text().await.unwrap();
+    let count = |series: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        count(r#"palisade_envoy_rule_hits_total{domain="rl",rule="rl.foo",outcome="over_limit"}"#)
+            >= 1.0
+    );
+    assert!(
+        count(
+            r#"palisade_envoy_rule_hits_total{domain="rl",rule="rl.unspec_bulk",outcome="within_limit"}"#
+        ) >= 1.0
+    );
+    // An unknown domain with no client IP is still an error (nothing to check).
+    let mut unknown = rl(vec![descriptor(&[("foo", "x")])]);
+    unknown.domain = "not-configured".to_owned();
+    let err = envoy
+        .call(Some(ADMIN_TOKEN), unknown)
+        .await
+        .expect_err("no IP");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    // A token is still required.
+    let err = envoy
+        .call(None, rl(vec![descriptor(&[("foo", "x")])]))
+        .await
+        .expect_err("no token");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+}
+
+async fn replaces_unlimited_shadow_and_quota_mode_answer_as_upstream(app: TestApp) {
+    let app = example(app).await;
+    let mut envoy = Envoy::start(&app).await;
+    // destination bkthomps (2 a minute) replaces the limit named bkthomps (1 a minute).
+    let both: &[&[(&str, &str)]] = &[
+        &[
+            ("source_cluster", "proxy"),
+            ("destination_cluster", "bkthomps"),
+        ],
+        &[("foo", "x"), ("bar", "bkthomps")],
+    ];
+    for n in 1..=2 {
+        let answer = ask(&mut envoy, both).await;
+        assert_eq!(
+            codes(&answer),
+            (OK, vec![OK, OK]),
+            "request {n}: {answer:?}"
+        );
+        assert!(
+            answer.statuses[1].current_limit.is_none(),
+            "the replaced limit is not checked"
+        );
+    }
+    let third = ask(&mut envoy, both).await;
+    assert_eq!(codes(&third), (OVER, vec![OVER, OK]));
+    // category account (4 a minute) replaces bkthomps and fake_name.
+    let replacing = ask(
+        &mut envoy,
+        &[
+            &[("category", "account")],
+            &[("source_cluster", "proxy"), ("destination_cluster", "fake")],
+        ],
+    )
+    .await;
+    assert!(replacing.statuses[1].current_limit.is_none());
+    // Unlimited: never limited, remaining u32::MAX.
+    for _ in 0..5 {
+        let answer = ask(
+            &mut envoy,
+            &[&[("foo", "x"), ("bay", "any")], &[("qux", "q")]],
+        )
+        .await;
+        assert_eq!(codes(&answer), (OK, vec![OK, OK]));
+        assert!(
+            answer
+                .statuses
+                .iter()
+                .all(|s| s.limit_remaining == u32::MAX)
+        );
+    }
+    // Shadow mode: over the limit is reported as OK.
+    for n in 1..=5u32 {
+        let answer = ask(&mut envoy, &[&[("foo", "x"), ("baz", "shady")]]).await;
+        assert_eq!(codes(&answer), (OK, vec![OK]), "request {n}");
+        assert_eq!(answer.statuses[0].limit_remaining, 3u32.saturating_sub(n));
+    }
+    // Quota mode: over only when every quota-mode descriptor is over.
+    let quota: &[&[(&str, &str)]] = &[&[("service", "service_1")], &[("service", "service_2")]];
+    assert_eq!(codes(&ask(&mut envoy, quota).await), (OK, vec![OK, OK]));
+    assert_eq!(codes(&ask(&mut envoy, quota).await), (OK, vec![OVER, OK]));
+    assert_eq!(
+        codes(&ask(&mut envoy, quota).await),
+        (OVER, vec![OVER, OVER])
+    );
+}
+
+async fn rules_run_beside_palisades_own_check(app: TestApp) {
+    let app = example(app).await;
+    let mut envoy = Envoy::start(&app).await;
+    // A login: Palisade's own budgets answer the remote_address and user descriptors, the
+    // rule answers `foo`.
+    let login = |user: &str| {
+        rl(vec![
+            descriptor(&[("remote_address", "203.0.113.77")]),
+            descriptor(&[("user_id", user)]),
+            descriptor(&[("path", "/auth/login"), ("method", "POST")]),
+            descriptor(&[("foo", "login")]),
+        ])
+    };
+    let first = envoy.call(Some(ADMIN_TOKEN), login("carol")).await.unwrap();
+    assert_eq!(first.overall_code, OK);
+    let user = first.statuses[1]
+        .current_limit
+        .as_ref()
+        .expect("Palisade's user budget");
+    assert_eq!(
+        (user.requests_per_unit, user.unit),
+        (5, Unit::Minute as i32)
+    );
+    assert_eq!(
+        first.statuses[3]
+            .current_limit
+            .as_ref()
+            .expect("rule")
+            .requests_per_unit,
+        2
+    );
+    assert_eq!(first.statuses[3].limit_remaining, 1);
+    // The rule is the tighter: the headers name it.
+    assert_eq!(header(&first, "x-ratelimit-limit"), Some("2"));
+    assert_eq!(header(&first, "x-ratelimit-remaining"), Some("1"));
+    envoy.call(Some(ADMIN_TOKEN), login("carol")).await.unwrap();
+    let third = envoy.call(Some(ADMIN_TOKEN), login("carol")).await.unwrap();
+    assert_eq!(
+        codes(&third),
+        (OVER, vec![OK, OK, OK, OVER]),
+        "the rule refuses what Palisade allows"
+    );
+    // Palisade's own budget refuses: the rule's tokens are not spent. Five logins of dave
+    // spend his budget (the rule for `foo=dave` allows 2, so it is asked with another value
+    // each time); the sixth is refused by Palisade and leaves `foo=spare` untouched.
+    for n in 0..5 {
+        let mut request = login("dave");
+        request.descriptors[3] = descriptor(&[("foo", &format!("v{n}"))]);
+        let answer = envoy.call(Some(ADMIN_TOKEN), request).await.unwrap();
+        assert_eq!(answer.overall_code, OK, "login {n}");
+    }
+    let mut refused = login("dave");
+    refused.descriptors[3] = descriptor(&[("foo", "spare")]);
+    let answer = envoy.call(Some(ADMIN_TOKEN), refused).await.unwrap();
+    assert_eq!(codes(&answer).0, OVER);
+    assert_eq!(
+        answer.statuses[1].code, OVER,
+        "Palisade's user budget refused"
+    );
+    assert_eq!(
+        answer.statuses[3].limit_remaining, 2,
+        "nothing taken from the rule"
+    );
+}
+
+async fn a_changed_config_is_picked_up_and_a_bad_one_keeps_the_rules(app: TestApp) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.yaml");
+    let write = |limit: u32| {
+        std::fs::write(
+            &file,
+            format!(
+                "domain: rl\ndescriptors:\n  - key: generic_key\n    value: api\n    rate_limit: {{unit: second, requests_per_unit: {limit}}}\n"
+            ),
+        )
+        .unwrap();
+    };
+    write(5);
+    let app = with_rules(app, vec![dir.path().to_path_buf()]).await;
+    let mut envoy = Envoy::start(&app).await;
+    let limit_of = |r: &RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    let answer = ask(&mut envoy, &[&[("generic_key", "api")]]).await;
+    assert_eq!(limit_of(&answer), Some(5));
+    let live = app.app.envoy_rules.as_ref().expect("rules loaded");
+    // Same size, new content: the modification time tells (set it, as a coarse clock may not).
+    write(7);
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    assert!(
+        live.reload_if_changed().expect("valid"),
+        "the change is seen"
+    );
+    let answer = ask(&mut envoy, &[&[("generic_key", "api")]]).await;
+    assert_eq!(limit_of(&answer), Some(7));
+    std::fs::write(
+        &file,
+        "domain: rl\ndescriptors:\n  - key: generic_key\n    rate_limit: {unit: fortnight}\n",
+    )
+    .unwrap();
+    let err = live.reload_if_changed().expect_err("refused");
+    assert!(
+        err.to_string()
+            .ends_with("invalid rate limit unit 'fortnight'"),
+        "{err}"
+    );
+    let answer = ask(&mut envoy, &[&[("generic_key", "api")]]).await;
+    assert_eq!(limit_of(&answer), Some(7), "the rules in force stay");
+    // A bad file at start-up stops the start with the file and the reason.
+    let scratch = tempfile::tempdir().unwrap();
+    let mut settings = crate::helpers::test_settings(app.backend, &scratch)
+        .await
+        .expect("the backend exists");
+    settings.envoy.ratelimit_config = vec![dir.path().to_path_buf()];
+    let message = match palisade::App::build(settings).await {
+        Err(err) => err.to_string(),
+        Ok(_) => panic!("a bad config must stop the start"),
+    };
+    assert!(
+        message.contains("invalid rate limit unit 'fortnight'"),
+        "{message}"
+    );
+}
