@@ -175,7 +175,12 @@ pub enum IdentityCommand {
 pub enum RangesCommand {
     /// Download the sources of `[[reputation.sources]]` into the data dir (atomically; a
     /// failed source keeps its previous file). Then reload: SIGHUP or POST /v1/admin/reload.
-    Update,
+    Update {
+        /// Give up on a download that sends nothing for this many seconds (a slow but
+        /// moving download is never cut).
+        #[arg(long, default_value_t = 30)]
+        idle_timeout: u64,
+    },
 }
 
 /// `palisade token …`.
@@ -275,11 +280,14 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Ranges {
-            action: RangesCommand::Update,
+            action: RangesCommand::Update { idle_timeout },
         } => {
-            let results =
-                crate::reputation::update::update(&settings.data_dir, &settings.reputation.sources)
-                    .await;
+            let results = crate::reputation::update::update(
+                &settings.data_dir,
+                &settings.reputation.sources,
+                std::time::Duration::from_secs(idle_timeout.max(1)),
+            )
+            .await;
             let mut failed = 0;
             for (file, result) in results {
                 match result {

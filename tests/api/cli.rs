@@ -167,6 +167,89 @@ async fn ranges_update_downloads_sources_and_keeps_old_files_on_error() {
     assert!(!data.join("ranges/tor/gone.txt").exists());
 }
 
+/// A download that stops sending is given up after the idle timeout (naming the source),
+/// and the previous file stays; a slow one that keeps moving is not cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_update_gives_up_on_a_stalled_download_only() {
+    use futures_util::StreamExt;
+    let trickle = |pause_ms: u64, parts: usize| {
+        let stream = futures_util::stream::iter(0..parts).then(move |i| async move {
+            if i > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
+            }
+            Ok::<_, std::convert::Infallible>(bytes::Bytes::from(format!("10.{i}.0.0/16\n")))
+        });
+        axum::body::Body::from_stream(stream)
+    };
+    let server = axum::Router::new()
+        // Five parts 600 ms apart: 2.4 s in all, never 1 s without data.
+        .route(
+            "/slow.txt",
+            axum::routing::get(move || async move { trickle(600, 5) }),
+        )
+        // One part, then nothing for 30 s.
+        .route(
+            "/stall.txt",
+            axum::routing::get(move || async move { trickle(30_000, 2) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, server).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("ranges/vpn")).unwrap();
+    std::fs::write(data.join("ranges/vpn/stall.txt"), "198.51.100.0/24\n").unwrap();
+    let config = dir.path().join("palisade.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[reputation.sources]]\nname = \"slow.txt\"\nclass = \"datacenter\"\nurl = \"{base}/slow.txt\"\n\n\
+             [[reputation.sources]]\nname = \"stall.txt\"\nclass = \"vpn\"\nurl = \"{base}/stall.txt\"\n"
+        ),
+    )
+    .unwrap();
+    let child_data = data.clone();
+    let started = std::time::Instant::now();
+    let (output, _dir) = tokio::task::spawn_blocking(move || {
+        let output = palisade()
+            .current_dir(dir.path())
+            .env("PALISADE_DATA_DIR", &child_data)
+            .args([
+                "--config",
+                config.to_str().unwrap(),
+                "ranges",
+                "update",
+                "--idle-timeout",
+                "1",
+            ])
+            .output()
+            .unwrap();
+        (output, dir)
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("updated ranges/datacenter/slow.txt: 5 ranges"),
+        "{stdout}{stderr}"
+    );
+    assert!(
+        stderr.contains("ranges/vpn/stall.txt not updated") && stderr.contains("no data for 1 s"),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the stall was cut"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join("ranges/vpn/stall.txt")).unwrap(),
+        "198.51.100.0/24\n",
+        "old file kept"
+    );
+}
+
 /// `palisade health` is the container's health check: 0 for a ready instance, 1 otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_asks_readyz_of_a_running_instance() {
