@@ -569,6 +569,7 @@ impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
                 .and_then(|v| v.split_once(' '))
                 .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
                 .map(|(_, token)| token.trim().to_owned());
+            let started = std::time::Instant::now();
             let span = tracing::info_span!("grpc", method = "ShouldRateLimit");
             let answer = tracing::Instrument::instrument(
                 should_rate_limit(&state, token.as_deref(), request.get_ref()),
@@ -582,6 +583,8 @@ impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
             };
             metrics::counter!(crate::telemetry::metrics::GRPC_REQUESTS_TOTAL, "outcome" => outcome)
                 .increment(1);
+            metrics::histogram!(crate::telemetry::metrics::GRPC_REQUEST_SECONDS)
+                .record(started.elapsed().as_secs_f64());
             answer.map(tonic::Response::new)
         })
     }
@@ -634,8 +637,24 @@ pub async fn serve(
             }
         }
     });
+    // Server reflection (v1 and v1alpha: grpcurl, grpcio, Postman) of the three services.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_file_descriptor_set(super::envoy_descriptor::rate_limit_service())
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let (reflection_v1, reflection_v1alpha) =
+        match (reflection().build_v1(), reflection().build_v1alpha()) {
+            (Ok(v1), Ok(v1alpha)) => (Some(v1), Some(v1alpha)),
+            (Err(err), _) | (_, Err(err)) => {
+                tracing::error!(error.cause = %err, "gRPC reflection not served");
+                (None, None)
+            }
+        };
     let served = tonic::transport::Server::builder()
         .add_service(health)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .add_service(RateLimitService::new(state))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;

@@ -10,6 +10,7 @@ pub mod attestations;
 mod console;
 mod context;
 pub mod envoy;
+mod envoy_descriptor;
 mod envoy_rules;
 pub mod error;
 pub mod events;

@@ -53,6 +53,8 @@ pub const BASELINE_KEYS: &str = "palisade_baseline_keys";
 pub const ATTESTATIONS_TOTAL: &str = "palisade_attestations_total";
 /// Envoy rate limit service calls, by `outcome` (`ok`, `over_limit`, `error`).
 pub const GRPC_REQUESTS_TOTAL: &str = "palisade_grpc_requests_total";
+/// Time to answer an Envoy rate limit service call, seconds.
+pub const GRPC_REQUEST_SECONDS: &str = "palisade_grpc_request_duration_seconds";
 /// Descriptors matched by an envoyproxy/ratelimit rule, by `domain`, `rule` (the rule's
 /// metric key, upstream's stats key) and `outcome` (`within_limit`, `over_limit`,
 /// `shadow_mode`, `unlimited`).
@@ -123,6 +125,7 @@ pub const ALL: &[&str] = &[
     BASELINE_KEYS,
     ATTESTATIONS_TOTAL,
     GRPC_REQUESTS_TOTAL,
+    GRPC_REQUEST_SECONDS,
     ENVOY_RULE_HITS_TOTAL,
     ENVOY_CONFIG_LOADS_TOTAL,
     FORWARD_AUTH_TOTAL,
@@ -319,6 +322,11 @@ fn describe() {
     metrics::describe_counter!(
         GRPC_REQUESTS_TOTAL,
         "Envoy rate limit service calls by outcome"
+    );
+    metrics::describe_histogram!(
+        GRPC_REQUEST_SECONDS,
+        metrics::Unit::Seconds,
+        "Time to answer an Envoy rate limit service call"
     );
     metrics::describe_counter!(
         ENVOY_RULE_HITS_TOTAL,

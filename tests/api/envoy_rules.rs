@@ -384,3 +384,79 @@ async fn a_changed_config_is_picked_up_and_a_bad_one_keeps_the_rules(app: TestAp
         "{message}"
     );
 }
+
+/// grpcio, or None (a loud skip locally; a failure in CI).
+fn grpcio() -> bool {
+    let present = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_reflection"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !present {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI=true but grpcio is missing (.ci/run installs grpcio and grpcio-reflection)"
+        );
+        eprintln!("SKIPPED (no grpcio): pip install grpcio grpcio-reflection");
+    }
+    present
+}
+
+/// A client that knows nothing of Envoy's protos learns them by server reflection and
+/// makes a real call (grpcio, `tests/grpc/reflect.py`), as grpcurl does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_reflection_lets_a_generic_client_call_the_service() {
+    if !grpcio() {
+        return;
+    }
+    let app = TestApp::spawn(crate::helpers::Backend::Embedded)
+        .await
+        .unwrap();
+    let envoy = Envoy::start(&app).await;
+    let address = envoy.address.to_string();
+    let script = repo_file("tests/grpc/reflect.py");
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .args([address.as_str(), ADMIN_TOKEN])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let result: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let services: Vec<&str> = result["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .collect();
+    for service in [
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ] {
+        assert!(services.contains(&service), "{services:?}");
+    }
+    let answer = &result["answer"];
+    assert_eq!(answer["overallCode"], "OK", "{answer}");
+    assert_eq!(
+        answer["statuses"][0]["currentLimit"]["unit"], "MINUTE",
+        "the per-IP login budget: {answer}"
+    );
+    assert!(
+        answer["responseHeadersToAdd"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+    );
+    assert_eq!(result["health"]["status"], "SERVING");
+    // The call is timed.
+    let metrics = app.get("/metrics", None).await.text().await.unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("palisade_grpc_request_duration_seconds_count")),
+        "{metrics}"
+    );
+}

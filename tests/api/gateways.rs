@@ -29,6 +29,8 @@ on_both_backends!(
 pub(crate) struct Envoy {
     grpc: tonic::client::Grpc<tonic::transport::Channel>,
     channel: tonic::transport::Channel,
+    /// Where it listens.
+    pub(crate) address: std::net::SocketAddr,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -53,6 +55,7 @@ impl Envoy {
         Envoy {
             grpc: tonic::client::Grpc::new(channel.clone()),
             channel,
+            address,
             _stop: stop,
         }
     }
