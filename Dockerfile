@@ -5,7 +5,7 @@ COPY . .
 RUN cargo build --release --locked && cp target/release/palisade /palisade
 
 FROM debian:bookworm-slim
-RUN useradd --system --home /var/lib/palisade palisade && mkdir -p /var/lib/palisade && chown palisade /var/lib/palisade
+RUN useradd --system --uid 10001 --user-group --home /var/lib/palisade palisade && mkdir -p /var/lib/palisade && chown palisade /var/lib/palisade
 COPY --from=build /palisade /usr/local/bin/palisade
 COPY data /var/lib/palisade/data
 USER palisade
