@@ -15,11 +15,18 @@ pub struct PrivacySettings {
     /// TOML `privacy.pseudonym_key`, env `PALISADE_PRIVACY__PSEUDONYM_KEY`; default unset (an
     /// erasure's audit entry then names a random pseudonym). At least 32 characters.
     pub pseudonym_key: Option<Secret>,
-    /// Logs and alert webhooks name accounts, devices and addresses by pseudonym; the API
-    /// (analysts, the console) still shows them in clear. Needs `pseudonym_key`.
+    /// Alert webhooks (and logs, whatever `clear_logs` says) name accounts, devices and
+    /// addresses by pseudonym; the API (analysts, the console) still shows them in clear.
+    /// Needs `pseudonym_key`.
     ///
     /// TOML `privacy.pseudonymize`, env `PALISADE_PRIVACY__PSEUDONYMIZE`; default false.
     pub pseudonymize: bool,
+    /// Logs name accounts, devices and addresses in clear. By default they show pseudonyms:
+    /// keyed by `pseudonym_key` (stable across restarts and instances), or without one by a
+    /// key made at start (linking the lines of one run only).
+    ///
+    /// TOML `privacy.clear_logs`, env `PALISADE_PRIVACY__CLEAR_LOGS`; default false.
+    pub clear_logs: bool,
 }
 
 impl PrivacySettings {

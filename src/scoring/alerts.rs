@@ -314,7 +314,7 @@ impl Alerts {
         .await)?;
         for alert in &alerts {
             metrics::counter!(names::ALERTS_TOTAL, "kind" => alert.kind.clone()).increment(1);
-            let (subject, message) = self.shown(&alert.subject, &alert.message);
+            let (subject, message) = self.shown(&alert.subject, &alert.message, false);
             tracing::info!(alert.id = %alert.id, alert.kind = %alert.kind, subject.key = %subject, "alert {} for {subject}: {message}", alert.kind);
         }
         Ok(alerts)
@@ -425,24 +425,27 @@ impl Alerts {
         &self.pseudonyms
     }
 
-    /// An alert's subject and message as logs and webhooks show them.
+    /// An alert's subject and message as logs (or, `webhook`, webhooks) show them.
     fn shown<'a>(
         &self,
         subject: &'a str,
         message: &'a str,
+        webhook: bool,
     ) -> (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, str>) {
         let id = subject.split_once(':').map_or("", |(_, id)| id);
-        (
-            self.pseudonyms.shown_key(subject),
-            self.pseudonyms.shown_in(message, id),
-        )
+        let rule = if webhook {
+            self.pseudonyms.webhooks()
+        } else {
+            self.pseudonyms.clone()
+        };
+        (rule.shown_key(subject), rule.shown_in(message, id))
     }
 
     async fn post(&self, row: &DueRow) -> Result<(), String> {
         let Some(hook) = self.webhooks.iter().find(|h| h.url == row.webhook) else {
             return Err("webhook no longer configured".to_owned());
         };
-        let (subject, message) = self.shown(&row.subject, &row.message);
+        let (subject, message) = self.shown(&row.subject, &row.message, true);
         let payload = Payload {
             id: &row.alert_id,
             kind: &row.kind,

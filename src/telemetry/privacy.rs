@@ -13,10 +13,27 @@ use crate::config::{PrivacySettings, Secret};
 const PERSONAL: &[&str] = &["user", "device", "ip"];
 
 /// Makes and applies pseudonyms (cheap to clone).
+///
+/// `shown`, `shown_key` and `shown_in` name identifiers as **logs** show them: pseudonyms
+/// unless `privacy.clear_logs`. [`Pseudonyms::webhooks`] is the same for alert webhooks,
+/// which show pseudonyms only under `privacy.pseudonymize`.
 #[derive(Debug, Clone, Default)]
 pub struct Pseudonyms {
     key: Option<Arc<Secret>>,
+    /// Whether the `shown*` methods pseudonymise.
     on: bool,
+    /// Whether webhooks do.
+    webhooks: bool,
+}
+
+/// The key of log pseudonyms when no `pseudonym_key` is set: made at start, so pseudonyms
+/// link lines of one run and nothing after a restart.
+fn run_key() -> &'static Secret {
+    static KEY: std::sync::OnceLock<Secret> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let bytes: [u8; 32] = rand::random();
+        Secret::new(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    })
 }
 
 impl Pseudonyms {
@@ -24,11 +41,21 @@ impl Pseudonyms {
     pub fn new(settings: &PrivacySettings) -> Self {
         Self {
             key: settings.pseudonym_key.clone().map(Arc::new),
-            on: settings.pseudonymize,
+            on: settings.pseudonymize || !settings.clear_logs,
+            webhooks: settings.pseudonymize,
         }
     }
 
-    /// Whether logs and webhooks show pseudonyms.
+    /// The rule of alert webhooks: pseudonyms only under `privacy.pseudonymize`.
+    pub fn webhooks(&self) -> Self {
+        Self {
+            key: self.key.clone(),
+            on: self.webhooks,
+            webhooks: self.webhooks,
+        }
+    }
+
+    /// Whether logs (or, from [`Self::webhooks`], webhooks) show pseudonyms.
     pub fn enabled(&self) -> bool {
         self.on
     }
@@ -36,42 +63,34 @@ impl Pseudonyms {
     /// `anon-` and 16 hex digits of HMAC-SHA256(key, `id`): the same for the same id, not
     /// reversible without the key. Without a key, a random one (linked to nothing).
     pub fn of(&self, id: &str) -> String {
-        let digest = self.digest(id).unwrap_or_else(rand::random);
-        let mut text = String::with_capacity(21);
-        text.push_str("anon-");
-        for byte in digest {
-            text.push_str(&format!("{byte:02x}"));
-        }
-        text
+        hex(self.digest(id).unwrap_or_else(rand::random))
     }
 
     /// The first 8 bytes of HMAC-SHA256(key, `id`); None without a key.
     pub fn digest(&self, id: &str) -> Option<[u8; 8]> {
-        let key = self.key.as_ref()?;
-        let mut mac = Hmac::<Sha256>::new_from_slice(key.expose().as_bytes())
-            .expect("HMAC takes keys of any length");
-        mac.update(id.as_bytes());
-        let bytes = mac.finalize().into_bytes();
-        let mut out = [0u8; 8];
-        out.copy_from_slice(&bytes[..8]);
-        Some(out)
+        Some(digest(self.key.as_deref()?, id))
     }
 
-    /// An identifier as logs and webhooks show it.
+    /// A pseudonym as shown: keyed by `pseudonym_key`, else by the run's own key.
+    fn shown_as(&self, id: &str) -> String {
+        hex(digest(self.key.as_deref().unwrap_or_else(|| run_key()), id))
+    }
+
+    /// An identifier as logs show it.
     pub fn shown<'a>(&self, id: &'a str) -> Cow<'a, str> {
         if self.on {
-            Cow::Owned(self.of(id))
+            Cow::Owned(self.shown_as(id))
         } else {
             Cow::Borrowed(id)
         }
     }
 
-    /// A subject key (`user:alice`) as logs and webhooks show it: the kind kept, a personal
-    /// id pseudonymised; other text (a lockout or token id) as it is.
+    /// A subject key (`user:alice`) as logs show it: the kind kept, a personal id
+    /// pseudonymised; other text (a lockout or token id) as it is.
     pub fn shown_key<'a>(&self, key: &'a str) -> Cow<'a, str> {
         match key.split_once(':') {
             Some((kind, id)) if self.on && PERSONAL.contains(&kind) => {
-                Cow::Owned(format!("{kind}:{}", self.of(id)))
+                Cow::Owned(format!("{kind}:{}", self.shown_as(id)))
             }
             _ => Cow::Borrowed(key),
         }
@@ -81,11 +100,30 @@ impl Pseudonyms {
     /// subject).
     pub fn shown_in<'a>(&self, text: &'a str, id: &str) -> Cow<'a, str> {
         if self.on && !id.is_empty() && text.contains(id) {
-            Cow::Owned(text.replace(id, &self.of(id)))
+            Cow::Owned(text.replace(id, &self.shown_as(id)))
         } else {
             Cow::Borrowed(text)
         }
     }
+}
+
+fn digest(key: &Secret, id: &str) -> [u8; 8] {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key.expose().as_bytes())
+        .expect("HMAC takes keys of any length");
+    mac.update(id.as_bytes());
+    let bytes = mac.finalize().into_bytes();
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&bytes[..8]);
+    out
+}
+
+fn hex(digest: [u8; 8]) -> String {
+    let mut text = String::with_capacity(21);
+    text.push_str("anon-");
+    for byte in digest {
+        text.push_str(&format!("{byte:02x}"));
+    }
+    text
 }
 
 #[cfg(test)]
@@ -96,6 +134,7 @@ mod tests {
         Pseudonyms::new(&PrivacySettings {
             pseudonym_key: Some(Secret::new("k".repeat(32))),
             pseudonymize: on,
+            clear_logs: !on,
         })
     }
 
@@ -110,6 +149,7 @@ mod tests {
         let other = Pseudonyms::new(&PrivacySettings {
             pseudonym_key: Some(Secret::new("x".repeat(32))),
             pseudonymize: true,
+            clear_logs: false,
         });
         assert_ne!(a, other.of("alice@example.com"));
         assert_eq!(p.shown_key("user:alice"), format!("user:{}", p.of("alice")));
@@ -130,5 +170,33 @@ mod tests {
         assert_eq!(p.shown_key("user:alice"), "user:alice");
         let unkeyed = Pseudonyms::default();
         assert_ne!(unkeyed.of("alice"), unkeyed.of("alice"));
+    }
+
+    /// By default logs show pseudonyms (linked within the run, without a key) and webhooks
+    /// show identifiers; `clear_logs` shows them in logs, `pseudonymize` hides them in both.
+    #[test]
+    fn logs_hide_identifiers_by_default_and_webhooks_on_request() {
+        let default = Pseudonyms::new(&PrivacySettings::default());
+        let logged = default.shown("alice@example.com");
+        assert!(logged.starts_with("anon-") && !logged.contains("alice"));
+        assert_eq!(
+            logged,
+            default.shown("alice@example.com"),
+            "linked within the run"
+        );
+        assert_eq!(
+            Pseudonyms::new(&PrivacySettings::default()).shown_key("ip:203.0.113.9"),
+            format!("ip:{}", default.shown("203.0.113.9")),
+            "every handle of the run names an id alike"
+        );
+        assert_eq!(default.webhooks().shown("alice"), "alice");
+        let clear = Pseudonyms::new(&PrivacySettings {
+            clear_logs: true,
+            ..PrivacySettings::default()
+        });
+        assert_eq!(clear.shown("alice"), "alice");
+        let hidden = with_key(true);
+        assert_eq!(hidden.webhooks().shown("alice"), hidden.of("alice"));
+        assert_eq!(hidden.shown("alice"), hidden.of("alice"));
     }
 }

@@ -146,6 +146,7 @@ async fn webhooks_name_accounts_by_pseudonym_when_asked(app: TestApp) {
     let privacy = palisade::config::PrivacySettings {
         pseudonym_key: Some(palisade::config::Secret::new("p".repeat(40))),
         pseudonymize: true,
+        clear_logs: false,
     };
     let expected = palisade::telemetry::privacy::Pseudonyms::new(&privacy).of("ivy@example.com");
     let app = app_with(app, |s| {
