@@ -109,3 +109,124 @@ async fn crowdsec_custom_bouncer_applies_palisade_bans_with_its_filters() {
         "filtered out by its scenario: {lines}"
     );
 }
+
+/// The real `crowdsec-firewall-bouncer` (Debian's package, ipset mode) pulls Palisade's
+/// stream and puts each ban into the kernel's firewall: one address, and a /24 as a range
+/// (a `hash:net` set). Its set and chain are the test's own (`paltest…`, a chain no
+/// traffic passes through), removed afterwards; the banned addresses are documentation
+/// ranges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crowdsec_firewall_bouncer_puts_palisade_bans_into_the_firewall() {
+    let binary = PathBuf::from("/usr/bin/crowdsec-firewall-bouncer");
+    let id = std::process::id();
+    let (set, chain) = (format!("paltest{id}"), format!("PALTEST{id}"));
+    let firewall_works = binary.is_file()
+        && Command::new("iptables")
+            .args(["-N", &chain])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        && Command::new("ipset")
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !firewall_works {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI=true but crowdsec-firewall-bouncer, iptables or ipset is missing (.ci/run installs them)"
+        );
+        eprintln!(
+            "SKIPPED (no firewall bouncer or no firewall rights): apt-get install crowdsec-firewall-bouncer iptables ipset"
+        );
+        return;
+    }
+    let app = TestApp::spawn(Backend::Embedded).await.unwrap();
+    let (_, key) = app.create_token("limiter", "firewall-bouncer").await;
+    for (value, reason) in [
+        ("203.0.113.8", "credential stuffing"),
+        ("198.51.100.0/24", "abusive hosting range"),
+    ] {
+        let response = app
+            .post(
+                "/v1/lists/deny",
+                Some(ADMIN_TOKEN),
+                &json!({"kind": "cidr", "value": value, "reason": reason}),
+            )
+            .await;
+        assert_eq!(response.status(), reqwest::StatusCode::CREATED);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("firewall.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "mode: iptables\npid_dir: {dir}\nupdate_frequency: 1s\ndaemonize: false\n\
+             log_mode: stdout\nlog_level: info\napi_url: {base}/crowdsec/\napi_key: {key}\n\
+             disable_ipv6: true\ndeny_action: DROP\ndeny_log: false\n\
+             supported_decisions_types:\n  - ban\n\
+             blacklists_ipv4: {set}\nblacklists_ipv6: {set}v6\nipset_type: nethash\n\
+             iptables_chains:\n  - {chain}\nprometheus:\n  enabled: false\n",
+            dir = dir.path().display(),
+            base = app.base,
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("bouncer.log");
+    let child = Command::new(&binary)
+        .arg("-c")
+        .arg(&config)
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    /// Stopped with TERM (it removes its rule and set), then the chain and set removed
+    /// whatever happened.
+    struct Firewall(Child, String, String);
+    impl Drop for Firewall {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && self.0.try_wait().ok().flatten().is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            for args in [
+                vec!["iptables", "-F", &self.2],
+                vec!["iptables", "-X", &self.2],
+                vec!["ipset", "destroy", &self.1],
+            ] {
+                let _ = Command::new(args[0])
+                    .args(&args[1..])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+    let _firewall = Firewall(child, set.clone(), chain.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut members = String::new();
+    while Instant::now() < deadline {
+        let output = Command::new("ipset").args(["list", &set]).output().unwrap();
+        members = String::from_utf8_lossy(&output.stdout).into_owned();
+        if members.contains("203.0.113.8") && members.contains("198.51.100.0/24") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        members.contains("203.0.113.8") && members.contains("198.51.100.0/24"),
+        "ipset {set}:\n{members}\nbouncer log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let rules = Command::new("iptables")
+        .args(["-S", &chain])
+        .output()
+        .unwrap();
+    let rules = String::from_utf8_lossy(&rules.stdout);
+    assert!(
+        rules.contains(&format!("--match-set {set} src -j DROP")),
+        "the chain drops the set: {rules}"
+    );
+}
