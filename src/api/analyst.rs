@@ -82,7 +82,7 @@ pub struct FailingPage {
 
 /// Accounts with failed logins since a time, the most failures first, searched by address
 /// or network and device; locked or not yet locked (role `analyst`).
-#[utoipa::path(get, path = "/v1/accounts/failing", tag = "analyst", security(("bearer" = [])),
+#[utoipa::path(operation_id = "failing_accounts", get, path = "/v1/accounts/failing", tag = "analyst", security(("bearer" = [])),
     params(FailingParams),
     responses((status = 200, body = FailingPage), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope)))]
@@ -177,7 +177,7 @@ pub struct TimelinePage {
 
 /// An account's auth events, lockouts, releases, alerts and audited actions, newest first,
 /// each with its reasons (role `analyst`).
-#[utoipa::path(get, path = "/v1/accounts/{account}/timeline", tag = "analyst", security(("bearer" = [])),
+#[utoipa::path(operation_id = "account_timeline", get, path = "/v1/accounts/{account}/timeline", tag = "analyst", security(("bearer" = [])),
     params(("account" = String, Path, description = "account name", pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$"), TimelineParams),
     responses((status = 200, body = TimelinePage), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope)))]
@@ -476,7 +476,7 @@ impl From<crate::analyst::history::Entry> for HistoryView {
 
 /// Refused and challenged limit checks with their explanation, newest first, kept for
 /// `history.retention_days` (role `analyst`): "why was this user refused at 14:02?".
-#[utoipa::path(get, path = "/v1/history", tag = "analyst", security(("bearer" = [])),
+#[utoipa::path(operation_id = "decision_history", get, path = "/v1/history", tag = "analyst", security(("bearer" = [])),
     params(HistoryParams),
     responses((status = 200, body = HistoryPage), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope)))]

@@ -54,7 +54,7 @@ fn device(app: &AppState, id: &str) -> Result<SubjectKey, ApiError> {
 
 /// Issues a single-use attestation challenge for a device (role `ingest`), valid for
 /// `attestation.challenge_ttl_s` (default 5 min).
-#[utoipa::path(post, path = "/v1/attestations/challenge", tag = "attestation", security(("bearer" = [])),
+#[utoipa::path(operation_id = "attestation_challenge", post, path = "/v1/attestations/challenge", tag = "attestation", security(("bearer" = [])),
     request_body = ChallengeRequest,
     responses((status = 201, body = ChallengeView), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
@@ -209,7 +209,7 @@ fn submission(body: &mut AttestationRequest) -> Result<Submission, ApiError> {
 /// A256KW + A256GCM, JWS ES256); App Attest objects are verified against Apple's root. A
 /// failed check is 400 with `details.reason` (`challenge_replayed`, `nonce_mismatch`,
 /// `signature_invalid`, …) and stores nothing. The level feeds the device's multiplier.
-#[utoipa::path(post, path = "/v1/attestations", tag = "attestation", security(("bearer" = [])),
+#[utoipa::path(operation_id = "submit_attestation", post, path = "/v1/attestations", tag = "attestation", security(("bearer" = [])),
     request_body = AttestationRequest,
     responses((status = 200, body = VerdictView), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
@@ -228,7 +228,7 @@ async fn submit(
 }
 
 /// A device's latest verdict (role `analyst`); 404 when it never attested.
-#[utoipa::path(get, path = "/v1/attestations/{device_id}", tag = "attestation", security(("bearer" = [])),
+#[utoipa::path(operation_id = "attestation_verdict", get, path = "/v1/attestations/{device_id}", tag = "attestation", security(("bearer" = [])),
     params(("device_id" = String, Path, description = "the device", pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")),
     responses((status = 200, body = VerdictView), (status = 400, body = Envelope), (status = 401, body = Envelope),
         (status = 403, body = Envelope), (status = 404, body = Envelope), (status = 503, body = Envelope)))]

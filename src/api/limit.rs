@@ -179,7 +179,7 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
 /// `X-RateLimit-Limit/Remaining/Reset`, `RateLimit-Policy` and `RateLimit`; a 429 also carries
 /// `Retry-After` and `details.retry_after_ms` (exact). When Redis is down, fail-open classes
 /// answer 200 with `X-Palisade-Degraded: redis-unavailable`, fail-closed classes 503.
-#[utoipa::path(post, path = "/v1/limit/check", tag = "limiter", security(("bearer" = [])),
+#[utoipa::path(operation_id = "limit_check", post, path = "/v1/limit/check", tag = "limiter", security(("bearer" = [])),
     request_body = LimitCheck,
     responses(
         (status = 200, body = LimitAllowed),

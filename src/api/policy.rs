@@ -48,7 +48,7 @@ const MAX_RECORDS: usize = 1_000_000;
 /// and the keys it changes most; and the window's stored logins (at most 100,000) through
 /// both `[lockout]`s under `logins` (role `admin`). Needs `[record]` on for the checks; an
 /// empty record gives an empty report.
-#[utoipa::path(post, path = "/v1/policy/simulate", tag = "admin", security(("bearer" = [])),
+#[utoipa::path(operation_id = "simulate_policy", post, path = "/v1/policy/simulate", tag = "admin", security(("bearer" = [])),
     request_body = Simulate,
     responses((status = 200, body = Object), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]

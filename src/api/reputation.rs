@@ -51,7 +51,7 @@ struct IpPath {
 }
 
 /// IP/ASN reputation of an address (role `limiter` or `analyst`): classes, sources, ASN, multiplier.
-#[utoipa::path(get, path = "/v1/reputation/{ip}", tag = "reputation", security(("bearer" = [])),
+#[utoipa::path(operation_id = "ip_reputation", get, path = "/v1/reputation/{ip}", tag = "reputation", security(("bearer" = [])),
     params(IpPath),
     responses((status = 200, body = ReputationView), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope)))]
@@ -96,7 +96,7 @@ pub struct Reloaded {
 /// audited as `reputation.reload`. A broken file keeps the old data: 400 with
 /// `details: {file, line, reason}`, audited as `reputation.reload_rejected`. SIGHUP does the
 /// same.
-#[utoipa::path(post, path = "/v1/admin/reload", tag = "admin", security(("bearer" = [])),
+#[utoipa::path(operation_id = "reload_data", post, path = "/v1/admin/reload", tag = "admin", security(("bearer" = [])),
     responses((status = 200, body = Reloaded), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope)))]
 async fn reload(

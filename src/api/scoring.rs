@@ -82,7 +82,7 @@ pub struct MultipliersView {
 /// The multipliers of a request's keys for its endpoint class, with every contribution
 /// (role `limiter` or `analyst`). What `/v1/limit/check` enforces for the same keys; stored factors are
 /// cached in-process for one L1 TTL.
-#[utoipa::path(get, path = "/v1/multipliers", tag = "scoring", security(("bearer" = [])),
+#[utoipa::path(operation_id = "explain_multipliers", get, path = "/v1/multipliers", tag = "scoring", security(("bearer" = [])),
     params(MultiplierParams),
     responses((status = 200, body = MultipliersView), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
@@ -284,7 +284,7 @@ pub struct DecisionPage {
 /// lost its data) the answer is a snapshot of everything in force, `limit` entries a page
 /// (follow `snapshot_next` as `snapshot_after`); then follow `next_cursor` from there. Changes after the
 /// snapshot's cursor may repeat what the snapshot holds: apply them in order.
-#[utoipa::path(get, path = "/v1/decisions", tag = "scoring", security(("bearer" = [])),
+#[utoipa::path(operation_id = "scoring_decisions", get, path = "/v1/decisions", tag = "scoring", security(("bearer" = [])),
     params(DecisionParams),
     responses((status = 200, body = DecisionPage), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
@@ -471,7 +471,7 @@ pub struct OffenderPage {
 
 /// The keys refused (429) most often in the window (role `analyst`). Counted per instance in
 /// a bounded Space-Saving sketch and summed across instances every second.
-#[utoipa::path(get, path = "/v1/offenders", tag = "scoring", security(("bearer" = [])),
+#[utoipa::path(operation_id = "list_offenders", get, path = "/v1/offenders", tag = "scoring", security(("bearer" = [])),
     params(OffenderParams),
     responses((status = 200, body = OffenderPage), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
@@ -548,7 +548,7 @@ pub struct AlertPage {
 }
 
 /// Anomaly and abuse alerts, newest first (role `analyst`).
-#[utoipa::path(get, path = "/v1/alerts", tag = "scoring", security(("bearer" = [])),
+#[utoipa::path(operation_id = "list_alerts", get, path = "/v1/alerts", tag = "scoring", security(("bearer" = [])),
     params(AlertParams),
     responses((status = 200, body = AlertPage), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]

@@ -194,3 +194,24 @@ fn the_documented_python_signer_interoperates() {
     assert_eq!(identity.user.as_deref(), Some("alice"));
     assert_eq!(identity.device.as_deref(), Some("phone-1"));
 }
+
+/// Every operation has its own `operationId` that says what it does (generated clients name
+/// their methods after it): unique, and more than one word except for the probes.
+#[test]
+fn operation_ids_are_unique_and_say_what_they_do() {
+    let doc = serde_json::to_value(palisade::api::openapi()).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let Some(id) = operation.get("operationId").and_then(|v| v.as_str()) else {
+                panic!("{method} {path} has no operationId");
+            };
+            assert!(seen.insert(id.to_owned()), "{id} twice");
+            assert!(
+                id.contains('_') || ["healthz", "readyz", "livez", "metrics"].contains(&id),
+                "{method} {path}: operationId {id} says too little"
+            );
+        }
+    }
+    assert!(seen.contains("limit_check"));
+}
