@@ -83,6 +83,17 @@ pub enum ListsCommand {
 /// `palisade tokens …` (admin).
 #[derive(Debug, Subcommand)]
 pub enum TokensCommand {
+    /// Create a token and print it once (audited; the instance stores it hashed).
+    Create {
+        /// A name unique among active tokens.
+        name: String,
+        /// `ingest`, `limiter`, `analyst` or `admin`.
+        #[arg(long)]
+        role: String,
+        /// Why (kept in the audit log).
+        #[arg(long)]
+        reason: String,
+    },
     /// List tokens (never their secrets).
     List,
     /// Revoke a token (audited).
@@ -383,6 +394,13 @@ pub async fn export(
 pub async fn tokens(remote: &Remote, command: TokensCommand) -> anyhow::Result<()> {
     let columns = ["id", "name", "role", "created_at", "revoked_at"];
     match command {
+        TokensCommand::Create { name, role, reason } => {
+            let body = serde_json::json!({"name": name, "role": role, "reason": reason});
+            let created = remote
+                .call(reqwest::Method::POST, "/v1/admin/tokens", Some(body))
+                .await?;
+            remote.print(&created, &["id", "name", "role", "token"]);
+        }
         TokensCommand::List => {
             let page = remote
                 .call(reqwest::Method::GET, "/v1/admin/tokens", None)

@@ -420,9 +420,15 @@ async fn remote_commands_list_and_change_lockouts_lists_and_tokens() {
     let (code, out, _) = run(args("export fastly"), ADMIN_TOKEN).await.unwrap();
     assert_eq!(code, Some(0));
     assert!(out.contains("acl palisade_deny"), "{out}");
+    let mut create = args("tokens create edge-gateway --role limiter --reason");
+    create.push("a new gateway".to_owned());
+    let (code, out, err) = run(create, ADMIN_TOKEN).await.unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("edge-gateway") && out.contains("pal_"), "{out}");
     let (code, out, _) = run(args("tokens list"), ADMIN_TOKEN).await.unwrap();
     assert_eq!(code, Some(0));
     assert!(out.starts_with("ID"), "{out}");
+    assert!(out.contains("edge-gateway"), "{out}");
     let (code, _, err) = run(args("lockouts list"), "pal_not-a-token").await.unwrap();
     assert_eq!(code, Some(1));
     assert!(
