@@ -424,7 +424,10 @@ async fn remote_commands_list_and_change_lockouts_lists_and_tokens() {
     create.push("a new gateway".to_owned());
     let (code, out, err) = run(create, ADMIN_TOKEN).await.unwrap();
     assert_eq!(code, Some(0), "{err}");
-    assert!(out.contains("edge-gateway") && out.contains("pal_"), "{out}");
+    assert!(
+        out.contains("edge-gateway") && out.contains("pal_"),
+        "{out}"
+    );
     let (code, out, _) = run(args("tokens list"), ADMIN_TOKEN).await.unwrap();
     assert_eq!(code, Some(0));
     assert!(out.starts_with("ID"), "{out}");

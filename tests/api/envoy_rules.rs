@@ -14,6 +14,7 @@ on_both_backends!(
     replaces_unlimited_shadow_and_quota_mode_answer_as_upstream,
     rules_run_beside_palisades_own_check,
     a_changed_config_is_picked_up_and_a_bad_one_keeps_the_rules,
+    the_documented_envoy_config_works_with_palisade,
 );
 
 async fn with_rules(app: TestApp, paths: Vec<std::path::PathBuf>) -> TestApp {
@@ -459,4 +460,140 @@ async fn grpc_reflection_lets_a_generic_client_call_the_service() {
             .any(|l| l.starts_with("palisade_grpc_request_duration_seconds_count")),
         "{metrics}"
     );
+}
+
+
+/// The descriptors Envoy's `rate_limits` actions make for a request (remote_address,
+/// request_headers, generic_key); a descriptor with an absent header is not sent.
+fn envoy_descriptors(
+    rate_limits: &serde_yaml_ng::Value,
+    ip: &str,
+    headers: &[(&str, &str)],
+) -> Vec<RateLimitDescriptor> {
+    let mut out = Vec::new();
+    'limits: for limit in rate_limits.as_sequence().unwrap() {
+        let mut entries: Vec<(String, String)> = Vec::new();
+        for action in limit["actions"].as_sequence().unwrap() {
+            let (kind, spec) = action.as_mapping().unwrap().iter().next().unwrap();
+            match kind.as_str().unwrap() {
+                "remote_address" => entries.push(("remote_address".into(), ip.into())),
+                "generic_key" => entries.push((
+                    spec["descriptor_key"]
+                        .as_str()
+                        .unwrap_or("generic_key")
+                        .into(),
+                    spec["descriptor_value"].as_str().unwrap().into(),
+                )),
+                "request_headers" => {
+                    let name = spec["header_name"].as_str().unwrap();
+                    let Some((_, value)) = headers.iter().find(|(h, _)| *h == name) else {
+                        continue 'limits;
+                    };
+                    entries.push((
+                        spec["descriptor_key"].as_str().unwrap().into(),
+                        (*value).into(),
+                    ));
+                }
+                other => panic!("action {other} is not modelled here"),
+            }
+        }
+        let pairs: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        out.push(descriptor(&pairs));
+    }
+    out
+}
+
+async fn the_documented_envoy_config_works_with_palisade(app: TestApp) {
+    let envoy_config: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo_file("docs/gateways/envoy.yaml")).unwrap(),
+    )
+    .unwrap();
+    let listener = &envoy_config["static_resources"]["listeners"][0];
+    let manager = &listener["filter_chains"][0]["filters"][0]["typed_config"];
+    let filter = manager["http_filters"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "envoy.filters.http.ratelimit")
+        .expect("the rate limit filter");
+    let domain = filter["typed_config"]["domain"].as_str().unwrap();
+    let service = &filter["typed_config"]["rate_limit_service"];
+    assert_eq!(service["transport_api_version"], "V3");
+    let cluster_name = service["grpc_service"]["envoy_grpc"]["cluster_name"]
+        .as_str()
+        .unwrap();
+    let cluster = envoy_config["static_resources"]["clusters"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == cluster_name)
+        .expect("the cluster the filter names");
+    let options = &cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
+    assert!(
+        !options["explicit_http_config"]["http2_protocol_options"].is_null(),
+        "gRPC needs HTTP/2"
+    );
+    let port = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        ["socket_address"]["port_value"]
+        .as_u64()
+        .unwrap();
+    let default_grpc = palisade::Settings::default().grpc_listen;
+    assert!(
+        default_grpc.ends_with(&format!(":{port}")),
+        "{default_grpc} vs {port}"
+    );
+    assert_eq!(
+        cluster["health_checks"][0]["grpc_health_check"]["service_name"],
+        "envoy.service.ratelimit.v3.RateLimitService"
+    );
+    let rate_limits =
+        &manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["rate_limits"];
+
+    let app = with_rules(app, vec![repo_file("docs/gateways/ratelimit/config.yaml")]).await;
+    let mut client = Envoy::start(&app).await;
+    let login = envoy_descriptors(
+        rate_limits,
+        "203.0.113.90",
+        &[
+            ("x-user-id", "erin"),
+            (":path", "/auth/login"),
+            (":method", "POST"),
+        ],
+    );
+    assert_eq!(
+        login.len(),
+        4,
+        "no x-device-id header: no device descriptor"
+    );
+    let request = RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: login,
+        hits_addend: 0,
+    };
+    let answer = client
+        .call(Some(ADMIN_TOKEN), request.clone())
+        .await
+        .expect("answered");
+    assert_eq!(answer.overall_code, OK, "{answer:?}");
+    // Palisade's user budget answers the user descriptor, the rule the last one.
+    let user = answer.statuses[1]
+        .current_limit
+        .as_ref()
+        .expect("user budget");
+    assert_eq!(
+        (user.requests_per_unit, user.unit),
+        (5, Unit::Minute as i32)
+    );
+    let rule = answer.statuses[3]
+        .current_limit
+        .as_ref()
+        .expect("the config's rule");
+    assert_eq!(
+        (rule.requests_per_unit, rule.name.as_str()),
+        (100, "api_per_ip")
+    );
+    assert_eq!(answer.statuses[3].limit_remaining, 99);
 }
