@@ -44,7 +44,19 @@ pub struct Source {
     pub class: String,
     /// Ranges (or ASNs) read.
     pub entries: usize,
+    /// When the file was last written, Unix ms (its age is reported at start and reload).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modified_ms: Option<i64>,
 }
+
+/// A source older than this is reported as stale.
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+
+/// The classes a data dir is expected to fill (the shipped lists fill all four).
+pub const EXPECTED_CLASSES: &[&str] = &["datacenter", "vpn", "proxy", "tor"];
+
+/// One line of the data report: a warning or not, and the text.
+pub type ReportLine = (bool, String);
 
 /// IP→ASN ranges from a CSV (`start,end,asn,org`), sorted by start.
 #[derive(Debug, Default)]
@@ -87,6 +99,52 @@ impl Snapshot {
     /// The sources.
     pub fn sources(&self) -> &[Source] {
         &self.sources
+    }
+
+    /// One line per source (entries, age), and warnings for a source older than
+    /// [`STALE_AFTER`] and for an expected class with no entries.
+    pub fn report(&self, now_ms: i64) -> Vec<ReportLine> {
+        let mut lines = Vec::new();
+        for source in &self.sources {
+            let age = std::time::Duration::from_millis(
+                source
+                    .modified_ms
+                    .and_then(|m| u64::try_from(now_ms.saturating_sub(m)).ok())
+                    .unwrap_or(0),
+            );
+            let days = age.as_secs() / 86_400;
+            lines.push((
+                false,
+                format!(
+                    "reputation source {} ({}): {} entries, {days} days old",
+                    source.file, source.class, source.entries
+                ),
+            ));
+            if age > STALE_AFTER {
+                lines.push((
+                    true,
+                    format!(
+                        "reputation source {} is {days} days old: run `palisade ranges update`",
+                        source.file
+                    ),
+                ));
+            }
+        }
+        for class in EXPECTED_CLASSES {
+            let entries: usize = self
+                .sources
+                .iter()
+                .filter(|s| s.class == *class)
+                .map(|s| s.entries)
+                .sum();
+            if entries == 0 {
+                lines.push((
+                    true,
+                    format!("reputation class {class} is empty: its addresses are not recognised"),
+                ));
+            }
+        }
+        lines
     }
 
     /// ASN databases (mmdb files) and IP→ASN ranges loaded.
@@ -173,10 +231,16 @@ pub fn load_with(
     let mut snapshot = Snapshot::default();
     let mut triples = Vec::new();
     let add_source = |snapshot: &mut Snapshot,
-                      file: String,
+                      path: &Path,
                       class: String,
                       entries: usize|
      -> Result<u16, LoadError> {
+        let file = relative(dir, path);
+        let modified_ms = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .and_then(|d| i64::try_from(d.as_millis()).ok());
         let id = u16::try_from(snapshot.sources.len()).map_err(|_| LoadError {
             file: file.clone(),
             line: 0,
@@ -186,6 +250,7 @@ pub fn load_with(
             file,
             class,
             entries,
+            modified_ms,
         });
         Ok(id)
     };
@@ -214,12 +279,7 @@ pub fn load_with(
                 line: e.line,
                 reason: e.reason,
             })?;
-            let id = add_source(
-                &mut snapshot,
-                relative(dir, &path),
-                class.clone(),
-                ranges.len(),
-            )?;
+            let id = add_source(&mut snapshot, &path, class.clone(), ranges.len())?;
             snapshot.ranges += ranges.len();
             triples.extend(ranges.into_iter().map(|(s, e)| (s, e, id)));
         }
@@ -243,7 +303,7 @@ pub fn load_with(
             line: e.line,
             reason: e.reason,
         })?;
-        let id = add_source(&mut snapshot, relative(dir, &path), class, asns.len())?;
+        let id = add_source(&mut snapshot, &path, class, asns.len())?;
         for asn in asns {
             let entry = snapshot.asn_classes.entry(asn).or_default();
             if !entry.contains(&id) {
@@ -430,6 +490,7 @@ impl Reputation {
     /// Loads the data dir (a broken file stops the start with its name and line).
     pub fn open(data_dir: &Path, factors: ReputationSettings) -> Result<Self, LoadError> {
         let snapshot = load_with(data_dir, &factors.sources)?;
+        log_report(&snapshot);
         Ok(Self {
             data_dir: data_dir.to_owned(),
             factors,
@@ -465,6 +526,7 @@ impl Reputation {
                 reason: format!("loader failed: {e}"),
             })??;
         let snapshot = Arc::new(snapshot);
+        log_report(&snapshot);
         self.current.store(snapshot.clone());
         tracing::info!(
             reputation.sources = snapshot.sources.len(),
@@ -477,8 +539,90 @@ impl Reputation {
     }
 }
 
+fn log_report(snapshot: &Snapshot) {
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    for (warning, line) in snapshot.report(now_ms) {
+        if warning {
+            tracing::warn!("{line}");
+        } else {
+            tracing::info!("{line}");
+        }
+    }
+}
+
 impl crate::scoring::AsnLookup for Reputation {
     fn asn(&self, ip: IpAddr) -> Option<u32> {
         Reputation::asn(self, ip)
+    }
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::*;
+
+    /// Each source is reported with its entries and age; a stale source and an empty
+    /// expected class are warnings.
+    #[test]
+    fn the_report_names_sources_ages_and_gaps() {
+        let dir = tempfile::tempdir().unwrap();
+        for (class, body) in [("datacenter", "10.0.0.0/8\n"), ("tor", "192.0.2.1\n")] {
+            std::fs::create_dir_all(dir.path().join("ranges").join(class)).unwrap();
+            std::fs::write(dir.path().join("ranges").join(class).join("list.txt"), body).unwrap();
+        }
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(40 * 86_400);
+        std::fs::File::options()
+            .write(true)
+            .open(dir.path().join("ranges/tor/list.txt"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let snapshot = load(dir.path()).unwrap();
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let report = snapshot.report(now_ms);
+        let text = |warning: bool| -> Vec<&str> {
+            report
+                .iter()
+                .filter(|(w, _)| *w == warning)
+                .map(|(_, l)| l.as_str())
+                .collect()
+        };
+        assert!(
+            text(false).contains(
+                &"reputation source ranges/datacenter/list.txt (datacenter): 1 entries, 0 days old"
+            ),
+            "{report:?}"
+        );
+        assert!(
+            text(false)
+                .iter()
+                .any(|l| l.contains("ranges/tor/list.txt (tor): 1 entries, 40 days old"))
+        );
+        let warnings = text(true);
+        assert!(
+            warnings
+                .iter()
+                .any(|l| l.contains("ranges/tor/list.txt is 40 days old")),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings.contains(&"reputation class vpn is empty: its addresses are not recognised")
+        );
+        assert!(
+            warnings.contains(&"reputation class proxy is empty: its addresses are not recognised")
+        );
+        assert!(
+            !warnings
+                .iter()
+                .any(|l| l.contains("class datacenter") || l.contains("class tor"))
+        );
+        // The shipped data fills every expected class.
+        let shipped = load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data")).unwrap();
+        let gaps: Vec<String> = shipped
+            .report(now_ms)
+            .into_iter()
+            .filter(|(w, l)| *w && l.contains("is empty"))
+            .map(|(_, l)| l)
+            .collect();
+        assert!(gaps.is_empty(), "{gaps:?}");
     }
 }

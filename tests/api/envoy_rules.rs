@@ -462,7 +462,6 @@ async fn grpc_reflection_lets_a_generic_client_call_the_service() {
     );
 }
 
-
 /// The descriptors Envoy's `rate_limits` actions make for a request (remote_address,
 /// request_headers, generic_key); a descriptor with an absent header is not sent.
 fn envoy_descriptors(
