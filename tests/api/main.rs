@@ -9,6 +9,7 @@ mod auth_events;
 mod bouncers;
 mod caddy;
 mod cli;
+mod clients;
 mod console;
 mod deploy;
 mod docs;
