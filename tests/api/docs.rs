@@ -215,3 +215,70 @@ fn operation_ids_are_unique_and_say_what_they_do() {
     }
     assert!(seen.contains("limit_check"));
 }
+
+/// `docs/gateways/palisade_identity.py` signs what Palisade verifies, from the command line
+/// and as a WSGI middleware that drops a client's own header.
+#[test]
+fn the_python_identity_module_signs_what_palisade_verifies() {
+    let secret = "python-module-secret-0123456789ab";
+    let module = crate::helpers::repo_file("docs/gateways/palisade_identity.py");
+    let Ok(cli) = std::process::Command::new("python3")
+        .arg(&module)
+        .args([secret, "bob", "tablet-7", "60"])
+        .output()
+    else {
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| v == "true"),
+            "CI=true but python3 is missing"
+        );
+        eprintln!("SKIPPED: no python3");
+        return;
+    };
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let identity =
+        crate::helpers::verify_identity_now(secret, &String::from_utf8(cli.stdout).unwrap());
+    assert_eq!(
+        (identity.user.as_deref(), identity.device.as_deref()),
+        (Some("bob"), Some("tablet-7"))
+    );
+    let script = format!(
+        "import sys\nsys.path.insert(0, {dir:?})\nfrom palisade_identity import SignIdentity\n\
+         seen = {{}}\n\
+         def app(environ, start_response):\n    seen.update(environ)\n    return []\n\
+         signed = SignIdentity(app, b{secret:?}, lambda env: (env['REMOTE_USER'], None))\n\
+         signed({{'REMOTE_USER': 'carol', 'HTTP_X_PALISADE_IDENTITY': 'v1.9999999999.Zm9yZ2Vk..AAAA'}}, None)\n\
+         print(seen['HTTP_X_PALISADE_IDENTITY'])\n\
+         anonymous = SignIdentity(app, b{secret:?}, lambda env: None)\n\
+         seen.clear()\n\
+         anonymous({{'HTTP_X_PALISADE_IDENTITY': 'v1.forged'}}, None)\n\
+         print('HTTP_X_PALISADE_IDENTITY' in seen)\n",
+        dir = module.parent().unwrap().display().to_string(),
+    );
+    let output = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    let mut lines = text.lines();
+    let identity = crate::helpers::verify_identity_now(secret, lines.next().unwrap());
+    assert_eq!(
+        identity.user.as_deref(),
+        Some("carol"),
+        "the client's header was replaced"
+    );
+    assert_eq!(identity.device, None);
+    assert_eq!(
+        lines.next(),
+        Some("False"),
+        "an anonymous caller's header is dropped"
+    );
+}
