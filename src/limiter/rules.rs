@@ -34,6 +34,25 @@ pub struct RuleOutcome {
     pub multiplier: f64,
 }
 
+/// Counters longer than this are named by their SHA-256 (descriptor values come from
+/// requests: a key stays short whatever a client sends).
+const MAX_COUNTER_LEN: usize = 200;
+
+/// The bucket name of a rule's counter: `rl~` and the counter, or its digest when long.
+fn counter_name(counter: &str) -> String {
+    use sha2::Digest;
+    if counter.len() <= MAX_COUNTER_LEN {
+        return format!("rl~{counter}");
+    }
+    let digest = sha2::Sha256::digest(counter.as_bytes());
+    let mut name = String::with_capacity(3 + 64);
+    name.push_str("rl#");
+    for byte in digest {
+        name.push_str(&format!("{byte:02x}"));
+    }
+    name
+}
+
 impl Limiter {
     /// Takes `cost` tokens from each rule bucket that holds them (each counts on its own,
     /// as envoyproxy/ratelimit's counters do; none when `consume` is false), in one call to
@@ -52,7 +71,7 @@ impl Limiter {
                 Scope {
                     budget: 0,
                     kind: ScopeKind::Global,
-                    bucket_key: self.keys.bucket(&subject, &format!("rl~{}", rule.counter)),
+                    bucket_key: self.keys.bucket(&subject, &counter_name(&rule.counter)),
                     multiplier_key: self.keys.multiplier(&subject, &rule.class),
                     label: None,
                     params: bucket::Params {
@@ -107,5 +126,20 @@ impl Limiter {
                 }
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::counter_name;
+
+    #[test]
+    fn long_counters_are_named_by_their_digest() {
+        assert_eq!(counter_name("d_k_v_"), "rl~d_k_v_");
+        let long = format!("d_k_{}_", "x".repeat(500));
+        let name = counter_name(&long);
+        assert!(name.starts_with("rl#") && name.len() == 67, "{name}");
+        assert_eq!(name, counter_name(&long));
+        assert_ne!(name, counter_name(&format!("d_k_{}_", "y".repeat(500))));
     }
 }
