@@ -282,3 +282,65 @@ fn the_python_identity_module_signs_what_palisade_verifies() {
         "an anonymous caller's header is dropped"
     );
 }
+
+/// `docs/gateways/palisade_identity.lua` (Envoy's Lua filter) signs what Palisade verifies:
+/// run with Debian's LuaJIT (Envoy's Lua), with a stand-in for Envoy's request handle.
+#[test]
+fn the_envoy_lua_filter_signs_what_palisade_verifies() {
+    if std::process::Command::new("luajit")
+        .arg("-v")
+        .output()
+        .is_err()
+    {
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| v == "true"),
+            "CI=true but luajit is missing (.ci/run installs it)"
+        );
+        eprintln!("SKIPPED: apt-get install luajit");
+        return;
+    }
+    let dir = crate::helpers::repo_file("docs/gateways");
+    // A long secret too (HMAC hashes keys over 64 bytes first).
+    for secret in ["lua-filter-secret-0123456789abcdef", &"k".repeat(100)] {
+        let script = format!(
+            r#"package.path = "{dir}/?.lua;" .. package.path
+local palisade = require("palisade_identity")
+local function handle(values)
+  local headers = {{
+    get = function(_, name) return values[name] end,
+    remove = function(_, name) values[name] = nil end,
+    add = function(_, name, value) values[name] = value end,
+  }}
+  return {{ headers = function() return headers end }}
+end
+local signed = {{ ["x-verified-user"] = "dana", ["x-device-id"] = "phone-9",
+  ["x-palisade-identity"] = "v1.9999999999.Zm9yZ2Vk..AAAA" }}
+palisade.on_request(handle(signed), "{secret}", "x-verified-user", 60)
+print(signed["x-palisade-identity"])
+local anonymous = {{ ["x-palisade-identity"] = "v1.forged" }}
+palisade.on_request(handle(anonymous), "{secret}", "x-verified-user", 60)
+print(tostring(anonymous["x-palisade-identity"]))
+"#,
+            dir = dir.display()
+        );
+        let output = std::process::Command::new("luajit")
+            .args(["-e", &script])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = String::from_utf8(output.stdout).unwrap();
+        let mut lines = text.lines();
+        let identity = crate::helpers::verify_identity_now(secret, lines.next().unwrap());
+        assert_eq!(identity.user.as_deref(), Some("dana"));
+        assert_eq!(identity.device.as_deref(), Some("phone-9"));
+        assert_eq!(
+            lines.next(),
+            Some("nil"),
+            "an unauthenticated caller's header is dropped"
+        );
+    }
+}
