@@ -306,6 +306,8 @@ impl App {
                 defaults: scoring.clone(),
                 exemptions,
                 attested,
+                live: limiter.clone(),
+                configured: settings.limits.clone(),
             },
         ));
         if let Err(err) = canary.refresh().await {

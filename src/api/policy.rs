@@ -22,6 +22,9 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(delete_override))
         .routes(routes!(load_canary))
         .routes(routes!(canary_report, discard_canary))
+        .routes(routes!(promote_canary))
+        .routes(routes!(live_policy))
+        .routes(routes!(revert_policy))
         .routes(routes!(export_rules))
 }
 
@@ -71,6 +74,7 @@ async fn simulate(
     let started = std::time::Instant::now();
     let mut report = Report::default();
     let mut replayer: Option<Replayer> = None;
+    let live = app.canary.live_limits();
     let mut after: Option<(i64, String)> = None;
     let mut seen = 0usize;
     while seen < MAX_RECORDS {
@@ -86,9 +90,8 @@ async fn simulate(
             break;
         };
         after = Some((last.at_ms, last.id.clone()));
-        let replayer = replayer.get_or_insert_with(|| {
-            Replayer::new(&app.settings.limits, &candidate.limits, page[0].at_ms)
-        });
+        let replayer =
+            replayer.get_or_insert_with(|| Replayer::new(&live, &candidate.limits, page[0].at_ms));
         for record in page.iter().take(MAX_RECORDS - seen) {
             report.add(&replayer.step(record).await);
         }
@@ -327,11 +330,83 @@ async fn load_canary(
             &current_request_id(),
         )
         .await
-        .map_err(|err| match err {
-            crate::policy::canary::CanaryError::Invalid(message) => ApiError::invalid(message),
-            crate::policy::canary::CanaryError::Store(store) => store.into(),
-        })?;
+        .map_err(canary_error)?;
     Ok((axum::http::StatusCode::CREATED, Json(CanaryLoaded { id })))
+}
+
+fn canary_error(err: crate::policy::canary::CanaryError) -> ApiError {
+    use crate::policy::canary::CanaryError;
+    match err {
+        CanaryError::Invalid(message) => ApiError::invalid(message),
+        CanaryError::Conflict(message) => ApiError::new(super::error::ErrorCode::Conflict, message),
+        CanaryError::Store(store) => store.into(),
+    }
+}
+
+/// `POST /v1/policy/candidates/current/promote` and `POST /v1/policy/live/revert` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyChange {
+    /// Why (1–500 characters; kept in the audit log).
+    pub reason: String,
+}
+
+/// Makes the canary in force the live policy of every instance within a second, kept across
+/// restarts (role `admin`): its classes' patterns and budgets replace the settings file's
+/// (the class names must stay the same; other `[limits]` settings stay the file's). The
+/// canary ends. Audited as `policy.promote`. 404 without a canary, 409 when its classes
+/// differ.
+#[utoipa::path(operation_id = "promote_canary", post, path = "/v1/policy/candidates/current/promote", tag = "admin", security(("bearer" = [])),
+    request_body = PolicyChange,
+    responses((status = 200, body = crate::policy::canary::LiveStatus), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 404, body = Envelope),
+        (status = 409, body = Envelope)))]
+async fn promote_canary(
+    auth: Authorized<role::Admin>,
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<PolicyChange>,
+) -> Result<Json<crate::policy::canary::LiveStatus>, ApiError> {
+    let reason = parse_reason(Some(&body.reason))?;
+    app.canary
+        .promote(&reason, &auth.caller.actor(), &current_request_id())
+        .await
+        .map_err(canary_error)?
+        .ok_or_else(|| ApiError::not_found("no canary policy is in force"))?;
+    Ok(Json(app.canary.live()))
+}
+
+/// Where the live `[limits]` come from: the settings file or a promoted canary (role
+/// `analyst`).
+#[utoipa::path(operation_id = "live_policy", get, path = "/v1/policy/live", tag = "analyst", security(("bearer" = [])),
+    responses((status = 200, body = crate::policy::canary::LiveStatus), (status = 401, body = Envelope),
+        (status = 403, body = Envelope)))]
+async fn live_policy(
+    _auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+) -> Json<crate::policy::canary::LiveStatus> {
+    Json(app.canary.live())
+}
+
+/// Goes back to the settings file's `[limits]` on every instance within a second (role
+/// `admin`); audited as `policy.revert`. 404 when nothing is promoted.
+#[utoipa::path(operation_id = "revert_policy", post, path = "/v1/policy/live/revert", tag = "admin", security(("bearer" = [])),
+    request_body = PolicyChange,
+    responses((status = 200, body = crate::policy::canary::LiveStatus), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 404, body = Envelope)))]
+async fn revert_policy(
+    auth: Authorized<role::Admin>,
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<PolicyChange>,
+) -> Result<Json<crate::policy::canary::LiveStatus>, ApiError> {
+    let reason = parse_reason(Some(&body.reason))?;
+    if !app
+        .canary
+        .revert(&reason, &auth.caller.actor(), &current_request_id())
+        .await?
+    {
+        return Err(ApiError::not_found("no promoted policy is in force"));
+    }
+    Ok(Json(app.canary.live()))
 }
 
 /// The canary in force and what this instance has counted of it: per live class, checks
@@ -352,8 +427,8 @@ async fn canary_report(
 }
 
 /// Discards the canary in force on every instance within a second (role `admin`);
-/// `?reason=` is required; audited as `policy.canary_discard`. To make a candidate the live
-/// policy, deploy its file (`palisade policy check` it first).
+/// `?reason=` is required; audited as `policy.canary_discard`. To make it the live policy,
+/// promote it instead.
 #[utoipa::path(delete, path = "/v1/policy/candidates/current", tag = "admin", security(("bearer" = [])),
     params(ReasonQuery),
     responses((status = 204), (status = 400, body = Envelope), (status = 401, body = Envelope),
@@ -397,7 +472,7 @@ async fn export_rules(
         ))
     })?;
     let deny = app.lists.entries(crate::reputation::lists::ListName::Deny);
-    let exported = crate::policy::export::export(provider, &app.settings.limits, &deny);
+    let exported = crate::policy::export::export(provider, &app.canary.live_limits(), &deny);
     Ok((
         [(axum::http::header::CONTENT_TYPE, exported.content_type)],
         exported.body,

@@ -6,13 +6,14 @@ use super::*;
 impl Limiter {
     pub(super) fn degraded(
         &self,
+        budgets: &Budgets,
         class: usize,
         class_name: Arc<str>,
         scopes: &[Scope],
         now_ms: i64,
         source: crate::store::Error,
     ) -> Result<Decision, Error> {
-        let fail = self.budgets.classes[class].fail;
+        let fail = budgets.classes[class].fail;
         let outcome_label = match fail {
             FailMode::Open => "fail_open",
             FailMode::Closed => "fail_closed",
@@ -43,7 +44,7 @@ impl Limiter {
                             multiplier: 1.0,
                             multiplier_ttl_ms: None,
                         };
-                        self.outcome(scope, raw)
+                        self.outcome(budgets, scope, raw)
                     })
                     .collect();
                 Ok(self.conclude(class_name, outcomes, now_ms, true, false))

@@ -66,7 +66,11 @@ struct Scope {
 /// The limiter service.
 #[derive(Debug)]
 pub struct Limiter {
-    budgets: Budgets,
+    /// The budget table in force (a promoted policy swaps it whole; one check reads one).
+    budgets: arc_swap::ArcSwap<Budgets>,
+    /// Every table ever in force: class names stay allocated, so the metric handles keyed
+    /// by their addresses never see an address reused.
+    retired: std::sync::Mutex<Vec<Arc<Budgets>>>,
     keys: Keys,
     hot: Hot,
     clock: Arc<dyn Clock>,
@@ -108,7 +112,8 @@ impl Limiter {
         let budgets = Budgets::from_settings(settings);
         let rates = rates::Rates::new(budgets.classes.iter().map(|c| &*c.name));
         Self {
-            budgets,
+            budgets: arc_swap::ArcSwap::from_pointee(budgets),
+            retired: std::sync::Mutex::new(Vec::new()),
             keys,
             hot,
             clock,
@@ -169,26 +174,66 @@ impl Limiter {
     }
 
     /// The classes and budgets in force.
-    pub fn budgets(&self) -> &Budgets {
-        &self.budgets
+    pub fn budgets(&self) -> Arc<Budgets> {
+        self.budgets.load_full()
+    }
+
+    /// Whether `settings` names the classes in force (Err names the difference).
+    pub fn same_classes(&self, settings: &LimitSettings) -> Result<(), String> {
+        let next = Budgets::from_settings(settings);
+        let current = self.budgets.load_full();
+        let names = |b: &Budgets| {
+            let mut names: Vec<String> = b.classes.iter().map(|c| c.name.to_string()).collect();
+            names.sort();
+            names
+        };
+        if names(&next) == names(&current) {
+            return Ok(());
+        }
+        Err(format!(
+            "a promotion keeps the classes in force ({}), the candidate has {}: change classes in the settings file",
+            names(&current).join(", "),
+            names(&next).join(", ")
+        ))
+    }
+
+    /// Puts another budget table in force (a promoted policy), from the next check on. Its
+    /// classes must be the ones in force (their names key metrics, rates and scoring):
+    /// Err names the difference.
+    pub fn set_budgets(&self, settings: &LimitSettings) -> Result<(), String> {
+        self.same_classes(settings)?;
+        let next = Budgets::from_settings(settings);
+        let current = self.budgets.load_full();
+        self.retired
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(current);
+        self.budgets.store(Arc::new(next));
+        self.l1.clear();
+        Ok(())
     }
 
     /// Whether the request's device is attested, asked only when it matters: a device id on
     /// a class with a per-endpoint IP budget (auth, expensive). A failed lookup counts as not
     /// attested (the strict IP budget stands).
-    async fn attested(&self, class: usize, request: &LimitRequest) -> bool {
+    async fn attested(&self, budgets: &Budgets, class: usize, request: &LimitRequest) -> bool {
         let (Some(device), Some(hook)) = (&request.device, self.attested.get()) else {
             return false;
         };
-        let per_endpoint_ip = self
-            .budgets
+        let per_endpoint_ip = budgets
             .applicable(class, request.user.is_some(), true)
-            .any(|i| self.budgets.budgets[i].scope == ScopeKind::EndpointIp);
+            .any(|i| budgets.budgets[i].scope == ScopeKind::EndpointIp);
         per_endpoint_ip && hook.is_attested(device).await.unwrap_or(false)
     }
 
-    fn scopes(&self, class: usize, request: &LimitRequest, attested: bool) -> Vec<Scope> {
-        let class_info = &self.budgets.classes[class];
+    fn scopes(
+        &self,
+        budgets: &Budgets,
+        class: usize,
+        request: &LimitRequest,
+        attested: bool,
+    ) -> Vec<Scope> {
+        let class_info = &budgets.classes[class];
         let defaults = self
             .defaults
             .get()
@@ -196,7 +241,7 @@ impl Limiter {
         let enforced_class = !class_info.shadow;
         let mut out = Vec::with_capacity(class_info.budgets.len() + 2);
         let scope = |index: usize, kind, subject: SubjectKey, default_multiplier: f64| {
-            let budget = &self.budgets.budgets[index];
+            let budget = &budgets.budgets[index];
             Scope {
                 budget: index,
                 kind,
@@ -216,11 +261,8 @@ impl Limiter {
                 network_blocked: false,
             }
         };
-        for index in
-            self.budgets
-                .applicable(class, request.user.is_some(), request.device.is_some())
-        {
-            let budget = &self.budgets.budgets[index];
+        for index in budgets.applicable(class, request.user.is_some(), request.device.is_some()) {
+            let budget = &budgets.budgets[index];
             match budget.scope {
                 ScopeKind::Global => {
                     out.push(scope(index, budget.scope, SubjectKey::global(), 1.0));
@@ -233,6 +275,7 @@ impl Limiter {
                             // and one IP-wide bucket raised to the ceiling (a shared address,
                             // or an attested device: it does not share the IP's budget).
                             out.push(self.ip_device(
+                                budgets,
                                 scope(
                                     index,
                                     ScopeKind::IpDevice,
@@ -268,6 +311,7 @@ impl Limiter {
                     if let Some(device) = &request.device {
                         let ip = SubjectKey::ip(&request.ip);
                         out.push(self.ip_device(
+                            budgets,
                             scope(
                                 index,
                                 budget.scope,
@@ -296,8 +340,8 @@ impl Limiter {
 
     /// Makes a device's scope an IP-and-device one: its own bucket per address (in the
     /// device's Redis slot, reading the device's multiplier) named `device:…@ip:…`.
-    fn ip_device(&self, mut scope: Scope, ip: &SubjectKey) -> Scope {
-        let budget = &self.budgets.budgets[scope.budget];
+    fn ip_device(&self, budgets: &Budgets, mut scope: Scope, ip: &SubjectKey) -> Scope {
+        let budget = &budgets.budgets[scope.budget];
         scope.bucket_key = self
             .keys
             .bucket(&scope.subject, &format!("{}~{}", budget.name, ip.as_str()));
@@ -325,12 +369,14 @@ impl Limiter {
     }
 
     async fn decide(&self, request: &LimitRequest) -> Result<Decision, Error> {
-        let class = self.budgets.classify(&request.method, &request.endpoint);
-        let class_name = self.budgets.classes[class].name.clone();
-        let attested = self.attested(class, request).await;
-        let scopes = self.scopes(class, request, attested);
+        let budgets = self.budgets.load_full();
+        let budgets = &*budgets;
+        let class = budgets.classify(&request.method, &request.endpoint);
+        let class_name = budgets.classes[class].name.clone();
+        let attested = self.attested(budgets, class, request).await;
+        let scopes = self.scopes(budgets, class, request, attested);
         for scope in scopes.iter().filter(|s| s.enforced) {
-            let budget = &self.budgets.budgets[scope.budget];
+            let budget = &budgets.budgets[scope.budget];
             if request.cost > budget.capacity() {
                 return Err(Error::CostAboveCapacity {
                     cost: request.cost,
@@ -351,18 +397,20 @@ impl Limiter {
         }
 
         if self.rebuilding.load(std::sync::atomic::Ordering::Acquire)
-            && self.budgets.classes[class].fail == FailMode::Closed
+            && budgets.classes[class].fail == FailMode::Closed
         {
             let source = crate::store::Error::Unavailable {
                 store: "hot",
                 source: "it is being rebuilt after losing its data".into(),
             };
-            return self.degraded(class, class_name, &scopes, now_ms, source);
+            return self.degraded(budgets, class, class_name, &scopes, now_ms, source);
         }
         let mut scopes = scopes;
         let mut outcomes = match self.evaluate(&scopes, request, now_us).await {
             Ok(outcomes) => outcomes,
-            Err(source) => return self.degraded(class, class_name, &scopes, now_ms, source),
+            Err(source) => {
+                return self.degraded(budgets, class, class_name, &scopes, now_ms, source);
+            }
         };
         // The lockout-DoS rule: a block it may lift is re-checked without it.
         let challenge = self
@@ -371,7 +419,9 @@ impl Limiter {
         if challenge.is_some() {
             outcomes = match self.evaluate(&scopes, request, now_us).await {
                 Ok(outcomes) => outcomes,
-                Err(source) => return self.degraded(class, class_name, &scopes, now_ms, source),
+                Err(source) => {
+                    return self.degraded(budgets, class, class_name, &scopes, now_ms, source);
+                }
             };
         }
         let admitted = scopes
@@ -388,7 +438,7 @@ impl Limiter {
                 } else {
                     raw.unconsumed(scope, request.cost)
                 };
-                self.outcome(scope, raw)
+                self.outcome(budgets, scope, raw)
             })
             .collect();
         if matches!(self.hot, Hot::Redis(_)) && outcomes.iter().any(|o| o.enforced && !o.allowed) {
@@ -498,8 +548,8 @@ impl Limiter {
             .filter(|outcomes| outcomes.len() == scopes.len())
     }
 
-    fn outcome(&self, scope: &Scope, raw: RawOutcome) -> ScopeOutcome {
-        let budget = &self.budgets.budgets[scope.budget];
+    fn outcome(&self, budgets: &Budgets, scope: &Scope, raw: RawOutcome) -> ScopeOutcome {
+        let budget = &budgets.budgets[scope.budget];
         let retry_after_ms = match raw.retry_after_ms {
             Some(ms) => ms,
             // Blocked by the multiplier: until it expires.
@@ -509,7 +559,7 @@ impl Limiter {
                 .unwrap_or(BLOCKED_RETRY_MS),
         };
         ScopeOutcome {
-            budget: self.budgets.names[scope.budget].clone(),
+            budget: budgets.names[scope.budget].clone(),
             scope: scope.kind,
             subject: scope
                 .label

@@ -21,9 +21,10 @@ impl Limiter {
         } else {
             0.0
         };
+        let budgets = self.budgets.load_full();
         let classes: Vec<&str> = match class {
             Some(class) => vec![class],
-            None => self.budgets.classes.iter().map(|c| &*c.name).collect(),
+            None => budgets.classes.iter().map(|c| &*c.name).collect(),
         };
         let now_us = self.clock.monotonic_us();
         for class in classes {
@@ -59,9 +60,10 @@ impl Limiter {
         subject: &SubjectKey,
         class: Option<&str>,
     ) -> Result<(), crate::store::Error> {
+        let budgets = self.budgets.load_full();
         let classes: Vec<&str> = match class {
             Some(class) => vec![class],
-            None => self.budgets.classes.iter().map(|c| &*c.name).collect(),
+            None => budgets.classes.iter().map(|c| &*c.name).collect(),
         };
         for class in classes {
             let key = self.keys.multiplier(subject, class);

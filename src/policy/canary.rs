@@ -7,6 +7,11 @@
 //! difference is the policy. While a canary is loaded each check costs a second bucket
 //! evaluation. Differences are counted per class and deciding scope in this instance (the
 //! report) and in `palisade_canary_decisions_total` (the fleet).
+//!
+//! **Promotion**: one call makes the canary the live `[limits]` of every instance (its
+//! classes' patterns and budgets; the class names must stay those in force). It is kept in
+//! the durable store, read each second and at start, so a restart keeps it; a revert goes
+//! back to the settings file's `[limits]`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -76,6 +81,9 @@ pub enum CanaryError {
     /// The TOML is not a valid settings file.
     #[error("policy: {0}")]
     Invalid(String),
+    /// The candidate cannot be promoted (its classes differ from those in force).
+    #[error("policy: {0}")]
+    Conflict(String),
     /// A store failed.
     #[error(transparent)]
     Store(#[from] Error),
@@ -90,6 +98,35 @@ pub struct Sockets {
     pub exemptions: Arc<dyn Exemptions>,
     /// Attested devices.
     pub attested: Arc<dyn crate::limiter::AttestedDevices>,
+    /// The live limiter (a promotion swaps its budgets).
+    pub live: Arc<Limiter>,
+    /// The settings file's `[limits]` (in force when nothing is promoted).
+    pub configured: LimitSettings,
+}
+
+/// The promoted policy in force.
+#[derive(Debug, Clone)]
+struct Promoted {
+    id: String,
+    promoted_at_ms: i64,
+    promoted_by: String,
+    limits: LimitSettings,
+}
+
+/// Where the live `[limits]` come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct LiveStatus {
+    /// `settings` (the settings file) or `promoted` (a promoted canary).
+    pub source: &'static str,
+    /// The promoted candidate's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// When it was promoted, Unix ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub promoted_at_ms: Option<i64>,
+    /// Who promoted it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub promoted_by: Option<String>,
 }
 
 /// The canary of one instance.
@@ -102,6 +139,7 @@ pub struct Canary {
     audit: Audit,
     sockets: Sockets,
     current: ArcSwapOption<Loaded>,
+    promoted: ArcSwapOption<Promoted>,
     /// Canary checks on their way at once; beyond it a check is not compared (counted as
     /// `skipped`), so a slow hot store cannot pile up tasks.
     in_flight: Arc<tokio::sync::Semaphore>,
@@ -145,6 +183,7 @@ impl Canary {
             audit,
             sockets,
             current: ArcSwapOption::empty(),
+            promoted: ArcSwapOption::empty(),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         }
     }
@@ -229,8 +268,177 @@ impl Canary {
         Ok(true)
     }
 
-    /// Loads the canary in force if it changed (every second on every instance).
+    /// Makes the canary in force the live policy of every instance (within a second; kept
+    /// across restarts) and ends it as a canary; audited as `policy.promote`. None when no
+    /// canary is in force; Conflict when its class names differ from those in force.
+    pub async fn promote(
+        &self,
+        reason: &str,
+        actor: &Actor,
+        request_id: &str,
+    ) -> Result<Option<String>, CanaryError> {
+        let row: Option<(String, String)> = with_pool!(&self.durable, |pool| sqlx::query_as(
+            "SELECT id, policy FROM policy_candidates WHERE discarded_at IS NULL \
+             ORDER BY id DESC LIMIT 1"
+        )
+        .fetch_optional(pool)
+        .await)
+        .map_err(Error::from)?;
+        let Some((id, policy)) = row else {
+            return Ok(None);
+        };
+        let settings =
+            Settings::candidate_toml(&policy).map_err(|e| CanaryError::Invalid(e.to_string()))?;
+        self.sockets
+            .live
+            .same_classes(&settings.limits)
+            .map_err(CanaryError::Conflict)?;
+        let now = self.clock.now_ms();
+        with_pool!(&self.durable, |pool| sqlx::query(
+            "UPDATE policy_candidates SET promoted_at = $1, promoted_by = $2, \
+             discarded_at = $1, discarded_by = $2 WHERE id = $3"
+        )
+        .bind(now)
+        .bind(&actor.name)
+        .bind(&id)
+        .execute(pool)
+        .await
+        .map(|_| ()))
+        .map_err(Error::from)?;
+        self.audit
+            .record(
+                actor,
+                "policy.promote",
+                &id,
+                serde_json::json!({ "reason": reason }),
+                request_id,
+            )
+            .await?;
+        self.refresh().await?;
+        Ok(Some(id))
+    }
+
+    /// Goes back to the settings file's `[limits]` on every instance within a second;
+    /// audited as `policy.revert`. False when nothing is promoted.
+    pub async fn revert(
+        &self,
+        reason: &str,
+        actor: &Actor,
+        request_id: &str,
+    ) -> Result<bool, Error> {
+        let ids: Vec<String> =
+            with_pool!(&self.durable, |pool| {
+                sqlx::query_scalar(
+            "SELECT id FROM policy_candidates WHERE promoted_at IS NOT NULL AND reverted_at IS NULL"
+        )
+        .fetch_all(pool)
+        .await
+            })?;
+        if ids.is_empty() {
+            return Ok(false);
+        }
+        let now = self.clock.now_ms();
+        with_pool!(&self.durable, |pool| sqlx::query(
+            "UPDATE policy_candidates SET reverted_at = $1, reverted_by = $2 \
+             WHERE promoted_at IS NOT NULL AND reverted_at IS NULL"
+        )
+        .bind(now)
+        .bind(&actor.name)
+        .execute(pool)
+        .await
+        .map(|_| ()))?;
+        for id in &ids {
+            self.audit
+                .record(
+                    actor,
+                    "policy.revert",
+                    id,
+                    serde_json::json!({ "reason": reason }),
+                    request_id,
+                )
+                .await?;
+        }
+        self.refresh().await?;
+        Ok(true)
+    }
+
+    /// Where the live `[limits]` come from on this instance.
+    pub fn live(&self) -> LiveStatus {
+        match self.promoted.load_full() {
+            Some(p) => LiveStatus {
+                source: "promoted",
+                id: Some(p.id.clone()),
+                promoted_at_ms: Some(p.promoted_at_ms),
+                promoted_by: Some(p.promoted_by.clone()),
+            },
+            None => LiveStatus {
+                source: "settings",
+                id: None,
+                promoted_at_ms: None,
+                promoted_by: None,
+            },
+        }
+    }
+
+    /// The live `[limits]`: the promoted policy's, else the settings file's.
+    pub fn live_limits(&self) -> LimitSettings {
+        self.promoted
+            .load_full()
+            .map_or_else(|| self.sockets.configured.clone(), |p| p.limits.clone())
+    }
+
+    /// Puts the promoted policy in force if it changed (every second and at start).
+    async fn refresh_promoted(&self) -> Result<(), Error> {
+        let row: Option<(String, String, i64, String)> =
+            with_pool!(&self.durable, |pool| sqlx::query_as(
+                "SELECT id, policy, promoted_at, promoted_by FROM policy_candidates \
+                 WHERE promoted_at IS NOT NULL AND reverted_at IS NULL \
+                 ORDER BY promoted_at DESC, id DESC LIMIT 1"
+            )
+            .fetch_optional(pool)
+            .await)?;
+        let current = self.promoted.load_full();
+        match (row, current) {
+            (None, None) => {}
+            (None, Some(_)) => {
+                if let Err(err) = self.sockets.live.set_budgets(&self.sockets.configured) {
+                    tracing::error!(error.cause = %err, "the settings file's limits do not load");
+                }
+                self.promoted.store(None);
+                tracing::info!("promotion reverted: the settings file's limits are live");
+            }
+            (Some((id, _, _, _)), Some(current)) if current.id == id => {}
+            (Some((id, policy, promoted_at_ms, promoted_by)), _) => {
+                let limits = match Settings::candidate_toml(&policy) {
+                    Ok(settings) => settings.limits,
+                    Err(err) => {
+                        tracing::error!(policy.id = %id, error.cause = %err, "the promoted policy does not load; the limits in force stay");
+                        return Ok(());
+                    }
+                };
+                match self.sockets.live.set_budgets(&limits) {
+                    Ok(()) => {
+                        tracing::info!(policy.id = %id, policy.promoted_by = %promoted_by, "promoted policy {id} is live");
+                        self.promoted.store(Some(Arc::new(Promoted {
+                            id,
+                            promoted_at_ms,
+                            promoted_by,
+                            limits,
+                        })));
+                    }
+                    Err(err) => {
+                        tracing::error!(policy.id = %id, error.cause = %err, "the promoted policy does not fit; the limits in force stay");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the canary (and the promoted policy) in force if they changed (every second
+    /// on every instance).
     pub async fn refresh(&self) -> Result<(), Error> {
+        self.refresh_promoted().await?;
         let row: Option<Row> = with_pool!(&self.durable, |pool| sqlx::query_as(
             "SELECT id, policy, reason, created_at, created_by FROM policy_candidates \
              WHERE discarded_at IS NULL ORDER BY id DESC LIMIT 1"

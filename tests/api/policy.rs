@@ -12,6 +12,7 @@ on_both_backends!(
     the_record_keeps_checks_with_pseudonyms_only,
     overrides_raise_and_cut_one_subject_everywhere_until_they_end,
     a_canary_counts_what_the_candidate_would_do_and_never_enforces_it,
+    a_promoted_canary_is_live_everywhere_until_reverted,
 );
 
 const KEY: &str = "replay-test-pseudonym-key-0123456789abcdef";
@@ -767,4 +768,149 @@ async fn a_login_replay_names_accounts_newly_locked_and_honest_logins_refused() 
         "{simulated}"
     );
     assert_eq!(simulated["logins_truncated"], false);
+}
+
+/// One call makes the canary the live policy of every instance, a restarted one included;
+/// a candidate with other classes is refused; a revert goes back to the settings file.
+async fn a_promoted_canary_is_live_everywhere_until_reverted(app: TestApp) {
+    use crate::helpers::{ADMIN_TOKEN, assert_envelope};
+    let reads_allowed = |ip: &'static str| {
+        let app = &app;
+        async move {
+            let read = json!({"endpoint": "/api/feed", "method": "GET", "ip": ip});
+            let mut allowed = 0;
+            for _ in 0..70 {
+                if app.limit_check(&read).await.status() == StatusCode::OK {
+                    allowed += 1;
+                }
+            }
+            allowed
+        }
+    };
+    let promote = |reason: &'static str| {
+        let app = &app;
+        async move {
+            app.post(
+                "/v1/policy/candidates/current/promote",
+                Some(ADMIN_TOKEN),
+                &json!({ "reason": reason }),
+            )
+            .await
+        }
+    };
+    assert_envelope(
+        promote("nothing to promote").await,
+        StatusCode::NOT_FOUND,
+        "NOT_FOUND",
+    )
+    .await;
+    let loaded: Value = app
+        .post(
+            "/v1/policy/candidates",
+            Some(ADMIN_TOKEN),
+            &json!({"policy": CANDIDATE, "reason": "20 anonymous reads a minute"}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let analyst = app.create_token("analyst", "ana").await.1;
+    assert_envelope(
+        app.post(
+            "/v1/policy/candidates/current/promote",
+            Some(&analyst),
+            &json!({"reason": "x"}),
+        )
+        .await,
+        StatusCode::FORBIDDEN,
+        "FORBIDDEN",
+    )
+    .await;
+    let response = promote("the canary looked right").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let live: Value = response.json().await.unwrap();
+    assert_eq!(live["source"], "promoted");
+    assert_eq!(live["id"], loaded["id"]);
+    assert_eq!(
+        reads_allowed("192.0.2.41").await,
+        20,
+        "the candidate's budget enforces"
+    );
+    let status: Value = app
+        .get("/v1/policy/live", Some(&analyst))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["source"], "promoted");
+    let canary = app
+        .get("/v1/policy/candidates/current", Some(&analyst))
+        .await;
+    assert_envelope(canary, StatusCode::NOT_FOUND, "NOT_FOUND").await;
+    // Another instance, and one started afterwards, run it too.
+    let started = app.another_instance().await;
+    assert_eq!(started.app.canary.live().source, "promoted");
+    let read = json!({"endpoint": "/api/feed", "method": "GET", "ip": "192.0.2.42"});
+    let mut allowed = 0;
+    for _ in 0..30 {
+        if started.limit_check(&read).await.status() == StatusCode::OK {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 20);
+    // Another set of classes is not promoted.
+    let other_classes = format!(
+        "{CANDIDATE}\n[limits.classes.search]\npaths = [\"/search*\"]\nmethods = []\nfail = \"open\"\nshadow = false\npriority = 5\n"
+    );
+    let response = app
+        .post(
+            "/v1/policy/candidates",
+            Some(ADMIN_TOKEN),
+            &json!({"policy": other_classes, "reason": "a search class"}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_envelope(
+        promote("a search class").await,
+        StatusCode::CONFLICT,
+        "CONFLICT",
+    )
+    .await;
+    assert_eq!(
+        app.app.canary.live().source,
+        "promoted",
+        "the promoted one stays"
+    );
+    // Revert: the settings file's 60 a minute again, everywhere.
+    let response = app
+        .post(
+            "/v1/policy/live/revert",
+            Some(ADMIN_TOKEN),
+            &json!({"reason": "back"}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.json::<Value>().await.unwrap()["source"],
+        "settings"
+    );
+    assert_eq!(reads_allowed("192.0.2.43").await, 60);
+    started.app.canary.refresh().await.unwrap();
+    assert_eq!(started.app.canary.live().source, "settings");
+    let response = app
+        .post(
+            "/v1/policy/live/revert",
+            Some(ADMIN_TOKEN),
+            &json!({"reason": "again"}),
+        )
+        .await;
+    assert_envelope(response, StatusCode::NOT_FOUND, "NOT_FOUND").await;
+    for action in ["policy.promote", "policy.revert"] {
+        let audit = app.admin_json(&format!("/v1/audit?action={action}")).await;
+        assert_eq!(
+            audit["items"].as_array().map(Vec::len),
+            Some(1),
+            "{action}: {audit}"
+        );
+    }
 }
