@@ -369,8 +369,10 @@ impl Limiter {
     }
 
     async fn decide(&self, request: &LimitRequest) -> Result<Decision, Error> {
-        let budgets = self.budgets.load_full();
-        let budgets = &*budgets;
+        // A guard, not a clone of the Arc: no reference-count traffic on the hot path (it
+        // falls back to a full load by itself when too many are held at once).
+        let guard = self.budgets.load();
+        let budgets: &Budgets = &guard;
         let class = budgets.classify(&request.method, &request.endpoint);
         let class_name = budgets.classes[class].name.clone();
         let attested = self.attested(budgets, class, request).await;
