@@ -326,14 +326,13 @@ impl Canary {
         actor: &Actor,
         request_id: &str,
     ) -> Result<bool, Error> {
-        let ids: Vec<String> =
-            with_pool!(&self.durable, |pool| {
-                sqlx::query_scalar(
+        let ids: Vec<String> = with_pool!(&self.durable, |pool| {
+            sqlx::query_scalar(
             "SELECT id FROM policy_candidates WHERE promoted_at IS NOT NULL AND reverted_at IS NULL"
         )
         .fetch_all(pool)
         .await
-            })?;
+        })?;
         if ids.is_empty() {
             return Ok(false);
         }

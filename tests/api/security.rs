@@ -48,7 +48,11 @@ const ROLE_TABLE: &[(&str, &str, Option<&str>)] = &[
     ("post", "/v1/policy/candidates", Some("admin")),
     ("get", "/v1/policy/candidates/current", Some("analyst")),
     ("delete", "/v1/policy/candidates/current", Some("admin")),
-    ("post", "/v1/policy/candidates/current/promote", Some("admin")),
+    (
+        "post",
+        "/v1/policy/candidates/current/promote",
+        Some("admin"),
+    ),
     ("get", "/v1/policy/live", Some("analyst")),
     ("post", "/v1/policy/live/revert", Some("admin")),
     ("get", "/v1/export/{provider}", Some("admin")),
