@@ -163,6 +163,29 @@ fn edge_scope(
     Ok(Some((paths, methods)))
 }
 
+/// The budgets the edge can enforce, each with its scope; why each other one cannot is
+/// added to `notes` (the same reasons for every provider).
+fn edge_budgets<'l>(
+    limits: &'l LimitSettings,
+    notes: &mut Vec<String>,
+) -> Vec<(&'l BudgetSettings, Option<EdgeScope>)> {
+    let mut out = Vec::new();
+    for budget in &limits.budgets {
+        if budget.scope == ScopeKind::Global {
+            notes.push(format!(
+                "budget {}: global (one bucket for all clients; use the origin's capacity)",
+                budget.name
+            ));
+            continue;
+        }
+        match edge_scope(limits, budget) {
+            Ok(scope) => out.push((budget, scope)),
+            Err(why) => notes.push(why),
+        }
+    }
+    out
+}
+
 fn quoted(text: &str) -> String {
     serde_json::Value::String(text.to_owned()).to_string()
 }
@@ -186,21 +209,7 @@ fn cloudflare(limits: &LimitSettings, deny: &[Entry]) -> Value {
     let lowercase = limits.case_insensitive_paths;
     let mut rules = Vec::new();
     let mut not_expressed = Vec::new();
-    for budget in &limits.budgets {
-        if budget.scope == ScopeKind::Global {
-            not_expressed.push(format!(
-                "budget {}: global (one bucket for all clients; use the origin's capacity)",
-                budget.name
-            ));
-            continue;
-        }
-        let scope = match edge_scope(limits, budget) {
-            Ok(scope) => scope,
-            Err(why) => {
-                not_expressed.push(why);
-                continue;
-            }
-        };
+    for (budget, scope) in edge_budgets(limits, &mut not_expressed) {
         if !CLOUDFLARE_PERIODS.contains(&budget.period_s) {
             not_expressed.push(format!(
                 "budget {}: a period of {} s (Cloudflare counts over 10, 60, 120, 300, 600 or 3600 s)",
@@ -350,21 +359,7 @@ fn aws_waf(limits: &LimitSettings, deny: &[Entry]) -> Value {
     let mut not_expressed = Vec::new();
     let visibility = |name: &str| json!({"SampledRequestsEnabled": true, "CloudWatchMetricsEnabled": true, "MetricName": name});
     let mut priority = 0u32;
-    for budget in &limits.budgets {
-        if budget.scope == ScopeKind::Global {
-            not_expressed.push(format!(
-                "budget {}: global (one bucket for all clients)",
-                budget.name
-            ));
-            continue;
-        }
-        let scope = match edge_scope(limits, budget) {
-            Ok(scope) => scope,
-            Err(why) => {
-                not_expressed.push(why);
-                continue;
-            }
-        };
+    for (budget, scope) in edge_budgets(limits, &mut not_expressed) {
         let Some((window, limit)) = aws_window(budget) else {
             not_expressed.push(format!(
                 "budget {}: {} per {} s is not a whole number of at least {AWS_MIN_LIMIT} requests over 60, 120, 300 or 600 s",
@@ -474,21 +469,7 @@ fn fastly(limits: &LimitSettings, deny: &[Entry]) -> String {
     out.push_str("}\n\n");
     let mut checks = Vec::new();
     let mut notes: Vec<String> = rest;
-    for budget in &limits.budgets {
-        if budget.scope == ScopeKind::Global {
-            notes.push(format!(
-                "budget {}: global (one bucket for all clients)",
-                budget.name
-            ));
-            continue;
-        }
-        let scope = match edge_scope(limits, budget) {
-            Ok(scope) => scope,
-            Err(why) => {
-                notes.push(why);
-                continue;
-            }
-        };
+    for (budget, scope) in edge_budgets(limits, &mut notes) {
         // check_rate counts whole requests per second over 1, 10 or 60 s.
         if budget.limit % budget.period_s != 0 {
             notes.push(format!(
