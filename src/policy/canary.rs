@@ -234,30 +234,44 @@ impl Canary {
         actor: &Actor,
         request_id: &str,
     ) -> Result<bool, Error> {
-        let now = self.clock.now_ms();
-        let ids: Vec<String> = with_pool!(&self.durable, |pool| sqlx::query_scalar(
-            "SELECT id FROM policy_candidates WHERE discarded_at IS NULL"
+        self.end(
+            [
+                "SELECT id FROM policy_candidates WHERE discarded_at IS NULL",
+                "UPDATE policy_candidates SET discarded_at = $1, discarded_by = $2 \
+                     WHERE discarded_at IS NULL",
+            ],
+            "policy.canary_discard",
+            (reason, actor, request_id),
         )
-        .fetch_all(pool)
-        .await)?;
+        .await
+    }
+
+    /// Ends the rows `select` finds with `update` (binding now and the actor), audits each
+    /// under `action`, and refreshes; false when no row matched.
+    async fn end(
+        &self,
+        [select, update]: [&'static str; 2],
+        action: &str,
+        (reason, actor, request_id): (&str, &Actor, &str),
+    ) -> Result<bool, Error> {
+        let ids: Vec<String> = with_pool!(&self.durable, |pool| sqlx::query_scalar(select)
+            .fetch_all(pool)
+            .await)?;
         if ids.is_empty() {
             return Ok(false);
         }
-        with_pool!(&self.durable, |pool| {
-            sqlx::query(
-            "UPDATE policy_candidates SET discarded_at = $1, discarded_by = $2 WHERE discarded_at IS NULL"
-        )
-        .bind(now)
-        .bind(&actor.name)
-        .execute(pool)
-        .await
-        .map(|_| ())
-        })?;
+        let now = self.clock.now_ms();
+        with_pool!(&self.durable, |pool| sqlx::query(update)
+            .bind(now)
+            .bind(&actor.name)
+            .execute(pool)
+            .await
+            .map(|_| ()))?;
         for id in &ids {
             self.audit
                 .record(
                     actor,
-                    "policy.canary_discard",
+                    action,
                     id,
                     serde_json::json!({ "reason": reason }),
                     request_id,
@@ -326,39 +340,17 @@ impl Canary {
         actor: &Actor,
         request_id: &str,
     ) -> Result<bool, Error> {
-        let ids: Vec<String> = with_pool!(&self.durable, |pool| {
-            sqlx::query_scalar(
-            "SELECT id FROM policy_candidates WHERE promoted_at IS NOT NULL AND reverted_at IS NULL"
+        self.end(
+            [
+                "SELECT id FROM policy_candidates \
+                 WHERE promoted_at IS NOT NULL AND reverted_at IS NULL",
+                "UPDATE policy_candidates SET reverted_at = $1, reverted_by = $2 \
+                 WHERE promoted_at IS NOT NULL AND reverted_at IS NULL",
+            ],
+            "policy.revert",
+            (reason, actor, request_id),
         )
-        .fetch_all(pool)
         .await
-        })?;
-        if ids.is_empty() {
-            return Ok(false);
-        }
-        let now = self.clock.now_ms();
-        with_pool!(&self.durable, |pool| sqlx::query(
-            "UPDATE policy_candidates SET reverted_at = $1, reverted_by = $2 \
-             WHERE promoted_at IS NOT NULL AND reverted_at IS NULL"
-        )
-        .bind(now)
-        .bind(&actor.name)
-        .execute(pool)
-        .await
-        .map(|_| ()))?;
-        for id in &ids {
-            self.audit
-                .record(
-                    actor,
-                    "policy.revert",
-                    id,
-                    serde_json::json!({ "reason": reason }),
-                    request_id,
-                )
-                .await?;
-        }
-        self.refresh().await?;
-        Ok(true)
     }
 
     /// Where the live `[limits]` come from on this instance.
