@@ -8,7 +8,7 @@
 //! is answered by its rule; the others by Palisade's scopes, as before.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use super::envoy::proto::{self, Code, DescriptorStatus, RateLimitRequest};
 use crate::descriptors::{Entry, Matched, MultiplierSource, Rules, Unit};
@@ -250,16 +250,23 @@ fn status(m: &Matched, outcome: &RuleOutcome) -> DescriptorStatus {
 const MAX_RULE_LABELS: usize = 2_000;
 
 fn count(domain: &str, m: &Matched, outcome: &'static str) {
-    static SEEN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
-    let label = {
-        let mut seen = SEEN
-            .get_or_init(Default::default)
-            .lock()
+    static SEEN: OnceLock<RwLock<HashSet<String>>> = OnceLock::new();
+    let seen = SEEN.get_or_init(Default::default);
+    // Known keys (every hit but a key's first) take only the shared lock.
+    let known = seen
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .contains(&m.stats_key);
+    let label = if known {
+        m.stats_key.clone()
+    } else {
+        let mut seen = seen
+            .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if seen.contains(&m.stats_key) {
-            m.stats_key.clone()
-        } else if seen.len() < MAX_RULE_LABELS {
+        if seen.len() < MAX_RULE_LABELS {
             seen.insert(m.stats_key.clone());
+            m.stats_key.clone()
+        } else if seen.contains(&m.stats_key) {
             m.stats_key.clone()
         } else {
             m.limit.full_key.clone()
