@@ -109,6 +109,7 @@ pub fn full_check(c: &mut Criterion) {
             .unwrap(),
             user: Some(SubjectKey::user(&format!("user-{i}"), 64).unwrap()),
             device: Some(SubjectKey::device(&format!("device-{i}"), 64).unwrap()),
+            tenant: None,
             cost: 1,
             consume: true,
         })

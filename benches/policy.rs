@@ -28,6 +28,7 @@ fn records() -> Vec<Recorded> {
                 ip: format!("fd00:{:x}:{:x}::1", client / 256, client % 256),
                 user: (client % 3 != 0).then(|| format!("anon-{client:016x}")),
                 device: (client % 2 == 0).then(|| format!("anon-d{client:015x}")),
+                tenant: None,
                 cost: 1,
                 consume: true,
             }

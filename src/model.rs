@@ -37,6 +37,9 @@ pub enum SubjectKind {
     Device,
     /// An autonomous system.
     Asn,
+    /// A tenant: the partner, customer or app a request is made for, as the gateway
+    /// authenticated it (an API key's owner).
+    Tenant,
 }
 
 impl SubjectKind {
@@ -48,6 +51,7 @@ impl SubjectKind {
             SubjectKind::User => "user",
             SubjectKind::Device => "device",
             SubjectKind::Asn => "asn",
+            SubjectKind::Tenant => "tenant",
         }
     }
 }
@@ -208,6 +212,15 @@ impl Identifiers {
     pub fn device_key(&self, raw: &str) -> Result<SubjectKey, InvalidId> {
         SubjectKey::device(self.device(raw)?, usize::MAX)
     }
+
+    /// The `tenant:` subject of a tenant id: surrounding whitespace trimmed, checked,
+    /// otherwise exact (as a device id).
+    pub fn tenant_key(&self, raw: &str) -> Result<SubjectKey, InvalidId> {
+        let id = raw.trim();
+        check_characters("tenant", id)?;
+        check_length("tenant", id, self.max_len)?;
+        SubjectKey::tenant(id, usize::MAX)
+    }
 }
 
 fn encode(id: &str) -> std::borrow::Cow<'_, str> {
@@ -283,6 +296,12 @@ impl SubjectKey {
         Self::bounded(SubjectKind::Device, "device_id", id, max_len)
     }
 
+    /// A tenant id of at most `max_len` characters, taken as it is (ids from outside come
+    /// through [`Identifiers::tenant_key`]).
+    pub fn tenant(id: &str, max_len: usize) -> Result<Self, InvalidId> {
+        Self::bounded(SubjectKind::Tenant, "tenant", id, max_len)
+    }
+
     /// An autonomous system number.
     pub fn asn(asn: u32) -> Self {
         Self::with_id(SubjectKind::Asn, &asn.to_string())
@@ -298,7 +317,8 @@ impl SubjectKey {
         Ok(Self::with_id(kind, &encode(id)))
     }
 
-    /// Reads back a key's text form (`ip:…`, `user:…`, `device:…`, `asn:…`, `global`), as
+    /// Reads back a key's text form (`ip:…`, `user:…`, `device:…`, `asn:…`, `tenant:…`,
+    /// `global`), as
     /// built by the constructors and stored in the hot store. None for anything else.
     pub fn from_text(text: &str) -> Option<Self> {
         if text == "global" {
@@ -310,6 +330,7 @@ impl SubjectKey {
             "user" => SubjectKind::User,
             "device" => SubjectKind::Device,
             "asn" => SubjectKind::Asn,
+            "tenant" => SubjectKind::Tenant,
             _ => return None,
         };
         let clean = !id.is_empty()
@@ -559,6 +580,7 @@ mod tests {
             SubjectKey::user("a}b {c", 16).unwrap(),
             SubjectKey::device("dev-1", 16).unwrap(),
             SubjectKey::asn(64500),
+            SubjectKey::tenant("acme app", 16).unwrap(),
             SubjectKey::global(),
         ];
         for key in keys {

@@ -136,6 +136,7 @@ pub(crate) fn limiter_direct(
                         device: Some(
                             palisade::model::SubjectKey::device(&format!("d{n}"), 64).unwrap(),
                         ),
+                        tenant: None,
                         cost: 1,
                         consume: true,
                     };
@@ -235,6 +236,7 @@ pub(crate) fn flood_section(keys: u64) {
                 ip: palisade::model::ClientIp::parse(&ip, 64).unwrap(),
                 user: Some(palisade::model::SubjectKey::user(&format!("{user:x}"), 256).unwrap()),
                 device: None,
+                tenant: None,
                 cost: 1,
                 consume: true,
             };

@@ -209,6 +209,8 @@ fn scopes_named(state: &AppState, descriptor: &proto::RateLimitDescriptor) -> Ve
             kinds.extend([ScopeKind::User, ScopeKind::EndpointUser]);
         } else if envoy.device_keys.iter().any(|k| k == key) {
             kinds.extend([ScopeKind::Device, ScopeKind::IpDevice]);
+        } else if envoy.tenant_keys.iter().any(|k| k == key) {
+            kinds.push(ScopeKind::Tenant);
         }
     }
     kinds
@@ -230,6 +232,7 @@ fn limit_check(
         user_id: None,
         device_id: None,
         identity: None,
+        tenant: None,
         cost: None,
         consume: None,
     };
@@ -243,6 +246,8 @@ fn limit_check(
             check.user_id = Some(value);
         } else if envoy.device_keys.iter().any(|k| k == key) {
             check.device_id = Some(value);
+        } else if envoy.tenant_keys.iter().any(|k| k == key) {
+            check.tenant = Some(value);
         } else if envoy.path_keys.iter().any(|k| k == key) {
             check.endpoint = value;
         } else if envoy.method_keys.iter().any(|k| k == key) {

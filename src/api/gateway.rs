@@ -120,6 +120,7 @@ async fn forward_auth(
         ip: client.to_string(),
         user_id: header(headers, &settings.user_header).map(str::to_owned),
         device_id: header(headers, &settings.device_header).map(str::to_owned),
+        tenant: header(headers, &settings.tenant_header).map(str::to_owned),
         identity: header(headers, crate::access::identity::HEADER).map(str::to_owned),
         cost: None,
         consume: None,

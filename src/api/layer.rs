@@ -199,6 +199,8 @@ pub struct RateLimitIdentity {
     pub user_id: Option<String>,
     /// The device id.
     pub device_id: Option<String>,
+    /// The tenant (the partner or app the request is made for).
+    pub tenant: Option<String>,
 }
 
 /// Settings of the middleware.
@@ -327,6 +329,9 @@ where
                 device: identity
                     .device_id
                     .and_then(|id| config.ids.device_key(&id).ok()),
+                tenant: identity
+                    .tenant
+                    .and_then(|id| config.ids.tenant_key(&id).ok()),
                 cost: 1,
                 consume: true,
             };

@@ -50,6 +50,12 @@ pub struct LimitCheck {
     #[serde(default)]
     #[schema(max_length = 2048)]
     pub identity: Option<String>,
+    /// The tenant the request is made for (a partner, customer or app, as the gateway
+    /// authenticated it, e.g. from an API key): keys budgets with `scope = "tenant"` and the
+    /// tenant's overrides.
+    #[serde(default)]
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
+    pub tenant: Option<String>,
     /// Tokens the request costs, 1..=`limits.max_cost`; default 1.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 1000)]
@@ -154,6 +160,12 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
         .map(|id| ids.device_key(&id))
         .transpose()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let tenant = body
+        .tenant
+        .as_deref()
+        .map(|id| ids.tenant_key(id))
+        .transpose()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let cost = body.cost.unwrap_or(1);
     if cost == 0 || cost > limits.max_cost {
         return Err(ApiError::invalid(format!(
@@ -167,6 +179,7 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
         ip,
         user,
         device,
+        tenant,
         cost,
         consume: body.consume.unwrap_or(true),
     })

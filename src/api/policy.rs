@@ -132,7 +132,7 @@ pub struct Simulated {
     pub logins_truncated: bool,
 }
 
-/// `POST /v1/overrides` body: one of `account`, `ip`, `device_id`.
+/// `POST /v1/overrides` body: one of `account`, `ip`, `device_id`, `tenant`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewOverride {
@@ -142,6 +142,9 @@ pub struct NewOverride {
     pub ip: Option<String>,
     /// A device.
     pub device_id: Option<String>,
+    /// A tenant: the override scales its `scope = "tenant"` budgets (raise a partner for a
+    /// launch, cut a misbehaving app); the budgets of its users, devices and addresses stay.
+    pub tenant: Option<String>,
     /// Classes it applies to (default: every class).
     #[serde(default)]
     pub classes: Vec<String>,
@@ -205,12 +208,36 @@ async fn create_override(
     ApiJson(body): ApiJson<NewOverride>,
 ) -> Result<(axum::http::StatusCode, Json<OverrideView>), ApiError> {
     let reason = parse_reason(Some(&body.reason))?;
-    let subject = super::extract::one_subject(
-        &app,
-        body.account.as_deref(),
-        body.ip.as_deref(),
-        body.device_id.as_deref(),
-    )?;
+    let subject = match body.tenant.as_deref() {
+        Some(tenant) => {
+            if body.account.is_some() || body.ip.is_some() || body.device_id.is_some() {
+                return Err(ApiError::invalid(
+                    "name exactly one of account, ip, device_id and tenant",
+                ));
+            }
+            let live = app.limiter.budgets();
+            if !live
+                .budgets
+                .iter()
+                .any(|b| b.scope == crate::config::ScopeKind::Tenant)
+            {
+                return Err(ApiError::invalid(
+                    "no budget is per tenant: a tenant's override scales budgets with scope = \"tenant\" ([[limits.budgets]])",
+                ));
+            }
+            app.settings
+                .http
+                .identifiers()
+                .tenant_key(tenant)
+                .map_err(|e| ApiError::invalid(e.to_string()))?
+        }
+        None => super::extract::one_subject(
+            &app,
+            body.account.as_deref(),
+            body.ip.as_deref(),
+            body.device_id.as_deref(),
+        )?,
+    };
     if !(0.0..=1000.0).contains(&body.multiplier) || body.multiplier.is_nan() {
         return Err(ApiError::invalid("multiplier must be between 0 and 1000"));
     }

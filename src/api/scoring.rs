@@ -27,7 +27,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(alerts))
 }
 
-/// `GET /v1/multipliers` query: at least one of `ip`, `user_id`, `device_id`.
+/// `GET /v1/multipliers` query: at least one of `ip`, `user_id`, `device_id`, `tenant`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -38,6 +38,8 @@ pub struct MultiplierParams {
     pub user_id: Option<String>,
     /// Device.
     pub device_id: Option<String>,
+    /// Tenant.
+    pub tenant: Option<String>,
     /// Path of the request, for its endpoint class (default `/`).
     pub endpoint: Option<String>,
     /// Its method (default `GET`).
@@ -72,7 +74,7 @@ pub struct MultipliersView {
     pub class: String,
     /// The strictest key's multiplier.
     pub multiplier: f64,
-    /// Per key (`ip:…`, `user:…`, `device:…`, and the IP's `asn:…` when known).
+    /// Per key (`ip:…`, `user:…`, `device:…`, `tenant:…`, and the IP's `asn:…` when known).
     pub keys: BTreeMap<String, KeyView>,
     /// The user's lockout, if locked.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -185,9 +187,15 @@ async fn explain_multipliers(
             .map_err(|e| ApiError::invalid(e.to_string()))?;
         subjects.push((key, None));
     }
+    if let Some(tenant) = &params.tenant {
+        let key = ids
+            .tenant_key(tenant)
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        subjects.push((key, None));
+    }
     if subjects.is_empty() {
         return Err(ApiError::invalid(
-            "give at least one of ip, user_id, device_id",
+            "give at least one of ip, user_id, device_id, tenant",
         ));
     }
     let endpoint = params.endpoint.as_deref().unwrap_or("/");

@@ -289,7 +289,7 @@ pub enum OverridesCommand {
     List,
     /// Set one subject's multiplier until a time (audited).
     Set {
-        /// `user:…`, `ip:…` or `device:…`.
+        /// `user:…`, `ip:…`, `device:…` or `tenant:…`.
         subject: String,
         /// The multiplier it sets (0–1000).
         #[arg(long)]
@@ -340,12 +340,13 @@ pub async fn overrides(remote: &Remote, command: OverridesCommand) -> anyhow::Re
         } => {
             let (kind, id) = subject
                 .split_once(':')
-                .context("subject must be user:…, ip:… or device:…")?;
+                .context("subject must be user:…, ip:…, device:… or tenant:…")?;
             let field = match kind {
                 "user" => "account",
                 "ip" => "ip",
                 "device" => "device_id",
-                _ => anyhow::bail!("subject must be user:…, ip:… or device:…"),
+                "tenant" => "tenant",
+                _ => anyhow::bail!("subject must be user:…, ip:…, device:… or tenant:…"),
             };
             let body = json!({
                 field: id, "multiplier": multiplier, "classes": classes,

@@ -24,6 +24,10 @@ pub struct EnvoySettings {
     ///
     /// TOML `envoy.device_keys`; default `["device_id"]`.
     pub device_keys: Vec<String>,
+    /// Keys holding the tenant (the partner or app, e.g. from the API key Envoy checked).
+    ///
+    /// TOML `envoy.tenant_keys`; default `["tenant"]`.
+    pub tenant_keys: Vec<String>,
     /// Keys holding the request path (the endpoint class is matched on it).
     ///
     /// TOML `envoy.path_keys`; default `["path", ":path", "request_path"]`.
@@ -59,6 +63,7 @@ impl Default for EnvoySettings {
             ip_keys: list(&["remote_address"]),
             user_keys: list(&["user_id"]),
             device_keys: list(&["device_id"]),
+            tenant_keys: list(&["tenant"]),
             path_keys: list(&["path", ":path", "request_path"]),
             method_keys: list(&["method", ":method", "request_method"]),
             default_path: "/".to_owned(),
@@ -87,6 +92,11 @@ pub struct ForwardAuthSettings {
     ///
     /// TOML `forward_auth.device_header`; default `x-device-id`.
     pub device_header: String,
+    /// Header carrying the tenant (the partner or app the request is made for), set by the
+    /// proxy from what it authenticated (an API key); the proxy must drop a client's own.
+    ///
+    /// TOML `forward_auth.tenant_header`; default `x-tenant-id`.
+    pub tenant_header: String,
     /// Secrets of signed identities (`X-Palisade-Identity`, docs/GUIDE.md): when set,
     /// forward-auth, Envoy and `/v1/limit/check` take the user and device only from a valid
     /// signature, and plain user/device headers and fields are ignored. The first signs
@@ -126,6 +136,7 @@ impl Default for ForwardAuthSettings {
             query_token: false,
             user_header: "x-user-id".to_owned(),
             device_header: "x-device-id".to_owned(),
+            tenant_header: "x-tenant-id".to_owned(),
             identity_secret: Vec::new(),
         }
     }
@@ -193,6 +204,7 @@ pub(super) fn validate(
     for (name, header) in [
         ("forward_auth.user_header", &forward.user_header),
         ("forward_auth.device_header", &forward.device_header),
+        ("forward_auth.tenant_header", &forward.tenant_header),
     ] {
         let token = !header.is_empty()
             && header

@@ -50,6 +50,9 @@ pub enum ScopeKind {
     /// Per client IP and `device_id` together (a device behind a shared address); applies
     /// only to requests with a device id.
     IpDevice,
+    /// Per tenant (the partner or app a request is made for); applies only to requests
+    /// with a tenant.
+    Tenant,
 }
 
 impl ScopeKind {
@@ -63,6 +66,7 @@ impl ScopeKind {
             ScopeKind::EndpointIp => "endpoint_ip",
             ScopeKind::EndpointUser => "endpoint_user",
             ScopeKind::IpDevice => "ip_device",
+            ScopeKind::Tenant => "tenant",
         }
     }
 }

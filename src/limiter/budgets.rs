@@ -180,6 +180,7 @@ impl Budgets {
         class: usize,
         authenticated: bool,
         has_device: bool,
+        has_tenant: bool,
     ) -> impl Iterator<Item = usize> + '_ {
         self.classes[class]
             .budgets
@@ -195,6 +196,7 @@ impl Budgets {
                 let subject_ok = match budget.scope {
                     ScopeKind::User | ScopeKind::EndpointUser => authenticated,
                     ScopeKind::Device | ScopeKind::IpDevice => has_device,
+                    ScopeKind::Tenant => has_tenant,
                     ScopeKind::Global | ScopeKind::Ip | ScopeKind::EndpointIp => true,
                 };
                 when_ok && subject_ok
@@ -437,7 +439,7 @@ mod tests {
         let auth = budgets.classify("POST", "/auth/login");
         let names = |authenticated, device| -> Vec<String> {
             budgets
-                .applicable(auth, authenticated, device)
+                .applicable(auth, authenticated, device, false)
                 .map(|i| budgets.budgets[i].name.clone())
                 .collect()
         };

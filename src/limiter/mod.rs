@@ -221,7 +221,12 @@ impl Limiter {
             return false;
         };
         let per_endpoint_ip = budgets
-            .applicable(class, request.user.is_some(), true)
+            .applicable(
+                class,
+                request.user.is_some(),
+                true,
+                request.tenant.is_some(),
+            )
             .any(|i| budgets.budgets[i].scope == ScopeKind::EndpointIp);
         per_endpoint_ip && hook.is_attested(device).await.unwrap_or(false)
     }
@@ -261,7 +266,13 @@ impl Limiter {
                 network_blocked: false,
             }
         };
-        for index in budgets.applicable(class, request.user.is_some(), request.device.is_some()) {
+        let applicable = budgets.applicable(
+            class,
+            request.user.is_some(),
+            request.device.is_some(),
+            request.tenant.is_some(),
+        );
+        for index in applicable {
             let budget = &budgets.budgets[index];
             match budget.scope {
                 ScopeKind::Global => {
@@ -305,6 +316,11 @@ impl Limiter {
                 ScopeKind::Device => {
                     if let Some(device) = &request.device {
                         out.push(scope(index, budget.scope, device.clone(), defaults.device));
+                    }
+                }
+                ScopeKind::Tenant => {
+                    if let Some(tenant) = &request.tenant {
+                        out.push(scope(index, budget.scope, tenant.clone(), 1.0));
                     }
                 }
                 ScopeKind::IpDevice => {

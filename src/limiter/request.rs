@@ -114,6 +114,9 @@ pub struct LimitRequest {
     pub user: Option<SubjectKey>,
     /// `device:…` if known.
     pub device: Option<SubjectKey>,
+    /// `tenant:…`: the partner or app the request is made for, as the gateway authenticated
+    /// it (keys the `tenant` scope).
+    pub tenant: Option<SubjectKey>,
     /// Tokens this request costs (≥ 1).
     pub cost: u32,
     /// False: answer without taking tokens.
@@ -185,7 +188,7 @@ impl Decision {
     /// A refusal's stable reason code, for the app to show a helpful message (it names what
     /// was limited, never which signal): `account_locked`, `account_rate`, `ip_blocked`,
     /// `ip_shared_limit`, `ip_rate`, `device_blocked`, `device_untrusted`, `device_rate`,
-    /// `busy` (the global budget). None when allowed.
+    /// `tenant_rate`, `busy` (the global budget). None when allowed.
     pub fn reason_code(&self) -> Option<&'static str> {
         if self.allowed {
             return None;
@@ -202,6 +205,7 @@ impl Decision {
             ScopeKind::Device | ScopeKind::IpDevice if blocked => "device_blocked",
             ScopeKind::Device | ScopeKind::IpDevice if scope.multiplier < 1.0 => "device_untrusted",
             ScopeKind::Device | ScopeKind::IpDevice => "device_rate",
+            ScopeKind::Tenant => "tenant_rate",
         })
     }
 }

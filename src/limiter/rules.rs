@@ -95,6 +95,7 @@ impl Limiter {
             ip: ClientIp::new(std::net::IpAddr::from([0, 0, 0, 0]), 64),
             user: None,
             device: None,
+            tenant: None,
             cost,
             consume,
         };

@@ -1,6 +1,6 @@
 //! The traffic record: the inputs of limit checks, written each second when recording.
 //!
-//! Users and devices are keyed pseudonyms and each client a synthetic IPv6 address standing
+//! Users, devices and tenants are keyed pseudonyms and each client a synthetic IPv6 address standing
 //! for its address (IPv4) or prefix (IPv6).
 
 use std::net::Ipv6Addr;
@@ -32,6 +32,8 @@ pub struct Recorded {
     pub user: Option<String>,
     /// The device's pseudonym.
     pub device: Option<String>,
+    /// The tenant's pseudonym.
+    pub tenant: Option<String>,
     /// Tokens it asked for.
     pub cost: u32,
     /// Whether it took them.
@@ -46,6 +48,7 @@ struct Raw {
     ip_key: SubjectKey,
     user: Option<SubjectKey>,
     device: Option<SubjectKey>,
+    tenant: Option<SubjectKey>,
     cost: u32,
     consume: bool,
 }
@@ -97,13 +100,14 @@ impl TrafficSink for Recorder {
             ip_key,
             user: request.user.clone(),
             device: request.device.clone(),
+            tenant: request.tenant.clone(),
             cost: request.cost,
             consume: request.consume,
         });
     }
 }
 
-/// Rows per multi-row insert: 9 binds each, under SQLite's 32,766.
+/// Rows per multi-row insert: 10 binds each, under SQLite's 32,766.
 const ROWS_PER_STATEMENT: usize = 1000;
 
 impl Recorder {
@@ -162,6 +166,7 @@ impl Recorder {
                 ip: self.synthetic_ip(&r.ip_key),
                 user: r.user.map(|u| self.pseudonyms.of(u.as_str())),
                 device: r.device.map(|d| self.pseudonyms.of(d.as_str())),
+                tenant: r.tenant.map(|t| self.pseudonyms.of(t.as_str())),
                 cost: r.cost,
                 consume: r.consume,
             })
@@ -170,7 +175,7 @@ impl Recorder {
             let written = with_pool!(&self.durable, |pool| {
                 let mut builder = sqlx::QueryBuilder::new(
                     "INSERT INTO traffic_record (id, at, method, endpoint, ip, user_key, \
-                     device_key, cost, consume) ",
+                     device_key, tenant_key, cost, consume) ",
                 );
                 builder.push_values(chunk, |mut row, r| {
                     row.push_bind(r.id.as_str())
@@ -180,6 +185,7 @@ impl Recorder {
                         .push_bind(r.ip.as_str())
                         .push_bind(r.user.as_deref())
                         .push_bind(r.device.as_deref())
+                        .push_bind(r.tenant.as_deref())
                         .push_bind(i64::from(r.cost))
                         .push_bind(i64::from(r.consume));
                 });
@@ -216,6 +222,7 @@ type Row = (
     String,
     Option<String>,
     Option<String>,
+    Option<String>,
     i64,
     i64,
 );
@@ -233,7 +240,7 @@ pub async fn read(
         .map(|(at, id)| (*at, id.clone()))
         .unwrap_or((i64::MIN, String::new()));
     let rows: Vec<Row> = with_pool!(durable, |pool| sqlx::query_as(
-        "SELECT id, at, method, endpoint, ip, user_key, device_key, cost, consume \
+        "SELECT id, at, method, endpoint, ip, user_key, device_key, tenant_key, cost, consume \
          FROM traffic_record WHERE at >= $1 AND at < $2 AND (at > $3 OR (at = $3 AND id > $4)) \
          ORDER BY at, id LIMIT $5"
     )
@@ -247,7 +254,7 @@ pub async fn read(
     Ok(rows
         .into_iter()
         .map(
-            |(id, at_ms, method, endpoint, ip, user, device, cost, consume)| Recorded {
+            |(id, at_ms, method, endpoint, ip, user, device, tenant, cost, consume)| Recorded {
                 id,
                 at_ms,
                 method,
@@ -255,6 +262,7 @@ pub async fn read(
                 ip,
                 user,
                 device,
+                tenant,
                 cost: u32::try_from(cost).unwrap_or(1),
                 consume: consume != 0,
             },

@@ -48,6 +48,10 @@ impl Side {
                 .device
                 .as_deref()
                 .and_then(|d| SubjectKey::device(d, usize::MAX).ok()),
+            tenant: r
+                .tenant
+                .as_deref()
+                .and_then(|t| SubjectKey::tenant(t, usize::MAX).ok()),
             cost: r.cost,
             consume: r.consume,
         })

@@ -133,6 +133,8 @@ impl Engine {
                     }
                 }
                 ScopeKind::Ip | ScopeKind::EndpointIp if shared => {}
+                // A tenant at its budget is a partner at its contract, not an offender.
+                ScopeKind::Tenant => {}
                 _ => lock(&self.sketch).offer(&scope.subject, 1),
             }
         }

@@ -232,7 +232,7 @@ async fn envoy_calls_need_a_limiter_token_and_an_ip(app: TestApp) {
 }
 
 /// A forward-auth subrequest as a proxy sends it.
-async fn forward(
+pub(crate) async fn forward(
     app: &TestApp,
     token: Option<&str>,
     query: &str,

@@ -13,11 +13,13 @@ on_both_backends!(
     overrides_raise_and_cut_one_subject_everywhere_until_they_end,
     a_canary_counts_what_the_candidate_would_do_and_never_enforces_it,
     a_promoted_canary_is_live_everywhere_until_reverted,
+    a_tenant_budget_is_shared_by_its_requests_and_its_override_scales_it,
 );
 
 const KEY: &str = "replay-test-pseudonym-key-0123456789abcdef";
 
-/// A candidate: anonymous clients get a third of today's budget, readers more, logins fewer.
+/// A candidate: anonymous clients get a third of today's budget, readers more, logins fewer,
+/// and a partner's app (tenant) a budget of its own.
 const CANDIDATE: &str = r#"
 [[limits.budgets]]
 name = "global"
@@ -45,6 +47,13 @@ scope = "endpoint_user"
 classes = ["auth"]
 limit = 3
 period_s = 60
+
+[[limits.budgets]]
+name = "partner"
+scope = "tenant"
+classes = ["read"]
+limit = 10
+period_s = 60
 "#;
 
 fn recording(s: &mut palisade::Settings) {
@@ -69,6 +78,12 @@ fn traffic() -> Vec<Value> {
                 json!({"endpoint": "/auth/login", "method": "POST", "ip": "192.0.2.12",
                 "user_id": "victim"}),
             );
+        }
+        // A partner's app: its users on their own addresses, one tenant.
+        if i % 4 == 0 {
+            out.push(json!({"endpoint": "/api/feed", "method": "GET",
+                "ip": format!("192.0.2.{}", 20 + i % 5),
+                "user_id": format!("member-{}", i % 5), "tenant": "acme"}));
         }
     }
     out
@@ -108,7 +123,7 @@ async fn the_record_keeps_checks_with_pseudonyms_only(app: TestApp) {
     let rows = recorded(&app).await;
     assert_eq!(rows.len(), traffic.len());
     let text = format!("{rows:?}");
-    for clear in ["reader", "victim", "192.0.2.1"] {
+    for clear in ["reader", "victim", "192.0.2.1", "acme", "member-"] {
         assert!(!text.contains(clear), "{clear} is in the record: {text}");
     }
     let reader: Vec<_> = rows
@@ -177,6 +192,8 @@ async fn a_replay_predicts_exactly_what_the_candidate_does() {
     );
     assert!(read.newly_allowed > 0, "the heavy reader gains: {report:?}");
     assert!(report.classes["auth"].newly_refused > 0, "{report:?}");
+    // The tenant is recorded (as a pseudonym) and the candidate's tenant budget replayed.
+    assert!(report.scopes["read/tenant"].newly_refused > 0, "{report:?}");
     assert_eq!(report.requests, traffic.len() as u64);
     let changed: u64 = report
         .classes
@@ -191,6 +208,7 @@ async fn a_replay_predicts_exactly_what_the_candidate_does() {
     assert_eq!(changed, differing);
     assert!(
         report.top_keys[0].key.starts_with("user:anon-")
+            || report.top_keys[0].key.starts_with("tenant:anon-")
             || report.top_keys[0].key.starts_with("ip:")
     );
     let markdown = report.markdown();
@@ -491,6 +509,8 @@ async fn overrides_raise_and_cut_one_subject_everywhere_until_they_end(app: Test
         json!({"account": "a", "multiplier": 2.0, "expires_at": in_ms(app, 100 * 86_400_000), "reason": "x"}),
         json!({"account": "a", "classes": ["nope"], "multiplier": 2.0, "expires_at": in_ms(app, 60_000), "reason": "x"}),
         json!({"account": "a", "multiplier": 2.0, "expires_at": in_ms(app, 60_000), "reason": ""}),
+        // No budget of the default policy is per tenant.
+        json!({"tenant": "acme", "multiplier": 2.0, "expires_at": in_ms(app, 60_000), "reason": "x"}),
     ] {
         assert_envelope(
             create(body).await,
@@ -913,4 +933,139 @@ async fn a_promoted_canary_is_live_everywhere_until_reverted(app: TestApp) {
             "{action}: {audit}"
         );
     }
+}
+
+/// A partner's budget: every request made for tenant `acme` (by any user, from any address,
+/// over HTTP, forward-auth or Envoy) takes from one bucket; other tenants and requests
+/// without one are not touched. An override on the tenant raises it for a launch and shows
+/// in its explanation.
+async fn a_tenant_budget_is_shared_by_its_requests_and_its_override_scales_it(app: TestApp) {
+    use crate::gateways::{Envoy, descriptor, forward};
+    use crate::helpers::{ADMIN_TOKEN, assert_envelope};
+    use palisade::api::envoy::proto::RateLimitRequest;
+    let backend = app.backend;
+    drop(app);
+    let app = TestApp::spawn_with(backend, |s| {
+        s.limits.budgets.push(palisade::config::BudgetSettings {
+            name: "partner".to_owned(),
+            scope: palisade::config::ScopeKind::Tenant,
+            classes: vec!["read".to_owned()],
+            limit: 6,
+            period_s: 3600,
+            burst: None,
+            when: palisade::config::When::Always,
+            shadow: false,
+        });
+    })
+    .await
+    .unwrap();
+    let read = |i: usize, tenant: &str| {
+        json!({"endpoint": "/api/feed", "ip": format!("192.0.2.{}", 30 + i),
+               "user_id": format!("member-{i}"), "tenant": tenant})
+    };
+    for i in 0..4 {
+        let response = app.limit_check(&read(i, "acme")).await;
+        assert_eq!(response.status(), StatusCode::OK, "request {i}");
+    }
+    // Forward-auth and Envoy carry the tenant too: the same bucket.
+    let through_proxy = [
+        ("x-forwarded-method", "GET"),
+        ("x-forwarded-uri", "/api/feed"),
+        ("x-forwarded-for", "198.51.100.40"),
+        ("x-tenant-id", "acme"),
+    ];
+    let response = forward(&app, Some(ADMIN_TOKEN), "", &through_proxy).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut envoy = Envoy::start(&app).await;
+    let envoy_read = |ip: &str, tenant: &str| RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: vec![
+            descriptor(&[("remote_address", ip)]),
+            descriptor(&[("tenant", tenant)]),
+            descriptor(&[("path", "/api/feed"), ("method", "GET")]),
+        ],
+        hits_addend: 0,
+    };
+    let answer = envoy
+        .call(Some(ADMIN_TOKEN), envoy_read("198.51.100.41", "acme"))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.overall_code, 1,
+        "the sixth request is within the budget"
+    );
+    let answer = envoy
+        .call(Some(ADMIN_TOKEN), envoy_read("198.51.100.42", "acme"))
+        .await
+        .unwrap();
+    assert_eq!(answer.overall_code, 2, "the seventh is over it");
+    let refused = app.limit_check(&read(9, "acme")).await;
+    let envelope = assert_envelope(refused, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    assert_eq!(
+        envelope["error"]["details"]["scope"], "tenant",
+        "{envelope}"
+    );
+    assert_eq!(
+        envelope["error"]["details"]["reason"], "tenant_rate",
+        "{envelope}"
+    );
+    let response = forward(&app, Some(ADMIN_TOKEN), "", &through_proxy).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Another tenant, and a request without one, are untouched.
+    assert_eq!(
+        app.limit_check(&read(9, "globex")).await.status(),
+        StatusCode::OK
+    );
+    let untenanted = json!({"endpoint": "/api/feed", "ip": "192.0.2.39", "user_id": "member-9"});
+    assert_eq!(app.limit_check(&untenanted).await.status(), StatusCode::OK);
+    // A tenant id is checked like any id.
+    let bad = app.limit_check(&read(1, "acme\u{0007}")).await;
+    assert_envelope(bad, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+
+    // Launch day: a partner gets three times its budget (a raise sets how fast a bucket
+    // fills and how much it holds; tokens already taken stay taken).
+    let response = app
+        .post(
+            "/v1/overrides",
+            Some(ADMIN_TOKEN),
+            &json!({"tenant": "initech", "classes": ["read"], "multiplier": 3.0,
+                    "expires_at": in_ms(&app, 3_600_000), "reason": "initech launch"}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let created: Value = response.json().await.unwrap();
+    assert_eq!(created["subject"], "tenant:initech");
+    let mut allowed = 0;
+    for i in 0..24 {
+        if app.limit_check(&read(i % 8, "initech")).await.status() == StatusCode::OK {
+            allowed += 1;
+        }
+    }
+    // 18 tokens (Redis time may refill a fraction of one).
+    assert!(
+        (18..=19).contains(&allowed),
+        "{allowed} allowed after the raise"
+    );
+    let explained = app
+        .admin_json("/v1/multipliers?tenant=initech&endpoint=/api/feed")
+        .await;
+    let key = &explained["keys"]["tenant:initech"];
+    assert_eq!(key["multiplier"], 3.0, "{explained}");
+    assert!(
+        key["reasons"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("initech launch"),
+        "{explained}"
+    );
+    // One subject per override.
+    let response = app
+        .post(
+            "/v1/overrides",
+            Some(ADMIN_TOKEN),
+            &json!({"tenant": "acme", "account": "a", "multiplier": 2.0,
+                    "expires_at": in_ms(&app, 60_000), "reason": "x"}),
+        )
+        .await;
+    assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
 }

@@ -545,6 +545,7 @@ async fn strong_and_unverified_devices_get_different_multipliers(app: TestApp) {
             ip: palisade::model::ClientIp::parse("192.0.2.1", 64).unwrap(),
             user: None,
             device: Some(palisade::model::SubjectKey::device(device, 64).unwrap()),
+            tenant: None,
             cost: 1,
             consume: false,
         };

@@ -402,6 +402,7 @@ async fn forty_checks_of_one_account_drain_it_one_token_at_a_time(app: &TestApp)
         ip: ClientIp::parse("203.0.113.210", 64).unwrap(),
         user: Some(SubjectKey::user("queued", 64).unwrap()),
         device: None,
+        tenant: None,
         cost: 1,
         consume: true,
     };
