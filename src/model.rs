@@ -265,7 +265,14 @@ impl SubjectKey {
 
     /// A client IP, normalised by [`ClientIp`].
     pub fn ip(ip: &ClientIp) -> Self {
-        Self::with_id(SubjectKind::Ip, &ip.key_text())
+        // Written straight into the key's text (no intermediate string).
+        let mut text = String::with_capacity(3 + 48);
+        text.push_str("ip:");
+        ip.write_key(&mut text);
+        Self {
+            kind: SubjectKind::Ip,
+            text: text.into(),
+        }
     }
 
     /// The network of a client that rotates addresses: an IPv4 address's /24, an IPv6
@@ -435,16 +442,24 @@ impl ClientIp {
     }
 
     /// `203.0.113.7` or `2001:db8:1:2::/64`.
-    fn key_text(&self) -> String {
-        match self.addr {
-            IpAddr::V4(v4) => v4.to_string(),
-            IpAddr::V6(v6) if self.ipv6_prefix_len >= 128 => v6.to_string(),
+    /// Appends the key text: the address, or an IPv6 client's prefix (`2001:db8::/64`).
+    fn write_key(&self, out: &mut String) {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = match self.addr {
+            IpAddr::V4(v4) => write!(out, "{v4}"),
+            IpAddr::V6(v6) if self.ipv6_prefix_len >= 128 => write!(out, "{v6}"),
             IpAddr::V6(v6) => {
                 let bits = u128::from(v6);
                 let mask = u128::MAX << (128 - u32::from(self.ipv6_prefix_len));
-                format!("{}/{}", Ipv6Addr::from(bits & mask), self.ipv6_prefix_len)
+                write!(
+                    out,
+                    "{}/{}",
+                    Ipv6Addr::from(bits & mask),
+                    self.ipv6_prefix_len
+                )
             }
-        }
+        };
     }
 }
 

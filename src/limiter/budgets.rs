@@ -37,40 +37,126 @@ pub struct Budgets {
     strictest_first: Vec<usize>,
     /// Paths are matched lower-cased (`limits.case_insensitive_paths`).
     case_insensitive: bool,
+    /// The classes of recently seen (method, endpoint) pairs as sent.
+    recent: ClassCache,
+}
+
+/// Slots of the class cache (a power of two).
+const CLASS_CACHE_SLOTS: usize = 512;
+
+/// The classes of recently seen (method, endpoint) pairs as sent, direct-mapped by a hash
+/// of the pair: most traffic repeats a few endpoints, and a hit skips canonicalisation and
+/// every pattern. A slot whose lock is held is passed by (classified the long way); a miss
+/// overwrites its slot, so unique paths (an attacker's) cost one copy and evict nothing
+/// for long. Bounded: at most 512 paths of at most [`CLASS_CACHE_MAX_PATH`] bytes.
+struct ClassCache {
+    slots: Box<[std::sync::Mutex<CachedClass>]>,
+    hasher: foldhash::fast::RandomState,
+}
+
+/// Paths longer than this are classified every time (never cached).
+const CLASS_CACHE_MAX_PATH: usize = 256;
+
+#[derive(Default)]
+struct CachedClass {
+    method: String,
+    endpoint: String,
+    class: usize,
+}
+
+impl ClassCache {
+    fn new() -> Self {
+        Self {
+            slots: (0..CLASS_CACHE_SLOTS)
+                .map(|_| std::sync::Mutex::new(CachedClass::default()))
+                .collect(),
+            hasher: foldhash::fast::RandomState::default(),
+        }
+    }
+
+    fn slot(&self, method: &str, endpoint: &str) -> &std::sync::Mutex<CachedClass> {
+        use std::hash::BuildHasher;
+        let hash = self.hasher.hash_one((method, endpoint));
+        &self.slots[(hash as usize) & (CLASS_CACHE_SLOTS - 1)]
+    }
+
+    fn get(&self, method: &str, endpoint: &str) -> Option<usize> {
+        let slot = self.slot(method, endpoint).try_lock().ok()?;
+        (!slot.endpoint.is_empty() && slot.endpoint == endpoint && slot.method == method)
+            .then_some(slot.class)
+    }
+
+    fn put(&self, method: &str, endpoint: &str, class: usize) {
+        if endpoint.len() > CLASS_CACHE_MAX_PATH || method.len() > 16 {
+            return;
+        }
+        if let Ok(mut slot) = self.slot(method, endpoint).try_lock() {
+            slot.method.clear();
+            slot.method.push_str(method);
+            slot.endpoint.clear();
+            slot.endpoint.push_str(endpoint);
+            slot.class = class;
+        }
+    }
+}
+
+impl Clone for ClassCache {
+    /// An empty cache: classes are cached per budget table.
+    fn clone(&self) -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for ClassCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClassCache")
+            .field("slots", &CLASS_CACHE_SLOTS)
+            .finish()
+    }
 }
 
 /// A path pattern: `*` matches any run of characters (including `/`); everything else
-/// literally. Split once at load, matched on every check without allocating.
+/// literally. Split once at load (the pieces between stars searched with finders built
+/// then), matched on every check without allocating.
 #[derive(Debug, Clone)]
 struct Pattern {
     /// The literal pieces between stars.
     pieces: Vec<String>,
+    /// Finders of the pieces between the first and the last.
+    middle: Vec<memchr::memmem::Finder<'static>>,
 }
 
 impl Pattern {
     fn new(pattern: &str) -> Self {
-        Self {
-            pieces: pattern.split('*').map(str::to_owned).collect(),
-        }
+        let pieces: Vec<String> = pattern.split('*').map(str::to_owned).collect();
+        let middle = match pieces.len() {
+            0..=2 => Vec::new(),
+            n => pieces[1..n - 1]
+                .iter()
+                .map(|piece| memchr::memmem::Finder::new(piece.as_bytes()).into_owned())
+                .collect(),
+        };
+        Self { pieces, middle }
     }
 
     fn matches(&self, text: &str) -> bool {
         let Some((first, rest_pieces)) = self.pieces.split_first() else {
             return text.is_empty();
         };
-        let Some(mut rest) = text.strip_prefix(first.as_str()) else {
+        let Some(rest) = text.strip_prefix(first.as_str()) else {
             return false;
         };
-        let Some((last, middle)) = rest_pieces.split_last() else {
+        let Some(last) = rest_pieces.last() else {
             return rest.is_empty();
         };
-        for piece in middle {
-            match rest.find(piece.as_str()) {
-                Some(at) => rest = &rest[at + piece.len()..],
+        let mut rest = rest.as_bytes();
+        for finder in &self.middle {
+            match finder.find(rest) {
+                Some(at) => rest = &rest[at + finder.needle().len()..],
                 None => return false,
             }
         }
-        rest.len() >= last.len() && rest.ends_with(last.as_str())
+        rest.len() >= last.len() && rest.ends_with(last.as_bytes())
     }
 }
 
@@ -131,6 +217,7 @@ impl Budgets {
             write,
             strictest_first,
             case_insensitive: settings.case_insensitive_paths,
+            recent: ClassCache::new(),
         }
     }
 
@@ -141,6 +228,15 @@ impl Budgets {
     /// their classes ([`Budgets::stricter`]); a target that is not a valid path at all gets
     /// the strictest class there is (the HTTP edge refuses those with 400 before asking).
     pub fn classify(&self, method: &str, endpoint: &str) -> usize {
+        if let Some(class) = self.recent.get(method, endpoint) {
+            return class;
+        }
+        let class = self.classify_uncached(method, endpoint);
+        self.recent.put(method, endpoint, class);
+        class
+    }
+
+    fn classify_uncached(&self, method: &str, endpoint: &str) -> usize {
         match target::canonical(endpoint, self.case_insensitive) {
             Ok(target) => target
                 .readings()
@@ -429,6 +525,34 @@ mod tests {
                         budgets.classes[canonical].name
                     );
                 }
+            }
+        }
+    }
+
+    /// The class cache answers what classifying answers, for repeated and unique paths,
+    /// whatever evicts what.
+    #[test]
+    fn cached_classes_are_the_classes() {
+        let budgets = Budgets::from_settings(&LimitSettings::default());
+        let mut requests: Vec<(String, String)> = Vec::new();
+        for i in 0..2000 {
+            let method = ["GET", "POST", "get", "DELETE"][i % 4];
+            let endpoint = match i % 5 {
+                0 => "/auth/login".to_owned(),
+                1 => format!("/Auth/%6Cogin?x={i}"),
+                2 => format!("/api/items/{i}/search"),
+                3 => format!("/pay/{}", "x".repeat(i % 300)),
+                _ => "/api/feed".to_owned(),
+            };
+            requests.push((method.to_owned(), endpoint));
+        }
+        for _ in 0..3 {
+            for (method, endpoint) in &requests {
+                assert_eq!(
+                    budgets.classify(method, endpoint),
+                    budgets.classify_uncached(method, endpoint),
+                    "{method} {endpoint}"
+                );
             }
         }
     }

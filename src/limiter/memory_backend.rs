@@ -11,10 +11,12 @@ impl Limiter {
         request: &LimitRequest,
         now_us: u64,
     ) -> Vec<RawOutcome> {
-        let multipliers: Vec<(f64, Option<u64>)> = scopes
+        let multipliers: smallvec::SmallVec<[(f64, Option<u64>); 8]> = scopes
             .iter()
             .map(|s| match s.multiplier_override {
                 Some(value) => (value, None),
+                // No key: nothing was stored when the scopes were made.
+                None if s.multiplier_key.is_empty() => (s.default_multiplier, None),
                 None => memory
                     .multiplier(&s.multiplier_key, now_us)
                     .map_or((s.default_multiplier, None), |(value, ttl_us)| {
@@ -27,7 +29,7 @@ impl Limiter {
         let cost = f64::from(request.cost);
         let now = now_us as f64;
         memory.update_buckets(&keys, now, |states, writes| {
-            let verdicts: Vec<bucket::Verdict> = scopes
+            let verdicts: smallvec::SmallVec<[bucket::Verdict; 8]> = scopes
                 .iter()
                 .zip(states)
                 .zip(&multipliers)

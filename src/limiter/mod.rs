@@ -51,6 +51,7 @@ struct Scope {
     label: Option<Arc<str>>,
     /// Times the budget's numbers (a shared address's IP-wide ceiling), else 1.
     bucket_key: String,
+    /// Empty in-process when no multiplier was stored: the default applies.
     multiplier_key: String,
     params: bucket::Params,
     scale: f64,
@@ -245,13 +246,23 @@ impl Limiter {
             .map_or_else(Defaults::default, |d| d.defaults(&class_info.name, request));
         let enforced_class = !class_info.shadow;
         let mut out = Vec::with_capacity(class_info.budgets.len() + 2);
+        // In-process, with no multiplier stored anywhere, there is nothing to look up: the
+        // keys are not built (a multiplier stored meanwhile counts from the next check).
+        let multipliers_stored = match &self.hot {
+            Hot::Memory(memory) => memory.has_multipliers(),
+            Hot::Redis(_) => true,
+        };
         let scope = |index: usize, kind, subject: SubjectKey, default_multiplier: f64| {
             let budget = &budgets.budgets[index];
             Scope {
                 budget: index,
                 kind,
                 bucket_key: self.keys.bucket(&subject, &budget.name),
-                multiplier_key: self.keys.multiplier(&subject, &class_info.name),
+                multiplier_key: if multipliers_stored {
+                    self.keys.multiplier(&subject, &class_info.name)
+                } else {
+                    String::new()
+                },
                 subject,
                 label: None,
                 params: bucket::Params {
@@ -266,6 +277,9 @@ impl Limiter {
                 network_blocked: false,
             }
         };
+        // The client's key is formatted once, for however many IP scopes need it.
+        let ip_key = std::cell::OnceCell::new();
+        let ip_key = || ip_key.get_or_init(|| SubjectKey::ip(&request.ip)).clone();
         let applicable = budgets.applicable(
             class,
             request.user.is_some(),
@@ -279,7 +293,7 @@ impl Limiter {
                     out.push(scope(index, budget.scope, SubjectKey::global(), 1.0));
                 }
                 ScopeKind::Ip | ScopeKind::EndpointIp => {
-                    let ip = SubjectKey::ip(&request.ip);
+                    let ip = ip_key();
                     match &request.device {
                         Some(device) if defaults.shared_ip || attested => {
                             // Per device behind the address, with the budget's own numbers,
@@ -325,7 +339,7 @@ impl Limiter {
                 }
                 ScopeKind::IpDevice => {
                     if let Some(device) = &request.device {
-                        let ip = SubjectKey::ip(&request.ip);
+                        let ip = ip_key();
                         out.push(self.ip_device(
                             budgets,
                             scope(
@@ -608,12 +622,10 @@ impl Limiter {
     ) -> Decision {
         let allowed = scopes.iter().all(|s| s.allowed || !s.enforced);
         let deciding = if allowed {
-            let pool: Vec<usize> = if scopes.iter().any(|s| s.enforced) {
-                (0..scopes.len()).filter(|&i| scopes[i].enforced).collect()
-            } else {
-                (0..scopes.len()).collect()
-            };
-            pool.into_iter()
+            // The enforced scopes, or every scope when none is enforced.
+            let any_enforced = scopes.iter().any(|s| s.enforced);
+            (0..scopes.len())
+                .filter(|&i| scopes[i].enforced || !any_enforced)
                 .min_by_key(|&i| (scopes[i].remaining, scopes[i].limit))
         } else {
             (0..scopes.len())

@@ -97,12 +97,19 @@ impl Replayer {
             self.clock.advance(Duration::from_millis(by));
         }
         debug_assert!(self.clock.now_ms() >= self.start_ms);
-        let live = match self.live.request(r) {
-            Some(request) => self.live.limiter.check(&request).await.ok(),
+        // One request for both sides when they key IPv6 clients alike (the usual case).
+        let live_request = self.live.request(r);
+        let candidate_request = if self.candidate.ipv6_prefix_len == self.live.ipv6_prefix_len {
+            None
+        } else {
+            Some(self.candidate.request(r))
+        };
+        let live = match &live_request {
+            Some(request) => self.live.limiter.check(request).await.ok(),
             None => None,
         };
-        let candidate = match self.candidate.request(r) {
-            Some(request) => self.candidate.limiter.check(&request).await.ok(),
+        let candidate = match candidate_request.as_ref().unwrap_or(&live_request) {
+            Some(request) => self.candidate.limiter.check(request).await.ok(),
             None => None,
         };
         Step { live, candidate }
@@ -141,6 +148,8 @@ pub struct Report {
     pub decisions_per_s: f64,
     #[serde(skip)]
     keys: BTreeMap<String, (u64, u64)>,
+    #[serde(skip)]
+    scope_name: String,
 }
 
 /// One key's changed answers.
@@ -158,12 +167,12 @@ fn refused(decision: Option<&Decision>) -> bool {
     decision.is_some_and(|d| !d.allowed)
 }
 
-fn scope_of(decision: &Decision) -> (&str, String) {
-    decision
-        .deciding_scope()
-        .map_or(("none", String::new()), |s| {
-            (s.scope.as_str(), s.subject.to_string())
-        })
+/// The entry of `key`, made only the first time (a lookup by `&str` otherwise).
+fn entry<'m, V: Default>(map: &'m mut BTreeMap<String, V>, key: &str) -> &'m mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
 }
 
 impl Report {
@@ -171,30 +180,34 @@ impl Report {
     pub fn add(&mut self, step: &Step) {
         self.requests += 1;
         let (live, candidate) = (step.live.as_ref(), step.candidate.as_ref());
-        let class = candidate
-            .or(live)
-            .map_or_else(|| "invalid".to_owned(), |d| d.class.to_string());
+        let class: &str = candidate.or(live).map_or("invalid", |d| &d.class);
         if let (Some(l), Some(c)) = (live, candidate)
             && l.class != c.class
         {
             self.reclassified += 1;
         }
         let (was, is) = (refused(live), refused(candidate));
-        // The deciding scope of the side that refused (the candidate's when both did).
-        let decider = if is { candidate } else { live };
-        let (scope, key) = decider.map_or(("none", String::new()), scope_of);
-        for change in [
-            self.classes.entry(class.clone()).or_default(),
-            self.scopes.entry(format!("{class}/{scope}")).or_default(),
-        ] {
+        let count = |change: &mut Change| {
             change.requests += 1;
             change.refused_live += u64::from(was);
             change.refused_candidate += u64::from(is);
             change.newly_refused += u64::from(is && !was);
             change.newly_allowed += u64::from(was && !is);
-        }
-        if was != is && !key.is_empty() {
-            let entry = self.keys.entry(key).or_default();
+        };
+        count(entry(&mut self.classes, class));
+        // The deciding scope of the side that refused (the candidate's when both did).
+        let decider = if is { candidate } else { live };
+        let deciding = decider.and_then(Decision::deciding_scope);
+        let scope = deciding.map_or("none", |s| s.scope.as_str());
+        self.scope_name.clear();
+        self.scope_name.push_str(class);
+        self.scope_name.push('/');
+        self.scope_name.push_str(scope);
+        count(entry(&mut self.scopes, &self.scope_name));
+        if was != is
+            && let Some(deciding) = deciding
+        {
+            let entry = entry(&mut self.keys, &deciding.subject);
             if is {
                 entry.0 += 1;
             } else {

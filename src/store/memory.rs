@@ -80,6 +80,9 @@ struct Inner {
     shards: Vec<Mutex<Shard>>,
     /// Multiplier key → (value, expiry in monotonic µs).
     multipliers: RwLock<Map<(f64, Option<u64>)>>,
+    /// How many multipliers are stored (written under the map's write lock): none means a
+    /// check need not build or look up multiplier keys.
+    multiplier_count: std::sync::atomic::AtomicUsize,
 }
 
 /// Drops expired values each time the map reaches a power of two (amortised O(1)), so it
@@ -119,6 +122,7 @@ impl MemoryHot {
                     })
                     .collect(),
                 multipliers: RwLock::new(Map::default()),
+                multiplier_count: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
     }
@@ -360,6 +364,17 @@ impl MemoryHot {
             map.retain(|_, (_, expires)| expires.is_none_or(|e| e > now_us));
         }
         map.insert(key.into(), (value, ttl_us.map(|ttl| now_us + ttl)));
+        self.inner
+            .multiplier_count
+            .store(map.len(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether any multiplier is stored (expired ones included until swept).
+    pub fn has_multipliers(&self) -> bool {
+        self.inner
+            .multiplier_count
+            .load(std::sync::atomic::Ordering::Acquire)
+            > 0
     }
 
     /// Removes a multiplier (back to 1).
@@ -370,6 +385,9 @@ impl MemoryHot {
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         map.remove(key);
+        self.inner
+            .multiplier_count
+            .store(map.len(), std::sync::atomic::Ordering::Release);
     }
 
     /// A multiplier and the µs until it expires (None: no expiry), if set and not expired.
