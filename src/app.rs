@@ -163,6 +163,19 @@ impl crate::limiter::Exemptions for LockoutRule {
             self.0.knows(&context).await.map_err(hot_error)
         })
     }
+
+    fn refused_unknown<'a>(
+        &'a self,
+        request: &'a crate::limiter::LimitRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), crate::store::Error>> {
+        Box::pin(async move {
+            let Some(account) = &request.user else {
+                return Ok(());
+            };
+            let context = login_context(account, request);
+            self.0.refused_unknown(&context).await.map_err(hot_error)
+        })
+    }
 }
 
 fn login_context(
@@ -418,6 +431,9 @@ impl App {
             }
             if let Err(err) = app.scoring.network_blocks().refresh().await {
                 tracing::warn!(error.cause = %err, "reading blocked networks failed; will retry");
+            }
+            if let Err(err) = app.scoring.login_guard().flush().await {
+                tracing::warn!(error.cause = %err, "sharing login counts failed; will retry");
             }
             if let Err(err) = app.scoring.flush_offenders().await {
                 tracing::warn!(error.cause = %err, "flushing repeat-offender counts failed; will retry");

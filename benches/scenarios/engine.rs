@@ -130,6 +130,8 @@ pub fn scale_settings(settings: &mut palisade::Settings, scale: u64) {
     lockout.base_lockout_s = s(lockout.base_lockout_s);
     lockout.max_lockout_s = s(lockout.max_lockout_s);
     lockout.human_interval_ms = (lockout.human_interval_ms / scale).max(1);
+    lockout.stuffing.window_s = s(lockout.stuffing.window_s);
+    lockout.stuffing.hold_s = s(lockout.stuffing.hold_s);
     let shared = &mut settings.limits.shared_ip;
     shared.window_s = s(shared.window_s);
     shared.remember_s = s(shared.remember_s);
@@ -173,7 +175,24 @@ pub async fn run(app: &TestApp, scenario: &Scenario, scale: u64) -> Report {
     if scenario.data {
         app.load_data(DATA).await;
     }
-    for chunk in scenario.history.chunks(1000) {
+    // `ago_s`: the event happened that long before the scenario starts.
+    let now_ms = app.app.clock.now_ms();
+    let history: Vec<Value> = scenario
+        .history
+        .iter()
+        .cloned()
+        .map(|mut event| {
+            if let Some(ago) = event
+                .as_object_mut()
+                .and_then(|e| e.remove("ago_s"))
+                .and_then(|v| v.as_i64())
+            {
+                event["ts"] = json!(palisade::clock::rfc3339(now_ms - ago * 1000));
+            }
+            event
+        })
+        .collect();
+    for chunk in history.chunks(1000) {
         post_events(app, chunk.to_vec()).await;
     }
     let mut requests = scenario.requests.clone();
@@ -479,13 +498,22 @@ pub fn credential_stuffing(size: Size) -> Scenario {
         let ip = if user % 2 == 0 {
             let ip = format!("1.150.{}.{}", user / 250, user % 250 + 1);
             if user % 20 != 0 {
+                // Within the hour (of the policy's time: 2 minutes of the scenario's clock).
                 history.push(json!({"event_id": format!("isp-history-{user}"),
                                     "type": "login_success", "account": format!("user{user}"),
-                                    "ip": ip}));
+                                    "ip": ip, "ago_s": 120}));
             }
             ip
         } else {
-            format!("203.0.{}.{}", 113 + user / 250 % 2, user % 250 + 1)
+            // Customers of other networks, who logged in from home half a day ago (of the
+            // scenario's clock; 1 in 20 for the first time now).
+            let ip = format!("203.0.{}.{}", 113 + user / 250 % 2, user % 250 + 1);
+            if user % 40 != 1 {
+                history.push(json!({"event_id": format!("home-history-{user}"),
+                                    "type": "login_success", "account": format!("user{user}"),
+                                    "ip": ip, "ago_s": 43_200}));
+            }
+            ip
         };
         honest_user(&mut rng, &mut requests, user, ip, None, size, 5);
     }
@@ -504,10 +532,50 @@ pub fn credential_stuffing(size: Size) -> Scenario {
     });
     Scenario {
         name: "credential_stuffing",
-        what: "a residential proxy pool in one ISP's ASN, 1 attempt per address on a leaked account list, 10/s; half the honest users are that ISP's customers, 1 in 10 of them new",
+        what: "a residential proxy pool in one ISP's ASN, 1 attempt per address on a leaked account list, 10/s; half the honest users are that ISP's customers, 1 in 10 of them new (1 in 20 of the others)",
         requests,
         history,
         data: true,
+    }
+}
+
+/// Credential stuffing spread over many networks: one attempt per address, each in another
+/// network of no autonomous system the attack stays in, on another account of a leaked list,
+/// 10 a second; honest users log in from home meanwhile, 1 in 20 of them for the first time.
+pub fn distributed_stuffing(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(8);
+    let mut requests = Vec::new();
+    let mut history = Vec::new();
+    for user in 0..size.users / 2 {
+        let ip = format!("198.18.{}.{}", user / 250, user % 250 + 1);
+        if user % 20 != 0 {
+            // Logged in half a day ago.
+            history.push(json!({"event_id": format!("home-history-{user}"),
+                                "type": "login_success", "account": format!("user{user}"),
+                                "ip": ip, "ago_s": 43_200}));
+        }
+        honest_user(&mut rng, &mut requests, user, ip, None, size, 5);
+    }
+    attacker(&mut requests, size, 5, 10, |n| {
+        // A new /24 each attempt, spread over 150 /8s.
+        (
+            format!(
+                "{}.{}.{}.{}",
+                20 + n % 150,
+                n / 150 % 256,
+                n / 38_400 % 256,
+                9
+            ),
+            format!("leaked{n}"),
+            None,
+        )
+    });
+    Scenario {
+        name: "distributed_stuffing",
+        what: "a proxy pool spread over many networks, 1 attempt per address (a new /24 each) on a leaked account list, 10/s; 1 in 20 honest users logs in for the first time",
+        requests,
+        history,
+        data: false,
     }
 }
 
@@ -692,6 +760,7 @@ pub fn all(size: Size) -> Vec<Scenario> {
         carrier_nat(size),
         ipv6_households(size),
         credential_stuffing(size),
+        distributed_stuffing(size),
         asn_spraying(size),
         datacenter_scraper(size),
         tor_brute_force(size),

@@ -24,6 +24,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(multipliers))
         .routes(routes!(decisions))
         .routes(routes!(offenders))
+        .routes(routes!(login_guard))
         .routes(routes!(alerts))
 }
 
@@ -505,6 +506,76 @@ async fn offenders(
             })
             .collect(),
     }))
+}
+
+/// A network or ASN blocked on `auth` for spraying.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BlockedNetwork {
+    /// `ip:…/24`, `ip:…/48` or `asn:…`.
+    pub key: String,
+    /// RFC 3339 end of the block (renewed while its spraying goes on).
+    pub until: String,
+}
+
+/// The service-wide login guard and the blocked networks.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct LoginGuardView {
+    /// True while logins from contexts their accounts do not know are refused on `auth`.
+    pub active: bool,
+    /// RFC 3339 end of the guard, while it is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_until: Option<String>,
+    /// Failed logins (with logins refused from unknown contexts, once per address) in the
+    /// window, service-wide as of the last flush (at most 1 s old).
+    pub failures: u64,
+    /// Successful logins in the window.
+    pub successes: u64,
+    /// `lockout.stuffing`: the window, seconds.
+    pub window_s: u64,
+    /// `lockout.stuffing.min_failures` (0: the guard is off).
+    pub min_failures: u64,
+    /// `lockout.stuffing.failure_share`.
+    pub failure_share: f64,
+    /// `lockout.stuffing.hold_s`.
+    pub hold_s: u64,
+    /// Networks and ASNs blocked on `auth` for spraying from rotating addresses, soonest
+    /// to end first.
+    pub blocked_networks: Vec<BlockedNetwork>,
+}
+
+/// The login guard against credential stuffing, and the networks blocked for spraying
+/// (role `analyst`).
+#[utoipa::path(operation_id = "get_login_guard", get, path = "/v1/login-guard", tag = "scoring", security(("bearer" = [])),
+    responses((status = 200, body = LoginGuardView),
+        (status = 401, body = Envelope), (status = 403, body = Envelope)))]
+async fn login_guard(
+    _auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+) -> Json<LoginGuardView> {
+    let guard = app.scoring.login_guard();
+    let state = guard.state();
+    let settings = &app.settings.lockout.stuffing;
+    let now = app.clock.now_ms();
+    let active = guard.is_active();
+    let mut blocked = app.scoring.network_blocks().blocked();
+    blocked.sort_by_key(|(key, until)| (*until, key.clone()));
+    Json(LoginGuardView {
+        active,
+        active_until: active.then(|| rfc3339(state.active_until_ms.max(now))),
+        failures: state.failures,
+        successes: state.successes,
+        window_s: settings.window_s,
+        min_failures: settings.min_failures,
+        failure_share: settings.failure_share,
+        hold_s: settings.hold_s,
+        blocked_networks: blocked
+            .into_iter()
+            .map(|(key, until)| BlockedNetwork {
+                key,
+                until: rfc3339(until),
+            })
+            .collect(),
+    })
 }
 
 /// `GET /v1/alerts` query.

@@ -54,7 +54,9 @@ pub struct LockoutSettings {
     /// Distinct accounts failing from one network (an IPv4 /24, an IPv6 /48) in the window
     /// that mark it as spraying when more accounts fail from it than logged in from it
     /// successfully in the last `limits.shared_ip.window_s` (attackers rotating addresses;
-    /// a carrier's busy network has more successes). 0 turns it off. Default 40 (at most 256).
+    /// a carrier's busy network has more successes). The block is renewed for
+    /// `spray_block_s` when logins on as many accounts, from contexts they do not know, are
+    /// refused there in its second half. 0 turns it off. Default 40 (at most 256).
     pub network_spray_accounts: u32,
     /// The same for one autonomous system (needs an ASN database in `data/`). 0 turns it
     /// off. Default 50 (at most 256).
@@ -70,6 +72,64 @@ pub struct LockoutSettings {
     /// Failures from one IP (any accounts) in the window that tighten the IP on the `auth`
     /// class by `failure_factor`. Default 50.
     pub ip_failures: u32,
+    /// The service-wide login guard against stuffing spread over many networks
+    /// (`[lockout.stuffing]`).
+    pub stuffing: StuffingSettings,
+}
+
+/// `[lockout.stuffing]`: the service-wide login guard.
+///
+/// When failed logins service-wide reach
+/// `min_failures` in `window_s` and make up `failure_share` of all logins, logins from
+/// contexts their accounts do not know are refused for `hold_s` (the refusals count as
+/// failures, so it holds while the attack goes on).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StuffingSettings {
+    /// Failed logins service-wide in `window_s` (logins refused from contexts their accounts
+    /// do not know count too, once per address) before the login guard may turn on; 0 turns
+    /// the guard off. Default 100.
+    pub min_failures: u64,
+    /// Share of all logins in the window that must have failed for the guard to turn on,
+    /// from 0 to 1. Default 0.5.
+    pub failure_share: f64,
+    /// The guard's window, seconds. Default 300.
+    pub window_s: u64,
+    /// How long the guard stays on after the window last tipped it, seconds; while it is on,
+    /// a login from a context its account does not know is refused on `auth` (reason
+    /// `login_guard`). Default 900.
+    pub hold_s: u64,
+}
+
+impl Default for StuffingSettings {
+    fn default() -> Self {
+        Self {
+            min_failures: 100,
+            failure_share: 0.5,
+            window_s: 300,
+            hold_s: 900,
+        }
+    }
+}
+
+impl StuffingSettings {
+    fn validate(&self) -> Result<(), SettingError> {
+        if self.failure_share.is_nan() || !(0.0..=1.0).contains(&self.failure_share) {
+            return Err(SettingError::new(
+                setting_name("lockout.stuffing.failure_share"),
+                "must be between 0 and 1",
+            ));
+        }
+        for (key, value) in [
+            ("lockout.stuffing.window_s", self.window_s),
+            ("lockout.stuffing.hold_s", self.hold_s),
+        ] {
+            if value == 0 {
+                return Err(SettingError::new(setting_name(key), "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for LockoutSettings {
@@ -93,6 +153,7 @@ impl Default for LockoutSettings {
             retention_days: 30,
             failure_factor: 0.5,
             ip_failures: 50,
+            stuffing: StuffingSettings::default(),
         }
     }
 }
@@ -149,6 +210,6 @@ impl LockoutSettings {
                 "must not be greater than lockout.max_lockout_s",
             ));
         }
-        Ok(())
+        self.stuffing.validate()
     }
 }

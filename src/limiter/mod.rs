@@ -60,8 +60,11 @@ struct Scope {
     default_multiplier: f64,
     /// Multiplier used whatever is published (a known context of a locked account).
     multiplier_override: Option<f64>,
-    /// Blocked because the request's network or ASN is (the override is then 0).
+    /// Blocked because the request's network or ASN is, or by the login guard (the
+    /// override is then 0).
     network_blocked: bool,
+    /// Blocked by the service-wide login guard alone.
+    guarded: bool,
 }
 
 /// The limiter service.
@@ -275,6 +278,7 @@ impl Limiter {
                 default_multiplier: sanitized(default_multiplier),
                 multiplier_override: None,
                 network_blocked: false,
+                guarded: false,
             }
         };
         // The client's key is formatted once, for however many IP scopes need it.
@@ -354,7 +358,7 @@ impl Limiter {
                 }
             }
         }
-        if defaults.ip_blocked {
+        if defaults.ip_blocked || defaults.login_guard {
             for scope in out.iter_mut().filter(|s| {
                 matches!(
                     s.kind,
@@ -363,6 +367,7 @@ impl Limiter {
             }) {
                 scope.multiplier_override = Some(0.0);
                 scope.network_blocked = true;
+                scope.guarded = !defaults.ip_blocked;
             }
         }
         out
@@ -493,6 +498,7 @@ impl Limiter {
             }
         }
         let mut decision = self.conclude(class_name, outcomes, now_ms, false, false);
+        decision.login_guard = !decision.allowed && scopes.iter().any(|s| s.guarded);
         decision.challenge = challenge;
         Ok(decision)
     }
@@ -527,19 +533,26 @@ impl Limiter {
         } else if request.user.is_some() && blocked_only_by_network(scopes, outcomes) {
             match exemptions.known_context(request).await {
                 Ok(true) => {
+                    let guarded = scopes.iter().any(|s| s.guarded);
                     for scope in scopes.iter_mut().filter(|s| s.network_blocked) {
                         scope.multiplier_override = None;
                     }
+                    let message = if guarded {
+                        "logins are guarded against credential stuffing, but the account knows this context: ask for a step-up"
+                    } else {
+                        "the network is blocked, but the account knows this context: ask for a step-up"
+                    };
                     return Some(Challenge {
                         multiplier: 1.0,
-                        reason: crate::model::Reason::new(
-                            "known_context",
-                            "the network is blocked, but the account knows this context: ask for a step-up",
-                        ),
+                        reason: crate::model::Reason::new("known_context", message),
                         lockout_id: None,
                     });
                 }
-                Ok(false) => {}
+                Ok(false) => {
+                    if let Err(err) = exemptions.refused_unknown(request).await {
+                        tracing::warn!(error.cause = %err, "a refused login could not be counted");
+                    }
+                }
                 Err(err) => {
                     tracing::warn!(error.cause = %err, "known context unknown; the network's block stands");
                 }
@@ -674,6 +687,7 @@ impl Limiter {
             shadow_blocked,
             cached,
             challenge: None,
+            login_guard: false,
             now_ms,
         }
     }

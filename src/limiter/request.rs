@@ -23,6 +23,9 @@ pub struct Defaults {
     /// The request's network or ASN is blocked on this class (spraying from rotating
     /// addresses): its IP scopes block whatever is published for the address.
     pub ip_blocked: bool,
+    /// The service-wide login guard is on and the request is a login (`auth`, naming an
+    /// account): its IP scopes block unless the account knows the context.
+    pub login_guard: bool,
 }
 
 impl Default for Defaults {
@@ -33,6 +36,7 @@ impl Default for Defaults {
             device: 1.0,
             shared_ip: false,
             ip_blocked: false,
+            login_guard: false,
         }
     }
 }
@@ -73,6 +77,13 @@ pub trait Exemptions: Send + Sync + std::fmt::Debug {
         &'a self,
         request: &'a LimitRequest,
     ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>>;
+
+    /// Notes a login the network's block or the login guard refused from a context its
+    /// account does not know: evidence that the attack goes on while it is stopped.
+    fn refused_unknown<'a>(
+        &'a self,
+        request: &'a LimitRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), crate::store::Error>>;
 }
 
 /// Which devices hold a fresh attestation verdict of device integrity or better.
@@ -175,6 +186,9 @@ pub struct Decision {
     /// The account is locked but knows this context: allowed as if not locked, and the
     /// gateway should ask for a step-up (the lockout-DoS rule).
     pub challenge: Option<Challenge>,
+    /// Refused by the service-wide login guard (a login from a context its account does not
+    /// know while the service is under credential stuffing).
+    pub login_guard: bool,
     /// Wall time of the decision, Unix ms (for `reset` in seconds).
     pub now_ms: i64,
 }
@@ -186,9 +200,9 @@ impl Decision {
     }
 
     /// A refusal's stable reason code, for the app to show a helpful message (it names what
-    /// was limited, never which signal): `account_locked`, `account_rate`, `ip_blocked`,
-    /// `ip_shared_limit`, `ip_rate`, `device_blocked`, `device_untrusted`, `device_rate`,
-    /// `tenant_rate`, `busy` (the global budget). None when allowed.
+    /// was limited, never which signal): `account_locked`, `account_rate`, `login_guard`,
+    /// `ip_blocked`, `ip_shared_limit`, `ip_rate`, `device_blocked`, `device_untrusted`,
+    /// `device_rate`, `tenant_rate`, `busy` (the global budget). None when allowed.
     pub fn reason_code(&self) -> Option<&'static str> {
         if self.allowed {
             return None;
@@ -199,6 +213,7 @@ impl Decision {
             ScopeKind::Global => "busy",
             ScopeKind::User | ScopeKind::EndpointUser if blocked => "account_locked",
             ScopeKind::User | ScopeKind::EndpointUser => "account_rate",
+            ScopeKind::Ip | ScopeKind::EndpointIp if blocked && self.login_guard => "login_guard",
             ScopeKind::Ip | ScopeKind::EndpointIp if blocked => "ip_blocked",
             ScopeKind::Ip | ScopeKind::EndpointIp if scope.shared_ceiling => "ip_shared_limit",
             ScopeKind::Ip | ScopeKind::EndpointIp => "ip_rate",

@@ -85,6 +85,7 @@ impl Limiter {
                     default_multiplier: 1.0,
                     multiplier_override: rule.subject.is_none().then_some(1.0),
                     network_blocked: false,
+                    guarded: false,
                     subject,
                 }
             })

@@ -256,6 +256,10 @@ const QUICK_CAP: usize = 16;
 /// value, where failures on more accounts than that mean spraying.
 const SHARED: &str = "s";
 
+/// The distinct accounts whose logins a network's or an ASN's block refused from contexts
+/// they do not know, in its value (late in a block: the spraying goes on).
+const REFUSED: &str = "b";
+
 /// Entries kept in a network's or an ASN's windows (their thresholds are at most this).
 const NETWORK_CAP: usize = 256;
 

@@ -349,6 +349,17 @@ impl Lockouts {
         let mut shared: Vec<&SubjectKey> = Vec::new();
         let shared_ips = self.scoring.shared_ips();
         let min_accounts = shared_ips.settings().min_accounts;
+        let guard = self.scoring.login_guard();
+        let horizon = now.saturating_sub(guard.window_ms());
+        let (mut failures, mut successes) = (0, 0);
+        for event in events.iter().filter(|e| e.ts_ms >= horizon) {
+            if event.failure {
+                failures += 1;
+            } else {
+                successes += 1;
+            }
+        }
+        guard.count(failures, successes);
         for (event, span) in events.iter().zip(spans) {
             if event.failure {
                 self.plan_failure(
@@ -468,6 +479,73 @@ impl Lockouts {
                 .on_classes(&["auth"])
                 .until(now + self.window_ms()),
         )
+    }
+
+    /// A login refused by its network's block or by the login guard, from a context its
+    /// account does not know: the guard counts it, and a network or ASN block in its second
+    /// half is renewed for `spray_block_s` once its threshold of distinct accounts were
+    /// refused there within the window (the spraying goes on; without this the block would
+    /// lapse and let a threshold's worth of attempts through before it tipped again).
+    pub async fn refused_unknown(&self, context: &LoginContext) -> Result<(), Error> {
+        self.scoring.login_guard().refused(&context.ip);
+        let now = self.clock.now_ms();
+        let blocks = self.scoring.network_blocks();
+        let half =
+            i64::try_from(self.settings.spray_block_s.saturating_mul(500)).unwrap_or(i64::MAX);
+        let account = Some(velocity::member_id(context.account.as_str()));
+        let mut steps = Vec::new();
+        let mut renewing = Vec::new();
+        for (source, threshold) in self.networks(context) {
+            let Some(until) = blocks.until(&source) else {
+                continue;
+            };
+            if until <= now || until - now > half {
+                continue;
+            }
+            steps.push(Step {
+                cap: super::NETWORK_CAP,
+                ..self.step(
+                    (self.keys.windows(&source), super::REFUSED.to_owned()),
+                    account,
+                    now,
+                )
+            });
+            renewing.push((source, threshold));
+        }
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
+        for ((source, threshold), (distinct, _)) in renewing.into_iter().zip(counts) {
+            if distinct >= threshold {
+                self.renew_block(&source, distinct, now).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Renews a network's or ASN's spraying block for `spray_block_s` from `now`.
+    async fn renew_block(&self, source: &SubjectKey, distinct: u32, now: i64) -> Result<(), Error> {
+        let block_ms =
+            i64::try_from(self.settings.spray_block_s.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let until = now.saturating_add(block_ms);
+        let message = format!(
+            "{source} went on spraying while blocked: logins on {distinct} accounts refused in {} min",
+            self.settings.window_s / 60
+        );
+        self.scoring
+            .assert(
+                source,
+                Factor::scale(SIGNAL, "spraying", 0.0, message)
+                    .on_classes(&["auth"])
+                    .until(until),
+            )
+            .await?;
+        self.scoring.network_blocks().block(source, until).await?;
+        metrics::counter!(crate::telemetry::metrics::NETWORK_BLOCK_RENEWALS_TOTAL).increment(1);
+        let shown = self.scoring.pseudonyms().shown_key(source.as_str());
+        tracing::info!(subject.key = %shown, "spraying goes on: the block of {shown} is renewed");
+        Ok(())
     }
 
     /// A source failing on many accounts: multiplier 0 on `auth` for `spray_block_s`, and one

@@ -15,6 +15,7 @@ pub mod alerts;
 mod baseline;
 mod explain; // reading and explaining multipliers, the limiter's defaults
 pub mod factor;
+pub mod guard; // the service-wide login guard
 mod observe; // baselines, anomalies, repeat offenders
 mod offenders;
 mod publish; // stored factors in, published multipliers out
@@ -36,6 +37,7 @@ use arc_swap::ArcSwap;
 pub use alerts::{Alert, Alerts};
 pub use baseline::Anomaly;
 pub use factor::{Combined, Contribution, Effect, Factor, Policy, combine, combine_multiplier};
+pub use guard::LoginGuard;
 pub use shared::{NetworkBlocks, SharedIps};
 pub use store::{Change, DecisionChange};
 
@@ -144,6 +146,7 @@ pub struct Engine {
     alerts: Alerts,
     shared: SharedIps,
     networks: NetworkBlocks,
+    guard: LoginGuard,
     asn_lookup: OnceLock<Arc<dyn AsnLookup>>,
 }
 
@@ -197,6 +200,12 @@ impl Engine {
                 crate::telemetry::privacy::Pseudonyms::new(&settings.privacy),
             ),
             networks: NetworkBlocks::new(stores.hot.clone(), &stores.keys, clock.clone()),
+            guard: LoginGuard::new(
+                settings.lockout.stuffing.clone(),
+                stores.hot.clone(),
+                &stores.keys,
+                clock.clone(),
+            ),
             asn_lookup: OnceLock::new(),
             settings: scoring,
             clock,
@@ -246,6 +255,11 @@ impl Engine {
     /// Networks and ASNs blocked on `auth` for spraying from rotating addresses.
     pub fn network_blocks(&self) -> &NetworkBlocks {
         &self.networks
+    }
+
+    /// The service-wide login guard (stuffing spread over many networks).
+    pub fn login_guard(&self) -> &LoginGuard {
+        &self.guard
     }
 
     /// Installs the ASN lookup (once; later calls are ignored).
@@ -302,6 +316,7 @@ impl DefaultMultipliers for Engine {
                 && self
                     .networks
                     .is_blocked(&request.ip, || self.asn_of(request.ip.addr())),
+            login_guard: class == "auth" && request.user.is_some() && self.guard.is_active(),
         }
     }
 }

@@ -253,6 +253,12 @@ impl NetworkBlocks {
                 && (text.ends_with("/24") || text.ends_with("/48")))
     }
 
+    /// Until when `subject` (an `ip:` network or `asn:` key) is blocked, as this instance
+    /// knows.
+    pub fn until(&self, subject: &SubjectKey) -> Option<i64> {
+        self.marks.until(subject.as_str())
+    }
+
     /// Blocks `subject` (an `ip:` network or `asn:` key) until `until_ms`.
     pub async fn block(&self, subject: &SubjectKey, until_ms: i64) -> Result<(), Error> {
         self.marks.mark(&[subject], until_ms).await

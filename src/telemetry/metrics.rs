@@ -92,10 +92,19 @@ pub const HISTORY_ENTRIES_TOTAL: &str = "palisade_history_entries_total";
 /// Refused or challenged decisions not kept in the history (`history.max_pending` reached,
 /// or the durable store failed when the window was written).
 pub const HISTORY_DROPPED_TOTAL: &str = "palisade_history_dropped_total";
+/// Times the service-wide login guard turned on (`lockout.stuffing`).
+pub const LOGIN_GUARD_ACTIVATIONS_TOTAL: &str = "palisade_login_guard_activations_total";
+/// 1 while the service-wide login guard is on, else 0.
+pub const LOGIN_GUARD_ACTIVE: &str = "palisade_login_guard_active";
+/// Network and ASN blocks renewed because their spraying went on while blocked.
+pub const NETWORK_BLOCK_RENEWALS_TOTAL: &str = "palisade_network_block_renewals_total";
 
 /// Every metric name, for the dashboard test.
 pub const ALL: &[&str] = &[
     BUILD_INFO,
+    LOGIN_GUARD_ACTIVATIONS_TOTAL,
+    LOGIN_GUARD_ACTIVE,
+    NETWORK_BLOCK_RENEWALS_TOTAL,
     HISTORY_ENTRIES_TOTAL,
     HISTORY_DROPPED_TOTAL,
     RECORD_CHECKS_TOTAL,
@@ -316,6 +325,18 @@ fn describe() {
         "Refused or challenged decisions not kept in the decision history"
     );
     metrics::describe_counter!(
+        LOGIN_GUARD_ACTIVATIONS_TOTAL,
+        "Times the service-wide login guard turned on"
+    );
+    metrics::describe_gauge!(
+        LOGIN_GUARD_ACTIVE,
+        "1 while the service-wide login guard refuses logins from unknown contexts"
+    );
+    metrics::describe_counter!(
+        NETWORK_BLOCK_RENEWALS_TOTAL,
+        "Network and ASN spraying blocks renewed while their spraying went on"
+    );
+    metrics::describe_counter!(
         ATTESTATIONS_TOTAL,
         "Attestation submissions by platform and outcome (level or rejection code)"
     );
@@ -454,9 +475,12 @@ pub fn zero(settings: &crate::config::Settings) {
         FACTOR_PERSIST_FAILURES_TOTAL,
         HISTORY_ENTRIES_TOTAL,
         HISTORY_DROPPED_TOTAL,
+        LOGIN_GUARD_ACTIVATIONS_TOTAL,
+        NETWORK_BLOCK_RENEWALS_TOTAL,
     ] {
         metrics::counter!(name).increment(0);
     }
+    metrics::gauge!(LOGIN_GUARD_ACTIVE).set(0.0);
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@ on_both_backends!(
     spraying_from_rotating_slash_64s_of_one_slash_48_blocks_the_network,
     spraying_from_rotating_networks_of_one_asn_blocks_the_asn,
     a_busy_carrier_network_with_more_successes_is_not_spraying,
+    stuffing_spread_over_many_networks_turns_the_login_guard_on,
+    a_network_block_is_renewed_while_its_spraying_goes_on,
 );
 
 const NAT: &str = "198.51.100.77";
@@ -356,6 +358,105 @@ async fn a_busy_carrier_network_with_more_successes_is_not_spraying(app: TestApp
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
+/// Failed logins on distinct accounts, each from an address of its own /24 (no address,
+/// network or ASN sees more than one), numbered from `from`.
+fn stuffing(from: usize, n: usize) -> Vec<Value> {
+    (from..from + n)
+        .map(|i| {
+            json!({"event_id": format!("stuff-{i}"), "type": "login_failure",
+                   "account": format!("leaked{i}"),
+                   "ip": format!("{}.{}.{}.9", 20 + i % 150, i / 150, i % 7)})
+        })
+        .collect()
+}
+
+async fn stuffing_spread_over_many_networks_turns_the_login_guard_on(app: TestApp) {
+    // 100 accounts log in from home; 60 logins fail elsewhere: a failure share of 0.375.
+    let homes: Vec<Value> = (0..100)
+        .map(|i| {
+            json!({"event_id": format!("home-{i}"), "type": "login_success",
+                   "account": format!("member{i}"), "ip": format!("198.18.{}.{}", i / 50, i % 50 + 1)})
+        })
+        .collect();
+    app.post_auth(homes).await;
+    app.post_auth(stuffing(0, 60)).await;
+    let (status, body) = status_of(&app, &fresh_login("192.0.2.80")).await;
+    assert_eq!(status, StatusCode::OK, "a minority of failures: {body}");
+    // 120 more (180 of 280 logins failed): the guard turns on.
+    app.post_auth(stuffing(60, 120)).await;
+    let (status, body) = status_of(&app, &fresh_login("192.0.2.81")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["details"]["reason"], "login_guard", "{body}");
+    let view = app.admin_json("/v1/login-guard").await;
+    assert_eq!(view["active"], true, "{view}");
+    assert_eq!(view["successes"], 100, "{view}");
+    // 180 failures and the refused login just now.
+    assert_eq!(view["failures"], 181, "{view}");
+    assert!(view["active_until"].is_string(), "{view}");
+    // A member logging in from its home network passes, asked for a step-up.
+    let (status, body) = status_of(&app, &login("member3", "198.18.0.200", None)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["challenge"]["code"], "known_context", "{body}");
+    // A member from a network it never used is a stranger now.
+    let (status, _) = status_of(&app, &login("member3", "192.0.2.82", None)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // Other classes, and auth requests naming no account, are not guarded.
+    let read = json!({"endpoint": "/feed", "method": "GET", "ip": "192.0.2.83", "user_id": "x"});
+    assert_eq!(app.limit_check(&read).await.status(), StatusCode::OK);
+    let anonymous = json!({"endpoint": "/auth/login", "method": "POST", "ip": "192.0.2.84"});
+    assert_eq!(app.limit_check(&anonymous).await.status(), StatusCode::OK);
+    // The guard stays on for its hold (15 min), then lapses once nothing feeds it (on the
+    // manual clock only: real time would take the quarter hour).
+    if app.backend == crate::helpers::Backend::Embedded {
+        app.advance(std::time::Duration::from_secs(14 * 60)).await;
+        let (status, _) = status_of(&app, &fresh_login("192.0.2.85")).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        app.advance(std::time::Duration::from_secs(2 * 60)).await;
+        let (status, body) = status_of(&app, &fresh_login("192.0.2.86")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let view = app.admin_json("/v1/login-guard").await;
+        assert_eq!(view["active"], false, "{view}");
+        assert!(view.get("active_until").is_none(), "{view}");
+    }
+}
+
+async fn a_network_block_is_renewed_while_its_spraying_goes_on(app: TestApp) {
+    // Blocks of 4 s, and no login guard (the refusals below would turn it on).
+    let backend = app.backend;
+    drop(app);
+    let app = TestApp::spawn_with(backend, |s| {
+        s.lockout.spray_block_s = 4;
+        s.lockout.stuffing.min_failures = 0;
+    })
+    .await
+    .unwrap();
+    let sources: Vec<String> = (1..=5).map(|i| format!("203.0.113.{i}")).collect();
+    spray(&app, &sources, 19).await;
+    let (status, _) = status_of(&app, &fresh_login("203.0.113.200")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // In the block's second half, 40 accounts are tried from new addresses of the /24.
+    app.advance(std::time::Duration::from_millis(2_500)).await;
+    for i in 0..40 {
+        let (status, body) = status_of(&app, &fresh_login(&format!("203.0.113.{}", 100 + i))).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    }
+    // Past the first block's end it still holds…
+    app.advance(std::time::Duration::from_millis(2_500)).await;
+    let (status, body) = status_of(&app, &fresh_login("203.0.113.201")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["details"]["reason"], "ip_blocked");
+    let view = app.admin_json("/v1/login-guard").await;
+    assert_eq!(view["active"], false, "{view}");
+    assert_eq!(
+        view["blocked_networks"][0]["key"], "ip:203.0.113.0/24",
+        "{view}"
+    );
+    // …and lapses when the attempts stop.
+    app.advance(std::time::Duration::from_millis(4_500)).await;
+    let (status, body) = status_of(&app, &fresh_login("203.0.113.202")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
 /// Marks made on one instance are enforced by every instance within a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_addresses_and_network_blocks_reach_every_instance() {
@@ -378,5 +479,29 @@ async fn shared_addresses_and_network_blocks_reach_every_instance() {
         )
         .await;
         assert_eq!(status, StatusCode::OK, "{device}: {body}");
+    }
+}
+
+/// The login guard judges every instance's logins: each adds its counts to Redis and reads
+/// the sums back each second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_login_guard_counts_every_instances_logins() {
+    let Some(first) = TestApp::spawn(crate::helpers::Backend::Production).await else {
+        return;
+    };
+    let second = first.another_instance().await;
+    // 60 failures each: under 100 on either instance alone.
+    first.post_auth(stuffing(0, 60)).await;
+    second.post_auth(stuffing(60, 60)).await;
+    let (status, body) = status_of(&first, &fresh_login("192.0.2.90")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // One step of the background task on each (the second reads both counts).
+    first.app.scoring.login_guard().flush().await.unwrap();
+    second.app.scoring.login_guard().flush().await.unwrap();
+    first.app.scoring.login_guard().flush().await.unwrap();
+    for app in [&first, &second] {
+        let (status, body) = status_of(app, &fresh_login("192.0.2.91")).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert_eq!(body["error"]["details"]["reason"], "login_guard", "{body}");
     }
 }

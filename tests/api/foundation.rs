@@ -454,6 +454,7 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/multipliers"),
     ("get", "/v1/decisions"),
     ("get", "/v1/offenders"),
+    ("get", "/v1/login-guard"),
     ("get", "/v1/alerts"),
     ("post", "/v1/attestations/challenge"),
     ("post", "/v1/attestations"),

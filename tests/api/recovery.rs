@@ -330,6 +330,9 @@ async fn two_instances_reenforce_every_lockout_after_redis_restarts_empty() {
         ("PALISADE_DATA_DIR", data.path().display().to_string()),
         // Every answer from the hot store, none from the L1 cache of blocked buckets.
         ("PALISADE_LIMITS__L1_TTL_MS", "0".to_owned()),
+        // 1,000 failures and no success would turn the login guard on, and it would refuse
+        // the control accounts below (new contexts): this test is about lockouts alone.
+        ("PALISADE_LOCKOUT__STUFFING__MIN_FAILURES", "0".to_owned()),
     ];
     let first = Process::start(&env).await;
     let second = Process::start(&env).await;

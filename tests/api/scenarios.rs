@@ -1,5 +1,6 @@
-//! The accuracy scenarios of `benches/scenarios` in small: carrier NAT on both backends, its
-//! goals asserted (the bench reports every scenario in full in `docs/ACCURACY.md`).
+//! The accuracy scenarios of `benches/scenarios` in small: carrier NAT and stuffing spread
+//! over many networks on both backends, their goals asserted (the bench reports every
+//! scenario in full in `docs/ACCURACY.md`).
 
 #[path = "../../benches/scenarios/engine.rs"]
 mod engine;
@@ -7,7 +8,10 @@ mod engine;
 use crate::helpers::TestApp;
 use crate::on_both_backends;
 
-on_both_backends!(carrier_nat_hurts_no_honest_user_and_stops_both_attackers);
+on_both_backends!(
+    carrier_nat_hurts_no_honest_user_and_stops_both_attackers,
+    stuffing_over_many_networks_is_stopped_once_the_login_guard_is_on,
+);
 
 /// Time 20x faster than production.
 const SCALE: u64 = 20;
@@ -33,4 +37,29 @@ async fn carrier_nat_hurts_no_honest_user_and_stops_both_attackers(app: TestApp)
         report.first_block_ms.is_some_and(|ms| ms <= 10_000),
         "{report:?}"
     );
+}
+
+async fn stuffing_over_many_networks_is_stopped_once_the_login_guard_is_on(app: TestApp) {
+    let app = TestApp::spawn_with(app.backend, |settings| {
+        engine::scale_settings(settings, SCALE)
+    })
+    .await
+    .unwrap();
+    let size = engine::Size {
+        users: 200,
+        duration_s: 120,
+    };
+    let report = engine::run(&app, &engine::distributed_stuffing(size), SCALE).await;
+    // Goal: ≥ 99 % of the attempts after the first refusal refused.
+    assert!(report.attacker.0 > 1000, "{report:?}");
+    assert!(
+        engine::Report::pct(report.attacker_after_first) >= 99.0,
+        "{report:?}"
+    );
+    assert!(
+        report.first_block_ms.is_some_and(|ms| ms <= 20_000),
+        "{report:?}"
+    );
+    // Only the users signing in for the first time (1 in 20) can be refused.
+    assert!(engine::Report::pct(report.users) <= 5.0, "{report:?}");
 }

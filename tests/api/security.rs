@@ -57,6 +57,7 @@ const ROLE_TABLE: &[(&str, &str, Option<&str>)] = &[
     ("post", "/v1/policy/live/revert", Some("admin")),
     ("get", "/v1/export/{provider}", Some("admin")),
     ("get", "/v1/offenders", Some("analyst")),
+    ("get", "/v1/login-guard", Some("analyst")),
     ("get", "/v1/alerts", Some("analyst")),
     ("get", "/v1/lists/{list}", Some("analyst")),
     ("post", "/v1/lists/{list}", Some("analyst")),

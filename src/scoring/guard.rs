@@ -1,0 +1,396 @@
+//! The service-wide login guard: credential stuffing spread over many networks.
+//!
+//! Stuffing from a proxy pool of residential addresses makes one attempt per address, a few
+//! per network and autonomous system: no per-address, per-network or per-ASN window sees it.
+//! What it cannot hide is the service's own failure rate. The guard counts every login's
+//! outcome service-wide in a sliding window; when failures are at least
+//! `lockout.stuffing.min_failures` and at least `failure_share` of all logins, it turns on
+//! for `hold_s`. While it is on, a login (an `auth` request naming an account) from a context
+//! the account does not know is refused (reason `login_guard`); one the account knows
+//! (an address, network or device it logged in from) passes with a step-up challenge.
+//!
+//! Logins refused from contexts their accounts do not know (by the guard, or by a network's
+//! spraying block) count as failures, once per address and slot: a stuffing run that goes
+//! on is still seen while it is stopped, so the guard holds until the run ends instead of
+//! letting a window's worth through each time it would lapse, while one address sending
+//! refused logins fast cannot hold it on by itself. Logins dated before the window (a
+//! backlog, an import) are not counted.
+//!
+//! The window is [`SLOTS`] time slots. In process the counts here are the whole truth; with
+//! Redis each instance adds what it counted to one hash each second and reads every
+//! instance's sum back ([`LoginGuard::flush`]), so all instances judge the same totals.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::clock::Clock;
+use crate::config::StuffingSettings;
+use crate::model::ClientIp;
+use crate::store::{Error, Hot, Keys};
+use crate::telemetry::metrics as names;
+
+/// Slots of the window.
+pub const SLOTS: usize = 10;
+
+/// Logins counted in one slot of time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Tally {
+    /// Slot number (Unix ms ÷ slot length); a tally of another slot is stale.
+    slot: i64,
+    failures: u64,
+    successes: u64,
+    /// Logins the guard refused.
+    refused: u64,
+}
+
+impl Tally {
+    fn add(&mut self, other: &Tally) {
+        self.failures += other.failures;
+        self.successes += other.successes;
+        self.refused += other.refused;
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    /// Counted here and not yet added to Redis (in process: everything counted).
+    local: [Tally; SLOTS],
+    /// Every instance's sums as last read from Redis (in process: empty).
+    shared: [Tally; SLOTS],
+    /// The addresses refused in slot `seen_slot` (hashed): one address counts once a slot.
+    seen: std::collections::HashSet<u64, foldhash::fast::RandomState>,
+    seen_slot: i64,
+}
+
+/// Most addresses remembered a slot; past it every refusal counts.
+const MAX_SEEN: usize = 65_536;
+
+/// What the guard sees in its window now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct GuardState {
+    /// Failed logins and logins the guard refused, service-wide, in the window.
+    pub failures: u64,
+    /// Successful logins in the window.
+    pub successes: u64,
+    /// Unix ms the guard is on until (0: it has not been on).
+    pub active_until_ms: i64,
+}
+
+/// The guard of one instance.
+#[derive(Debug)]
+pub struct LoginGuard {
+    settings: StuffingSettings,
+    hot: Hot,
+    key: String,
+    clock: Arc<dyn Clock>,
+    counts: Mutex<Counts>,
+    active_until: AtomicI64,
+}
+
+impl LoginGuard {
+    /// The guard (`lockout.stuffing`), its Redis hash `<prefix>:v1:login_guard`.
+    pub fn new(settings: StuffingSettings, hot: Hot, keys: &Keys, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            settings,
+            hot,
+            key: format!("{}:login_guard", keys.prefix()),
+            clock,
+            counts: Mutex::new(Counts::default()),
+            active_until: AtomicI64::new(0),
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        self.settings.min_failures > 0
+    }
+
+    fn slot_ms(&self) -> i64 {
+        let window = i64::try_from(self.settings.window_s.saturating_mul(1000)).unwrap_or(i64::MAX);
+        (window / SLOTS as i64).max(1)
+    }
+
+    /// True while the guard is on (every login check of the `auth` class asks).
+    pub fn is_active(&self) -> bool {
+        self.enabled() && self.active_until.load(Ordering::Acquire) > self.clock.now_ms()
+    }
+
+    /// The window, ms: logins dated before it are not counted (a backlog, an import).
+    pub fn window_ms(&self) -> i64 {
+        self.slot_ms().saturating_mul(SLOTS as i64)
+    }
+
+    /// Counts logins, failed and successful; then judges the window.
+    pub fn count(&self, failures: u64, successes: u64) {
+        self.add(failures, successes, None);
+    }
+
+    /// Counts a login refused from a context its account does not know (by a network's
+    /// block or by the guard) as a failure, once per address and slot: a proxy pool's many
+    /// addresses keep the guard on, one address sending refused logins fast does not.
+    pub fn refused(&self, ip: &ClientIp) {
+        self.add(0, 0, Some(ip));
+    }
+
+    fn add(&self, failures: u64, successes: u64, refused: Option<&ClientIp>) {
+        if !self.enabled() || (failures + successes == 0 && refused.is_none()) {
+            return;
+        }
+        let now = self.clock.now_ms();
+        let slot = now / self.slot_ms();
+        let state = {
+            let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+            let refused = match refused {
+                None => 0,
+                Some(ip) => {
+                    if counts.seen_slot != slot {
+                        counts.seen.clear();
+                        counts.seen_slot = slot;
+                    }
+                    let hash = counts.seen.hasher().hash_one(ip.addr());
+                    let full = counts.seen.len() >= MAX_SEEN;
+                    u64::from(counts.seen.insert(hash) || full)
+                }
+            };
+            let tally = &mut counts.local[slot_index(slot)];
+            if tally.slot != slot {
+                *tally = Tally {
+                    slot,
+                    ..Tally::default()
+                };
+            }
+            tally.add(&Tally {
+                slot,
+                failures,
+                successes,
+                refused,
+            });
+            sums(&counts, slot)
+        };
+        self.judge(state, now);
+    }
+
+    /// The window's totals and until when the guard is on.
+    pub fn state(&self) -> GuardState {
+        let slot = self.clock.now_ms() / self.slot_ms();
+        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (failures, successes) = sums(&counts, slot);
+        GuardState {
+            failures,
+            successes,
+            active_until_ms: self.active_until.load(Ordering::Acquire),
+        }
+    }
+
+    /// Turns the guard on (or keeps it on) when the window's failures are enough.
+    fn judge(&self, (failures, successes): (u64, u64), now: i64) {
+        let settings = &self.settings;
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+        let share = failures as f64 / (failures + successes).max(1) as f64;
+        if failures < settings.min_failures || share < settings.failure_share {
+            return;
+        }
+        let hold = i64::try_from(settings.hold_s.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let until = now.saturating_add(hold);
+        let before = self.active_until.fetch_max(until, Ordering::AcqRel);
+        if before <= now {
+            metrics::counter!(names::LOGIN_GUARD_ACTIVATIONS_TOTAL).increment(1);
+            metrics::gauge!(names::LOGIN_GUARD_ACTIVE).set(1.0);
+            tracing::warn!(
+                failures,
+                successes,
+                "login guard on: {failures} failed logins and {successes} successful ones service-wide in {} s; logins from contexts their accounts do not know are refused for {} s",
+                settings.window_s,
+                settings.hold_s
+            );
+        }
+    }
+
+    /// Adds this instance's counts to Redis and reads every instance's sums back, then
+    /// judges them (nothing to do in process). Counts that could not be added are kept
+    /// for the next call.
+    pub async fn flush(&self) -> Result<(), Error> {
+        metrics::gauge!(names::LOGIN_GUARD_ACTIVE).set(f64::from(u8::from(self.is_active())));
+        let Hot::Redis(redis) = &self.hot else {
+            return Ok(());
+        };
+        if !self.enabled() {
+            return Ok(());
+        }
+        let now = self.clock.now_ms();
+        let slot = now / self.slot_ms();
+        let pending: Vec<Tally> = {
+            let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+            let taken = std::mem::take(&mut counts.local);
+            taken
+                .into_iter()
+                .filter(|t| {
+                    t.slot > slot - SLOTS as i64 && t.failures + t.successes + t.refused > 0
+                })
+                .collect()
+        };
+        let mut pipe = redis::pipe();
+        for tally in &pending {
+            for (field, n) in
+                fields(tally.slot)
+                    .into_iter()
+                    .zip([tally.failures, tally.successes, tally.refused])
+            {
+                if n > 0 {
+                    pipe.cmd("HINCRBY")
+                        .arg(&self.key)
+                        .arg(field)
+                        .arg(n)
+                        .ignore();
+                }
+            }
+        }
+        let old = slot - SLOTS as i64;
+        pipe.cmd("HDEL").arg(&self.key).arg(&fields(old)).ignore();
+        let window_ms = self.slot_ms().saturating_mul(2 * SLOTS as i64);
+        pipe.cmd("PEXPIRE").arg(&self.key).arg(window_ms).ignore();
+        let read: Vec<String> = (old + 1..=slot).flat_map(fields).collect();
+        pipe.cmd("HMGET").arg(&self.key).arg(&read);
+        let result: Result<(Vec<Option<u64>>,), Error> = redis.query_pipeline(&pipe).await;
+        let state = {
+            let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+            match result {
+                Ok((values,)) => {
+                    for (i, s) in (old + 1..=slot).enumerate() {
+                        let at = |k: usize| values.get(i * 3 + k).copied().flatten().unwrap_or(0);
+                        counts.shared[slot_index(s)] = Tally {
+                            slot: s,
+                            failures: at(0),
+                            successes: at(1),
+                            refused: at(2),
+                        };
+                    }
+                }
+                Err(err) => {
+                    for tally in &pending {
+                        let local = &mut counts.local[slot_index(tally.slot)];
+                        if local.slot != tally.slot {
+                            *local = Tally {
+                                slot: tally.slot,
+                                ..Tally::default()
+                            };
+                        }
+                        local.add(tally);
+                    }
+                    return Err(err);
+                }
+            }
+            sums(&counts, slot)
+        };
+        self.judge(state, now);
+        Ok(())
+    }
+}
+
+/// The three hash fields of a slot: failures, successes, refused.
+fn fields(slot: i64) -> [String; 3] {
+    [
+        format!("{slot}:f"),
+        format!("{slot}:s"),
+        format!("{slot}:r"),
+    ]
+}
+
+fn slot_index(slot: i64) -> usize {
+    usize::try_from(slot.rem_euclid(SLOTS as i64)).unwrap_or(0)
+}
+
+/// Failures (with refusals) and successes of the window ending in `slot`.
+fn sums(counts: &Counts, slot: i64) -> (u64, u64) {
+    let mut total = Tally::default();
+    for tally in counts.local.iter().chain(&counts.shared) {
+        if tally.slot > slot - SLOTS as i64 && tally.slot <= slot {
+            total.add(tally);
+        }
+    }
+    (total.failures + total.refused, total.successes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn ip(n: u32) -> ClientIp {
+        ClientIp::parse(&std::net::Ipv4Addr::from(0x0a00_0000 + n).to_string(), 64).unwrap()
+    }
+
+    fn guard(clock: Arc<ManualClock>) -> LoginGuard {
+        LoginGuard::new(
+            StuffingSettings {
+                min_failures: 100,
+                failure_share: 0.5,
+                window_s: 300,
+                hold_s: 900,
+            },
+            Hot::Memory(crate::store::MemoryHot::new()),
+            &Keys::new("t"),
+            clock,
+        )
+    }
+
+    #[test]
+    fn turns_on_for_many_failures_that_are_most_logins_and_holds_while_refusals_go_on() {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let guard = guard(clock.clone());
+        // Honest traffic: a tenth of logins fail; many failures, but a small share.
+        guard.count(150, 1350);
+        assert!(!guard.is_active());
+        // Most logins fail, but too few to judge.
+        clock.advance(std::time::Duration::from_millis(301_000));
+        guard.count(98, 10);
+        assert!(!guard.is_active());
+        // One address refused again and again counts once.
+        for _ in 0..50 {
+            guard.refused(&ip(1));
+        }
+        assert!(!guard.is_active());
+        assert_eq!(guard.state().failures, 99);
+        guard.count(1, 0);
+        assert!(guard.is_active(), "100 failures of 110 logins");
+        // While on, refusals from many addresses keep it on past its hold; a window after
+        // they stop, it lapses.
+        for round in 0..6 {
+            clock.advance(std::time::Duration::from_millis(300_000));
+            guard.count(0, 20);
+            for n in 0..200 {
+                guard.refused(&ip(round * 1000 + n));
+            }
+            assert!(guard.is_active());
+        }
+        clock.advance(std::time::Duration::from_millis(899_000));
+        guard.count(0, 50);
+        assert!(
+            guard.is_active(),
+            "on for its hold after the last judgement"
+        );
+        clock.advance(std::time::Duration::from_millis(2_000));
+        assert!(!guard.is_active());
+        assert_eq!(
+            guard.state().failures,
+            0,
+            "the window has moved past the refusals"
+        );
+    }
+
+    #[test]
+    fn off_when_min_failures_is_zero() {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let guard = LoginGuard::new(
+            StuffingSettings {
+                min_failures: 0,
+                ..StuffingSettings::default()
+            },
+            Hot::Memory(crate::store::MemoryHot::new()),
+            &Keys::new("t"),
+            clock,
+        );
+        guard.count(10_000, 0);
+        assert!(!guard.is_active());
+    }
+}
