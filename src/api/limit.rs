@@ -44,15 +44,17 @@ pub struct LimitCheck {
     #[serde(default)]
     #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
     pub device_id: Option<String>,
-    /// A signed identity `v1.<exp>.<uid>.<did>.<sig>` (docs/GUIDE.md). With
-    /// `forward_auth.identity_secret` set, user and device come only from it (`user_id` and
-    /// `device_id` are ignored); a missing, expired or forged one makes the request anonymous.
+    /// A signed identity `v1.<exp>.<uid>.<did>.<sig>` or `v2.<exp>.<uid>.<did>.<tid>.<sig>`
+    /// (docs/GUIDE.md). With `forward_auth.identity_secret` set, user, device and tenant come
+    /// only from it (`user_id`, `device_id` and `tenant` are ignored); a missing, expired or
+    /// forged one makes the request anonymous and tenantless.
     #[serde(default)]
     #[schema(max_length = 2048)]
     pub identity: Option<String>,
     /// The tenant the request is made for (a partner, customer or app, as the gateway
     /// authenticated it, e.g. from an API key): keys budgets with `scope = "tenant"` and the
-    /// tenant's overrides.
+    /// tenant's overrides. Ignored with `forward_auth.identity_secret` set (a v2 identity
+    /// signs it).
     #[serde(default)]
     #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
     pub tenant: Option<String>,
@@ -131,8 +133,8 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
             body.ip
         ))
     })?;
-    let (user_id, device_id) = if app.settings.forward_auth.identity_secret.is_empty() {
-        (body.user_id, body.device_id)
+    let (user_id, device_id, tenant) = if app.settings.forward_auth.identity_secret.is_empty() {
+        (body.user_id, body.device_id, body.tenant)
     } else {
         let now_s = app.clock.now_ms() / 1000;
         match crate::access::identity::verify(
@@ -143,12 +145,12 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
             Ok(identity) => {
                 metrics::counter!(crate::telemetry::metrics::IDENTITY_CHECKS_TOTAL, "outcome" => "valid")
                     .increment(1);
-                (identity.user, identity.device)
+                (identity.user, identity.device, identity.tenant)
             }
             Err(invalid) => {
                 metrics::counter!(crate::telemetry::metrics::IDENTITY_CHECKS_TOTAL, "outcome" => invalid.as_str())
                     .increment(1);
-                (None, None)
+                (None, None, None)
             }
         }
     };
@@ -160,8 +162,7 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
         .map(|id| ids.device_key(&id))
         .transpose()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let tenant = body
-        .tenant
+    let tenant = tenant
         .as_deref()
         .map(|id| ids.tenant_key(id))
         .transpose()

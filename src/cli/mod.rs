@@ -164,6 +164,9 @@ pub enum IdentityCommand {
         /// The device id.
         #[arg(long)]
         did: Option<String>,
+        /// The tenant (makes a v2 identity).
+        #[arg(long)]
+        tid: Option<String>,
         /// Seconds it stays valid.
         #[arg(long, default_value_t = 60)]
         ttl: i64,
@@ -250,7 +253,7 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             out,
         } => remote::export(&remote, &provider, out.as_deref()).await,
         Command::Identity {
-            action: IdentityCommand::Sign { uid, did, ttl },
+            action: IdentityCommand::Sign { uid, did, tid, ttl },
         } => {
             let secret = settings.forward_auth.identity_secret.first().context(
                 "set PALISADE_FORWARD_AUTH__IDENTITY_SECRET (forward_auth.identity_secret) first",
@@ -259,7 +262,13 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             let exp = now_s.saturating_add(ttl.max(1));
             println!(
                 "{}",
-                crate::access::identity::sign(secret, exp, uid.as_deref(), did.as_deref())
+                crate::access::identity::sign(
+                    secret,
+                    exp,
+                    uid.as_deref(),
+                    did.as_deref(),
+                    tid.as_deref()
+                )
             );
             Ok(())
         }

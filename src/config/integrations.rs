@@ -98,8 +98,9 @@ pub struct ForwardAuthSettings {
     /// TOML `forward_auth.tenant_header`; default `x-tenant-id`.
     pub tenant_header: String,
     /// Secrets of signed identities (`X-Palisade-Identity`, docs/GUIDE.md): when set,
-    /// forward-auth, Envoy and `/v1/limit/check` take the user and device only from a valid
-    /// signature, and plain user/device headers and fields are ignored. The first signs
+    /// forward-auth, Envoy and `/v1/limit/check` take the user, device and tenant only from a
+    /// valid signature (the tenant from a v2 identity), and plain user/device/tenant headers
+    /// and fields are ignored. The first signs
     /// (`palisade identity sign`), every one verifies (rotation).
     ///
     /// TOML `forward_auth.identity_secret` (a list), env

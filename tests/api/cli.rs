@@ -283,7 +283,8 @@ async fn health_asks_readyz_of_a_running_instance() {
     assert_eq!(down.status.code(), Some(1));
 }
 
-/// `palisade identity sign` prints an identity the service accepts; a short secret is refused.
+/// `palisade identity sign` prints an identity the service accepts (v2 with `--tid`); a short
+/// secret is refused.
 #[test]
 fn identity_sign_prints_a_valid_identity_and_short_secrets_are_refused() {
     let secret = "cli-identity-secret-0123456789abcdef";
@@ -303,6 +304,15 @@ fn identity_sign_prints_a_valid_identity_and_short_secrets_are_refused() {
     let identity = crate::helpers::verify_identity_now(secret, &text);
     assert_eq!(identity.user.as_deref(), Some("alice"));
     assert_eq!(identity.device.as_deref(), Some("phone-1"));
+    assert_eq!(identity.tenant, None);
+    let output = palisade()
+        .env("PALISADE_FORWARD_AUTH__IDENTITY_SECRET", secret)
+        .args(["identity", "sign", "--uid", "alice", "--tid", "acme"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(output.stdout).unwrap();
+    let identity = crate::helpers::verify_identity_now(secret, &text);
+    assert_eq!(identity.tenant.as_deref(), Some("acme"), "{text}");
     let output = palisade()
         .env("PALISADE_FORWARD_AUTH__IDENTITY_SECRET", "short")
         .args(["identity", "sign", "--uid", "alice"])

@@ -245,6 +245,20 @@ fn the_python_identity_module_signs_what_palisade_verifies() {
         (identity.user.as_deref(), identity.device.as_deref()),
         (Some("bob"), Some("tablet-7"))
     );
+    assert_eq!(identity.tenant, None);
+    // With a tenant: a v2 identity.
+    let cli = std::process::Command::new("python3")
+        .arg(&module)
+        .args([secret, "bob", "", "60", "acme"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(cli.stdout).unwrap();
+    assert!(text.starts_with("v2."), "{text}");
+    let identity = crate::helpers::verify_identity_now(secret, &text);
+    assert_eq!(
+        (identity.user.as_deref(), identity.tenant.as_deref()),
+        (Some("bob"), Some("acme"))
+    );
     let script = format!(
         "import sys\nsys.path.insert(0, {dir:?})\nfrom palisade_identity import SignIdentity\n\
          seen = {{}}\n\

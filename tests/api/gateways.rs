@@ -20,6 +20,7 @@ on_both_backends!(
     forward_auth_believes_forwarded_headers_only_from_trusted_proxies,
     crowdsec_stream_follows_the_deny_list,
     with_an_identity_secret_only_signed_identities_name_the_user,
+    with_an_identity_secret_only_a_v2_identity_names_the_tenant,
     crowdsec_filters_and_the_live_query_answer_as_lapi_does,
     grpc_health_answers_check_and_watch_for_the_server_and_the_rate_limit_service,
     the_rust_client_makes_the_auth_service_calls,
@@ -712,13 +713,14 @@ async fn with_an_identity_secret_only_signed_identities_name_the_user(app: TestA
     .unwrap();
     let now_s = app.app.clock.now_ms() / 1000;
     let (new, old) = (Secret::new(NEW_SECRET), Secret::new(OLD_SECRET));
-    let valid = sign(&new, now_s + 60, Some("alice"), Some("phone-1"));
-    let rotated = sign(&old, now_s + 60, Some("bob"), None);
-    let expired = sign(&new, now_s - 120, Some("alice"), None);
+    let valid = sign(&new, now_s + 60, Some("alice"), Some("phone-1"), None);
+    let rotated = sign(&old, now_s + 60, Some("bob"), None, None);
+    let expired = sign(&new, now_s - 120, Some("alice"), None, None);
     let forged = sign(
         &Secret::new("not-our-secret-0123456789abcdefgh"),
         now_s + 60,
         Some("alice"),
+        None,
         None,
     );
     let check = |identity: Option<&str>, user_id: Option<&str>| {
@@ -793,4 +795,70 @@ async fn with_an_identity_secret_only_signed_identities_name_the_user(app: TestA
         .await
         .unwrap();
     assert_eq!(header(&plain, "x-ratelimit-limit"), Some("10"));
+}
+
+/// With `forward_auth.identity_secret`, the tenant comes only from a v2 identity: a plain
+/// `tenant` field or `x-tenant-id` header (a client's own claim, if the proxy passes it on)
+/// neither spends nor skips a tenant's budget.
+async fn with_an_identity_secret_only_a_v2_identity_names_the_tenant(app: TestApp) {
+    use palisade::access::identity::sign;
+    use palisade::config::Secret;
+    let app = TestApp::spawn_with(app.backend, |s| {
+        s.forward_auth.identity_secret = vec![Secret::new(NEW_SECRET)];
+        s.limits.budgets.push(palisade::config::BudgetSettings {
+            name: "partner".to_owned(),
+            scope: palisade::config::ScopeKind::Tenant,
+            classes: vec!["read".to_owned()],
+            limit: 3,
+            period_s: 3600,
+            burst: None,
+            when: palisade::config::When::Always,
+            shadow: false,
+        });
+    })
+    .await
+    .unwrap();
+    let now_s = app.app.clock.now_ms() / 1000;
+    let secret = Secret::new(NEW_SECRET);
+    let read = |i: usize, identity: String, tenant: Option<&str>| {
+        let mut body = json!({"endpoint": "/api/feed", "ip": format!("192.0.2.{}", 60 + i),
+                              "identity": identity});
+        if let Some(tenant) = tenant {
+            body["tenant"] = json!(tenant);
+        }
+        body
+    };
+    // Claimed in the body beside a v1 identity: ignored, however often.
+    for i in 0..5 {
+        let identity = sign(&secret, now_s + 60, Some(&format!("m{i}")), None, None);
+        let response = app.limit_check(&read(i, identity, Some("acme"))).await;
+        assert_eq!(response.status(), StatusCode::OK, "claimed tenant {i}");
+    }
+    // Signed in a v2 identity: acme's 3 requests, then its budget refuses (whatever tenant
+    // the body claims).
+    for i in 0..3 {
+        let identity = sign(
+            &secret,
+            now_s + 60,
+            Some(&format!("s{i}")),
+            None,
+            Some("acme"),
+        );
+        let response = app.limit_check(&read(i, identity, Some("globex"))).await;
+        assert_eq!(response.status(), StatusCode::OK, "signed tenant {i}");
+    }
+    let identity = sign(&secret, now_s + 60, Some("s9"), None, Some("acme"));
+    let response = app.limit_check(&read(9, identity, None)).await;
+    let body = assert_envelope(response, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    assert_eq!(body["error"]["details"]["reason"], "tenant_rate", "{body}");
+    // Forward-auth: x-tenant-id is not believed either.
+    let identity = sign(&secret, now_s + 60, Some("h1"), None, None);
+    let headers = [
+        ("x-forwarded-method", "GET"),
+        ("x-forwarded-uri", "/api/feed"),
+        ("x-tenant-id", "acme"),
+        ("x-palisade-identity", identity.as_str()),
+    ];
+    let response = forward(&app, Some(ADMIN_TOKEN), "", &headers).await;
+    assert_eq!(response.status(), StatusCode::OK);
 }

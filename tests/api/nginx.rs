@@ -337,7 +337,7 @@ async fn nginx_signs_the_identity_it_authenticated_with_njs() {
     // Signed with the real secret: were it to reach Palisade, it would count as the victim.
     let secret = palisade::config::Secret::new(SECRET);
     let now_s = app.app.clock.now_ms() / 1000;
-    let forged = palisade::access::identity::sign(&secret, now_s + 60, Some("victim"), None);
+    let forged = palisade::access::identity::sign(&secret, now_s + 60, Some("victim"), None, None);
     let as_alice = || {
         client
             .post(&url)
