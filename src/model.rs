@@ -441,31 +441,151 @@ impl ClientIp {
         }
     }
 
-    /// `203.0.113.7` or `2001:db8:1:2::/64`.
-    /// Appends the key text: the address, or an IPv6 client's prefix (`2001:db8::/64`).
+    /// Appends the key text: the address, or an IPv6 client's prefix (`2001:db8::/64`),
+    /// spelled as `Display` spells it, without going through `fmt` (every check keys its
+    /// client; a unit test compares the two).
     fn write_key(&self, out: &mut String) {
-        use std::fmt::Write;
-        // Writing to a String cannot fail.
-        let _ = match self.addr {
-            IpAddr::V4(v4) => write!(out, "{v4}"),
-            IpAddr::V6(v6) if self.ipv6_prefix_len >= 128 => write!(out, "{v6}"),
+        match self.addr {
+            IpAddr::V4(v4) => write_ipv4(out, v4),
+            IpAddr::V6(v6) if self.ipv6_prefix_len >= 128 => write_ipv6(out, v6),
             IpAddr::V6(v6) => {
                 let bits = u128::from(v6);
                 let mask = u128::MAX << (128 - u32::from(self.ipv6_prefix_len));
-                write!(
-                    out,
-                    "{}/{}",
-                    Ipv6Addr::from(bits & mask),
-                    self.ipv6_prefix_len
-                )
+                write_ipv6(out, Ipv6Addr::from(bits & mask));
+                out.push('/');
+                write_decimal(out, u16::from(self.ipv6_prefix_len));
             }
-        };
+        }
+    }
+}
+
+fn write_decimal(out: &mut String, n: u16) {
+    let mut digits = [0u8; 5];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        out.push(char::from(d));
+    }
+}
+
+/// `a.b.c.d`, as `Ipv4Addr`'s `Display`.
+fn write_ipv4(out: &mut String, addr: std::net::Ipv4Addr) {
+    for (i, octet) in addr.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        write_decimal(out, u16::from(octet));
+    }
+}
+
+/// RFC 5952 text, as `Ipv6Addr`'s `Display`: lower-case hex without leading zeros, the
+/// longest run of two or more zero groups (the first of equal runs) as `::`. An
+/// IPv4-mapped address goes through `Display` (`::ffff:a.b.c.d`).
+fn write_ipv6(out: &mut String, addr: Ipv6Addr) {
+    let groups = addr.segments();
+    if groups[..5] == [0; 5] && groups[5] == 0xffff {
+        use std::fmt::Write;
+        let _ = write!(out, "{addr}");
+        return;
+    }
+    let (mut best, mut best_len, mut run, mut run_len) = (0, 0, 0, 0);
+    for (i, &g) in groups.iter().enumerate() {
+        if g == 0 {
+            if run_len == 0 {
+                run = i;
+            }
+            run_len += 1;
+            if run_len > best_len {
+                (best, best_len) = (run, run_len);
+            }
+        } else {
+            run_len = 0;
+        }
+    }
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let group = |out: &mut String, g: u16| {
+        let mut started = false;
+        for shift in [12, 8, 4, 0] {
+            let nibble = usize::from((g >> shift) & 0xf);
+            if started || nibble != 0 || shift == 0 {
+                out.push(char::from(HEX[nibble]));
+                started = true;
+            }
+        }
+    };
+    let mut i = 0;
+    while i < 8 {
+        if best_len >= 2 && i == best {
+            out.push_str("::");
+            i += best_len;
+            continue;
+        }
+        if i > 0 && !(best_len >= 2 && i == best + best_len) {
+            out.push(':');
+        }
+        group(out, groups[i]);
+        i += 1;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ip_keys_are_spelled_as_display_spells_them() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for n in 0..20_000 {
+            // Groups zero often, so every shape of zero runs is met.
+            let groups: [u16; 8] = std::array::from_fn(|_| match rng.random_range(0..4) {
+                0 | 1 => 0,
+                2 => rng.random_range(0..16),
+                _ => rng.random(),
+            });
+            let v6 = Ipv6Addr::from(groups);
+            let mut text = String::new();
+            write_ipv6(&mut text, v6);
+            assert_eq!(text, v6.to_string(), "{groups:?}");
+            let v4 = std::net::Ipv4Addr::from(rng.random::<u32>() >> (n % 32));
+            let mut text = String::new();
+            write_ipv4(&mut text, v4);
+            assert_eq!(text, v4.to_string());
+            let prefix = rng.random_range(1..=128);
+            let client = ClientIp::new(IpAddr::V6(v6), prefix);
+            let mut key = String::new();
+            client.write_key(&mut key);
+            let expected = match client.addr() {
+                IpAddr::V6(a) if prefix < 128 => format!(
+                    "{}/{prefix}",
+                    Ipv6Addr::from(u128::from(a) & (u128::MAX << (128 - u32::from(prefix))))
+                ),
+                other => other.to_string(),
+            };
+            assert_eq!(key, expected);
+        }
+        for mapped in [
+            "::ffff:1.2.3.4",
+            "::1",
+            "::",
+            "1::",
+            "1:0:0:1:0:0:0:1",
+            "0:0:1::",
+        ] {
+            let v6: Ipv6Addr = mapped.parse().unwrap();
+            let mut text = String::new();
+            write_ipv6(&mut text, v6);
+            assert_eq!(text, v6.to_string());
+        }
+    }
 
     #[test]
     fn ipv6_clients_are_keyed_by_their_prefix() {
