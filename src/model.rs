@@ -135,7 +135,11 @@ fn check_characters(field: &'static str, id: &str) -> Result<(), InvalidId> {
 }
 
 fn check_length(field: &'static str, id: &str, max: usize) -> Result<(), InvalidId> {
-    let count = id.chars().count();
+    let count = if id.is_ascii() {
+        id.len()
+    } else {
+        id.chars().count()
+    };
     if count == 0 || count > max {
         return Err(InvalidId {
             field,
@@ -224,6 +228,14 @@ impl Identifiers {
 }
 
 fn encode(id: &str) -> std::borrow::Cow<'_, str> {
+    // Printable ASCII other than the three: nothing to encode (the common case, checked
+    // byte by byte).
+    if id
+        .bytes()
+        .all(|b| b > b' ' && b < 0x7f && b != b'{' && b != b'}' && b != b'%')
+    {
+        return std::borrow::Cow::Borrowed(id);
+    }
     let clean =
         |ch: char| !(ch == '{' || ch == '}' || ch == '%' || ch.is_whitespace() || ch.is_control());
     if id.chars().all(clean) {
@@ -243,6 +255,9 @@ fn encode(id: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Keys up to this many bytes are assembled without a temporary `String`.
+const SHORT_KEY: usize = 128;
+
 impl SubjectKey {
     /// The single global subject.
     pub fn global() -> Self {
@@ -253,14 +268,21 @@ impl SubjectKey {
     }
 
     fn with_id(kind: SubjectKind, id: &str) -> Self {
-        let mut text = String::with_capacity(kind.as_str().len() + 1 + id.len());
-        text.push_str(kind.as_str());
-        text.push(':');
-        text.push_str(id);
-        Self {
-            kind,
-            text: text.into(),
-        }
+        let prefix = kind.as_str();
+        let len = prefix.len() + 1 + id.len();
+        let text: std::sync::Arc<str> = if len <= SHORT_KEY {
+            // Assembled on the stack: the Arc is the key's only allocation.
+            let mut buf = [0u8; SHORT_KEY];
+            buf[..prefix.len()].copy_from_slice(prefix.as_bytes());
+            buf[prefix.len()] = b':';
+            buf[prefix.len() + 1..len].copy_from_slice(id.as_bytes());
+            std::str::from_utf8(&buf[..len])
+                .expect("joined from two strs and an ASCII colon")
+                .into()
+        } else {
+            format!("{prefix}:{id}").into()
+        };
+        Self { kind, text }
     }
 
     /// A client IP, normalised by [`ClientIp`].

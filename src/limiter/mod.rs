@@ -93,6 +93,9 @@ pub struct Limiter {
     metrics: Metrics,
     /// Decisions per class and minute, for the console.
     rates: rates::Rates,
+    /// False for a limiter that only predicts (a replay, a canary): its decisions are not
+    /// counted in the decision metrics or the console's rates.
+    observed: bool,
 }
 
 /// The handles of the metrics every check records.
@@ -135,7 +138,15 @@ impl Limiter {
             rebuilding: std::sync::atomic::AtomicBool::new(false),
             metrics: Metrics::default(),
             rates,
+            observed: true,
         }
+    }
+
+    /// The same limiter, its decisions counted nowhere (a replay's or a canary's: they
+    /// predict, they do not decide).
+    pub fn unobserved(mut self) -> Self {
+        self.observed = false;
+        self
     }
 
     /// While `on`, the hot store lacks lockouts and factors it lost (`crate::recovery`): a
@@ -653,29 +664,32 @@ impl Limiter {
         } else {
             deciding.map_or(0, |i| scopes[i].retry_after_ms)
         };
-        let scope_label = deciding.map_or("none", |i| scopes[i].scope.as_str());
-        let outcome = match (allowed, degraded, shadow_blocked.is_empty()) {
-            (true, true, _) => "fail_open",
-            (false, _, _) => "limited",
-            (true, false, false) => "shadow_limited",
-            (true, false, true) => "allowed",
-        };
-        // Keyed by the class name's address: the names live in `budgets` as long as `self`.
-        let class_id = class.as_ptr() as usize;
-        self.metrics.decisions.with(
-            (class_id, scope_label, outcome),
-            || metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class.to_string(), "scope" => scope_label, "outcome" => outcome),
-            |counter| counter.increment(1),
-        );
-        self.rates.record(&class, self.clock.now_ms(), allowed);
-        if let Some(scope) = deciding.map(|i| &scopes[i])
-            && scope.limit > 0
-        {
-            self.metrics.remaining.with(
-                class_id,
-                || metrics::histogram!(names::LIMIT_REMAINING_RATIO, "class" => class.to_string()),
-                |histogram| histogram.record(scope.remaining as f64 / scope.limit as f64),
+        // A replay's or a canary's predictions are counted nowhere.
+        if self.observed {
+            let scope_label = deciding.map_or("none", |i| scopes[i].scope.as_str());
+            let outcome = match (allowed, degraded, shadow_blocked.is_empty()) {
+                (true, true, _) => "fail_open",
+                (false, _, _) => "limited",
+                (true, false, false) => "shadow_limited",
+                (true, false, true) => "allowed",
+            };
+            // Keyed by the class name's address: the names live in `budgets` as long as `self`.
+            let class_id = class.as_ptr() as usize;
+            self.metrics.decisions.with(
+                (class_id, scope_label, outcome),
+                || metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class.to_string(), "scope" => scope_label, "outcome" => outcome),
+                |counter| counter.increment(1),
             );
+            self.rates.record(&class, self.clock.now_ms(), allowed);
+            if let Some(scope) = deciding.map(|i| &scopes[i])
+                && scope.limit > 0
+            {
+                self.metrics.remaining.with(
+                    class_id,
+                    || metrics::histogram!(names::LIMIT_REMAINING_RATIO, "class" => class.to_string()),
+                    |histogram| histogram.record(scope.remaining as f64 / scope.limit as f64),
+                );
+            }
         }
         Decision {
             allowed,
@@ -767,4 +781,52 @@ struct RawOutcome {
     multiplier: f64,
     /// Milliseconds until the multiplier expires, if it has an expiry.
     multiplier_ttl_ms: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(clock: &crate::clock::ManualClock) -> Limiter {
+        Limiter::new(
+            &crate::config::LimitSettings::default(),
+            Hot::Memory(crate::store::MemoryHot::new()),
+            Keys::new("t"),
+            Arc::new(clock.clone()),
+        )
+    }
+
+    fn counted(limiter: &Limiter, now_ms: i64) -> u64 {
+        limiter
+            .rates()
+            .series("read", now_ms, 5)
+            .unwrap_or_default()
+            .iter()
+            .map(|m| m.allowed + m.limited)
+            .sum()
+    }
+
+    #[tokio::test]
+    async fn an_unobserved_limiter_decides_alike_and_counts_nothing() {
+        let clock = crate::clock::ManualClock::new(1_800_000_000_000);
+        let request = LimitRequest {
+            method: "GET".to_owned(),
+            endpoint: "/feed".to_owned(),
+            ip: crate::model::ClientIp::parse("192.0.2.1", 64).unwrap(),
+            user: None,
+            device: None,
+            tenant: None,
+            cost: 1,
+            consume: true,
+        };
+        let (observed, unobserved) = (limiter(&clock), limiter(&clock).unobserved());
+        for _ in 0..3 {
+            let a = observed.check(&request).await.unwrap();
+            let b = unobserved.check(&request).await.unwrap();
+            assert_eq!((a.allowed, a.scopes), (b.allowed, b.scopes));
+        }
+        let now = clock.now_ms();
+        assert_eq!(counted(&observed, now), 3);
+        assert_eq!(counted(&unobserved, now), 0);
+    }
 }

@@ -451,7 +451,8 @@ impl Canary {
                             self.hot.clone(),
                             self.keys.clone(),
                             self.clock.clone(),
-                        );
+                        )
+                        .unobserved();
                         limiter.set_defaults(self.sockets.defaults.clone());
                         limiter.set_exemptions(self.sockets.exemptions.clone());
                         limiter.set_attested(self.sockets.attested.clone());

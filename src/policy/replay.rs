@@ -30,7 +30,8 @@ impl Side {
                 Hot::Memory(MemoryHot::new()),
                 Keys::new("replay"),
                 clock,
-            ),
+            )
+            .unobserved(),
             ipv6_prefix_len: settings.ipv6_prefix_len,
         }
     }
