@@ -24,11 +24,10 @@ impl Limiter {
                     }),
             })
             .collect();
-        let keys: smallvec::SmallVec<[&str; 8]> =
-            scopes.iter().map(|s| s.bucket_key.as_str()).collect();
+        let ids: smallvec::SmallVec<[u64; 8]> = scopes.iter().map(|s| s.bucket_id).collect();
         let cost = f64::from(request.cost);
         let now = now_us as f64;
-        memory.update_buckets(&keys, now, |states, writes| {
+        memory.update_buckets_by_id(&ids, now, |states, writes| {
             let verdicts: smallvec::SmallVec<[bucket::Verdict; 8]> = scopes
                 .iter()
                 .zip(states)

@@ -49,11 +49,14 @@ struct Scope {
     subject: SubjectKey,
     /// The subject as reported, when it is not `subject` (`device:…@ip:…`).
     label: Option<Arc<str>>,
-    /// Times the budget's numbers (a shared address's IP-wide ceiling), else 1.
+    /// The bucket's key in Redis (empty in process).
     bucket_key: String,
+    /// The bucket's id in process ([`crate::store::MemoryHot::bucket_id`]; 0 with Redis).
+    bucket_id: u64,
     /// Empty in-process when no multiplier was stored: the default applies.
     multiplier_key: String,
     params: bucket::Params,
+    /// Times the budget's numbers (a shared address's IP-wide ceiling), else 1.
     scale: f64,
     enforced: bool,
     /// Multiplier used when none is published for the subject.
@@ -268,10 +271,12 @@ impl Limiter {
         };
         let scope = |index: usize, kind, subject: SubjectKey, default_multiplier: f64| {
             let budget = &budgets.budgets[index];
+            let (bucket_key, bucket_id) = self.bucket(&subject, &budget.name, None);
             Scope {
                 budget: index,
                 kind,
-                bucket_key: self.keys.bucket(&subject, &budget.name),
+                bucket_key,
+                bucket_id,
                 multiplier_key: if multipliers_stored {
                     self.keys.multiplier(&subject, &class_info.name)
                 } else {
@@ -326,9 +331,8 @@ impl Limiter {
                             ));
                             let ceiling = self.shared_ceiling;
                             let mut shared = scope(index, budget.scope, ip, defaults.ip);
-                            shared.bucket_key = self
-                                .keys
-                                .bucket(&shared.subject, &format!("{}~shared", budget.name));
+                            (shared.bucket_key, shared.bucket_id) =
+                                self.bucket(&shared.subject, &budget.name, Some("shared"));
                             shared.params.capacity *= ceiling;
                             shared.params.refill_per_s *= ceiling;
                             shared.scale = ceiling;
@@ -384,13 +388,27 @@ impl Limiter {
         out
     }
 
+    /// The bucket of `subject` under budget (or counter) `name`, or its `variant`
+    /// (`name~variant`): its Redis key, or in process its id (no key text built).
+    fn bucket(&self, subject: &SubjectKey, name: &str, variant: Option<&str>) -> (String, u64) {
+        match (&self.hot, variant) {
+            (Hot::Memory(memory), _) => (
+                String::new(),
+                memory.bucket_id(subject.as_str(), name, variant.unwrap_or("")),
+            ),
+            (Hot::Redis(_), None) => (self.keys.bucket(subject, name), 0),
+            (Hot::Redis(_), Some(variant)) => {
+                (self.keys.bucket(subject, &format!("{name}~{variant}")), 0)
+            }
+        }
+    }
+
     /// Makes a device's scope an IP-and-device one: its own bucket per address (in the
     /// device's Redis slot, reading the device's multiplier) named `device:…@ip:…`.
     fn ip_device(&self, budgets: &Budgets, mut scope: Scope, ip: &SubjectKey) -> Scope {
         let budget = &budgets.budgets[scope.budget];
-        scope.bucket_key = self
-            .keys
-            .bucket(&scope.subject, &format!("{}~{}", budget.name, ip.as_str()));
+        (scope.bucket_key, scope.bucket_id) =
+            self.bucket(&scope.subject, &budget.name, Some(ip.as_str()));
         scope.label = Some(format!("{}@{}", scope.subject.as_str(), ip.as_str()).into());
         scope.kind = ScopeKind::IpDevice;
         scope

@@ -68,10 +68,13 @@ impl Limiter {
             .map(|rule| {
                 let subject = rule.subject.clone().unwrap_or_else(SubjectKey::global);
                 let capacity = f64::from(rule.requests);
+                let (bucket_key, bucket_id) =
+                    self.bucket(&subject, &counter_name(&rule.counter), None);
                 Scope {
                     budget: 0,
                     kind: ScopeKind::Global,
-                    bucket_key: self.keys.bucket(&subject, &counter_name(&rule.counter)),
+                    bucket_key,
+                    bucket_id,
                     multiplier_key: self.keys.multiplier(&subject, &rule.class),
                     label: None,
                     params: bucket::Params {

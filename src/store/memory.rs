@@ -60,6 +60,12 @@ impl std::hash::Hasher for PreHashedHasher {
 }
 
 const SHARDS: usize = 64;
+
+/// A bucket id's shard: bits 32..38 of the hash, which the shard's table does not use (it
+/// takes the low bits for the slot and the top 7 for the tag).
+fn shard_of(hash: u64) -> usize {
+    (hash >> 32) as usize % SHARDS
+}
 const MIN_SWEEP: usize = 1024;
 
 #[derive(Debug, Default)]
@@ -138,11 +144,39 @@ impl MemoryHot {
         now_us: f64,
         compute: impl FnOnce(&[Option<f64>], &mut [Option<f64>]) -> R,
     ) -> R {
-        if let [key] = keys {
-            return self.update_bucket(key, now_us, compute);
+        let ids: SmallVec<[u64; 8]> = keys.iter().map(|k| self.bucket_id(k, "", "")).collect();
+        self.update_buckets_by_id(&ids, now_us, compute)
+    }
+
+    /// The id of the bucket named by the three parts (a subject, a budget, a variant), the
+    /// same as [`MemoryHot::update_buckets`] gives the key `subject` alone: the parts are
+    /// hashed in turn with the store's random seed, no key text is built.
+    pub fn bucket_id(&self, subject: &str, budget: &str, variant: &str) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = self.inner.seed.build_hasher();
+        hasher.write(subject.as_bytes());
+        if !budget.is_empty() || !variant.is_empty() {
+            // Separators no part contains (ids and names have no control characters).
+            hasher.write_u8(0);
+            hasher.write(budget.as_bytes());
+            hasher.write_u8(0);
+            hasher.write(variant.as_bytes());
+        }
+        hasher.finish()
+    }
+
+    /// [`MemoryHot::update_buckets`] by [`MemoryHot::bucket_id`]s.
+    pub fn update_buckets_by_id<R>(
+        &self,
+        ids: &[u64],
+        now_us: f64,
+        compute: impl FnOnce(&[Option<f64>], &mut [Option<f64>]) -> R,
+    ) -> R {
+        if let [id] = ids {
+            return self.update_bucket(*id, now_us, compute);
         }
         let (hashes, shard_ids): (SmallVec<[u64; 8]>, SmallVec<[usize; 8]>) =
-            keys.iter().map(|k| self.locate(k)).unzip();
+            ids.iter().map(|&id| (id, shard_of(id))).unzip();
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
@@ -166,7 +200,7 @@ impl MemoryHot {
                     .filter(|&tat| tat > now_us)
             })
             .collect();
-        let mut writes: SmallVec<[Option<f64>; 8]> = smallvec::smallvec![None; keys.len()];
+        let mut writes: SmallVec<[Option<f64>; 8]> = smallvec::smallvec![None; ids.len()];
         let result = compute(&states, &mut writes);
         for ((hash, &shard), write) in hashes.iter().zip(&shard_ids).zip(writes) {
             let Some(tat) = write else { continue };
@@ -182,23 +216,15 @@ impl MemoryHot {
         result
     }
 
-    /// A bucket key's hash and its shard: bits 32..38 of the hash, which the shard's table
-    /// does not use (it takes the low bits for the slot and the top 7 for the tag).
-    fn locate(&self, key: &str) -> (u64, usize) {
-        use std::hash::BuildHasher;
-        let hash = self.inner.seed.hash_one(key);
-        (hash, (hash >> 32) as usize % SHARDS)
-    }
-
     /// [`MemoryHot::update_buckets`] for one key: one shard lock, one map probe.
     fn update_bucket<R>(
         &self,
-        key: &str,
+        hash: u64,
         now_us: f64,
         compute: impl FnOnce(&[Option<f64>], &mut [Option<f64>]) -> R,
     ) -> R {
         use std::collections::hash_map::Entry;
-        let (hash, shard) = self.locate(key);
+        let shard = shard_of(hash);
         let mut guard = self.inner.shards[shard]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
