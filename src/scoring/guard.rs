@@ -17,8 +17,8 @@
 //! backlog, an import) are not counted.
 //!
 //! The window is [`SLOTS`] time slots. In process the counts here are the whole truth; with
-//! Redis each instance adds what it counted to one hash each second and reads every
-//! instance's sum back ([`LoginGuard::flush`]), so all instances judge the same totals.
+//! Redis each instance adds what it counted to one hash per slot each second and reads
+//! every instance's sums back ([`LoginGuard::flush`]), so all instances judge the same totals.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -89,16 +89,22 @@ pub struct LoginGuard {
 }
 
 impl LoginGuard {
-    /// The guard (`lockout.stuffing`), its Redis hash `<prefix>:v1:login_guard`.
+    /// The guard (`lockout.stuffing`), its counts in the Redis hashes
+    /// `<prefix>:v1:{login_guard}:<slot>`.
     pub fn new(settings: StuffingSettings, hot: Hot, keys: &Keys, clock: Arc<dyn Clock>) -> Self {
         Self {
             settings,
             hot,
-            key: format!("{}:login_guard", keys.prefix()),
+            key: format!("{}:{{login_guard}}", keys.prefix()),
             clock,
             counts: Mutex::new(Counts::default()),
             active_until: AtomicI64::new(0),
         }
+    }
+
+    /// The Redis hash of one slot's counts.
+    fn slot_key(&self, slot: i64) -> String {
+        format!("{}:{slot}", self.key)
     }
 
     fn enabled(&self) -> bool {
@@ -229,35 +235,41 @@ impl LoginGuard {
                 })
                 .collect()
         };
+        // One hash a slot (`f`, `s`, `r`), expiring two windows after its last write; all in
+        // one cluster slot (the hash tag).
+        let window_ms = self.slot_ms().saturating_mul(2 * SLOTS as i64);
         let mut pipe = redis::pipe();
         for tally in &pending {
+            let key = self.slot_key(tally.slot);
             for (field, n) in
-                fields(tally.slot)
+                ["f", "s", "r"]
                     .into_iter()
                     .zip([tally.failures, tally.successes, tally.refused])
             {
                 if n > 0 {
-                    pipe.cmd("HINCRBY")
-                        .arg(&self.key)
-                        .arg(field)
-                        .arg(n)
-                        .ignore();
+                    pipe.cmd("HINCRBY").arg(&key).arg(field).arg(n).ignore();
                 }
             }
+            pipe.cmd("PEXPIRE").arg(&key).arg(window_ms).ignore();
         }
         let old = slot - SLOTS as i64;
-        pipe.cmd("HDEL").arg(&self.key).arg(&fields(old)).ignore();
-        let window_ms = self.slot_ms().saturating_mul(2 * SLOTS as i64);
-        pipe.cmd("PEXPIRE").arg(&self.key).arg(window_ms).ignore();
-        let read: Vec<String> = (old + 1..=slot).flat_map(fields).collect();
-        pipe.cmd("HMGET").arg(&self.key).arg(&read);
-        let result: Result<(Vec<Option<u64>>,), Error> = redis.query_pipeline(&pipe).await;
+        for s in old + 1..=slot {
+            pipe.cmd("HMGET")
+                .arg(self.slot_key(s))
+                .arg(&["f", "s", "r"]);
+        }
+        let result: Result<Vec<Vec<Option<u64>>>, Error> = redis.query_pipeline(&pipe).await;
         let state = {
             let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
             match result {
-                Ok((values,)) => {
+                Ok(values) => {
                     for (i, s) in (old + 1..=slot).enumerate() {
-                        let at = |k: usize| values.get(i * 3 + k).copied().flatten().unwrap_or(0);
+                        let at = |k: usize| {
+                            values
+                                .get(i)
+                                .and_then(|v| v.get(k).copied().flatten())
+                                .unwrap_or(0)
+                        };
                         counts.shared[slot_index(s)] = Tally {
                             slot: s,
                             failures: at(0),
@@ -285,15 +297,6 @@ impl LoginGuard {
         self.judge(state, now);
         Ok(())
     }
-}
-
-/// The three hash fields of a slot: failures, successes, refused.
-fn fields(slot: i64) -> [String; 3] {
-    [
-        format!("{slot}:f"),
-        format!("{slot}:s"),
-        format!("{slot}:r"),
-    ]
 }
 
 fn slot_index(slot: i64) -> usize {

@@ -505,3 +505,21 @@ async fn the_login_guard_counts_every_instances_logins() {
         assert_eq!(body["error"]["details"]["reason"], "login_guard", "{body}");
     }
 }
+
+/// On a Redis Cluster the guard's counts share one hash slot: a flush is one pipeline there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_login_guard_shares_its_counts_on_a_redis_cluster() {
+    let Some((_cluster, app)) = TestApp::on_cluster().await else {
+        return;
+    };
+    app.post_auth(stuffing(0, 120)).await;
+    let guard = app.app.scoring.login_guard();
+    guard
+        .flush()
+        .await
+        .expect("one pipeline on one cluster node");
+    assert!(guard.is_active());
+    assert_eq!(guard.state().failures, 120);
+    let (status, body) = status_of(&app, &fresh_login("192.0.2.95")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+}
