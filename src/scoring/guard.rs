@@ -18,7 +18,8 @@
 //!
 //! The window is [`SLOTS`] time slots. In process the counts here are the whole truth; with
 //! Redis each instance adds what it counted to one hash per slot each second and reads
-//! every instance's sums back ([`LoginGuard::flush`]), so all instances judge the same totals.
+//! every instance's sums back ([`LoginGuard::flush`]), so all instances judge the same totals;
+//! the guard's end is shared the same way, so an instance started during a hold enforces it.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -258,11 +259,26 @@ impl LoginGuard {
                 .arg(self.slot_key(s))
                 .arg(&["f", "s", "r"]);
         }
-        let result: Result<Vec<Vec<Option<u64>>>, Error> = redis.query_pipeline(&pipe).await;
+        // Until when another instance's judgement keeps the guard on (one restarted in the
+        // middle of a hold learns it here).
+        let until_key = format!("{}:until", self.key);
+        pipe.cmd("GET").arg(&until_key);
+        let result: Result<Vec<redis::Value>, Error> = redis.query_pipeline(&pipe).await;
+        let shared_until: i64;
         let state = {
             let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
             match result {
-                Ok(values) => {
+                Ok(mut replies) => {
+                    shared_until = replies
+                        .pop()
+                        .and_then(|v| redis::from_redis_value::<Option<i64>>(v).ok())
+                        .flatten()
+                        .unwrap_or(0);
+                    self.active_until.fetch_max(shared_until, Ordering::AcqRel);
+                    let values: Vec<Vec<Option<u64>>> = replies
+                        .into_iter()
+                        .map(|v| redis::from_redis_value(v).unwrap_or_default())
+                        .collect();
                     for (i, s) in (old + 1..=slot).enumerate() {
                         let at = |k: usize| {
                             values
@@ -295,6 +311,13 @@ impl LoginGuard {
             sums(&counts, slot)
         };
         self.judge(state, now);
+        // This instance's end of the guard, when later than the one read, for the others.
+        let until = self.active_until.load(Ordering::Acquire);
+        if until > now && until > shared_until {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(&until_key).arg(until).arg("PX").arg(until - now);
+            redis.query::<()>(&cmd).await?;
+        }
         Ok(())
     }
 }

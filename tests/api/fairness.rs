@@ -523,3 +523,28 @@ async fn the_login_guard_shares_its_counts_on_a_redis_cluster() {
     let (status, body) = status_of(&app, &fresh_login("192.0.2.95")).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
 }
+
+/// An instance that starts while the guard holds (its window's counts already gone) learns
+/// the guard's end from the others at its first flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_started_during_the_guards_hold_enforces_it() {
+    let Some(first) = TestApp::spawn_with(crate::helpers::Backend::Production, |s| {
+        // A one-second window: the counts are gone long before the 15 min hold ends.
+        s.lockout.stuffing.window_s = 1;
+    })
+    .await
+    else {
+        return;
+    };
+    first.post_auth(stuffing(0, 120)).await;
+    first.app.scoring.login_guard().flush().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let second = first.another_instance().await;
+    let guard = second.app.scoring.login_guard();
+    guard.flush().await.unwrap();
+    assert_eq!(guard.state().failures, 0, "the window has moved on");
+    assert!(guard.is_active());
+    let (status, body) = status_of(&second, &fresh_login("192.0.2.96")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["details"]["reason"], "login_guard", "{body}");
+}
