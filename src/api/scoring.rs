@@ -25,6 +25,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(decisions))
         .routes(routes!(offenders))
         .routes(routes!(login_guard))
+        .routes(routes!(release_login_guard))
         .routes(routes!(alerts))
 }
 
@@ -538,9 +539,60 @@ pub struct LoginGuardView {
     pub failure_share: f64,
     /// `lockout.stuffing.hold_s`.
     pub hold_s: u64,
+    /// RFC 3339 end of an analyst's release, while it lasts (the guard stays off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub released_until: Option<String>,
     /// Networks and ASNs blocked on `auth` for spraying from rotating addresses, soonest
     /// to end first.
     pub blocked_networks: Vec<BlockedNetwork>,
+}
+
+/// `POST /v1/login-guard/release` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseGuard {
+    /// Why (1–500 characters; kept in the audit log).
+    pub reason: String,
+    /// How long it stays off whatever the window says, seconds, 1–86400 (default
+    /// `lockout.stuffing.hold_s`).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 86400)]
+    pub for_s: Option<u64>,
+}
+
+/// Turns the login guard off for `for_s` on every instance (within a second), whatever
+/// the window says: the failures are not an attack (an auth service reporting every login
+/// as failed, a mass password reset). Role `analyst`; audited as `login_guard.release`.
+#[utoipa::path(operation_id = "release_login_guard", post, path = "/v1/login-guard/release", tag = "scoring", security(("bearer" = [])),
+    request_body = ReleaseGuard,
+    responses((status = 200, body = LoginGuardView), (status = 400, body = Envelope),
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
+async fn release_login_guard(
+    auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+    super::extract::ApiJson(body): super::extract::ApiJson<ReleaseGuard>,
+) -> Result<Json<LoginGuardView>, ApiError> {
+    let reason = super::extract::parse_reason(Some(&body.reason))?;
+    let for_s = body.for_s.unwrap_or(app.settings.lockout.stuffing.hold_s);
+    if !(1..=86_400).contains(&for_s) {
+        return Err(ApiError::invalid("for_s must be between 1 and 86400"));
+    }
+    let until = app
+        .clock
+        .now_ms()
+        .saturating_add(i64::try_from(for_s * 1000).unwrap_or(i64::MAX));
+    app.scoring.login_guard().release(until).await?;
+    app.audit
+        .record(
+            &auth.caller.actor(),
+            "login_guard.release",
+            "global",
+            serde_json::json!({ "reason": reason, "until": rfc3339(until) }),
+            &super::request_id::current_request_id(),
+        )
+        .await?;
+    tracing::warn!(until = %rfc3339(until), "login guard released by an analyst");
+    Ok(Json(guard_view(&app)))
 }
 
 /// The login guard against credential stuffing, and the networks blocked for spraying
@@ -552,6 +604,10 @@ async fn login_guard(
     _auth: Authorized<role::Analyst>,
     State(app): State<AppState>,
 ) -> Json<LoginGuardView> {
+    Json(guard_view(&app))
+}
+
+fn guard_view(app: &AppState) -> LoginGuardView {
     let guard = app.scoring.login_guard();
     let state = guard.state();
     let settings = &app.settings.lockout.stuffing;
@@ -559,7 +615,7 @@ async fn login_guard(
     let active = guard.is_active();
     let mut blocked = app.scoring.network_blocks().blocked();
     blocked.sort_by_key(|(key, until)| (*until, key.clone()));
-    Json(LoginGuardView {
+    LoginGuardView {
         active,
         active_until: active.then(|| rfc3339(state.active_until_ms.max(now))),
         failures: state.failures,
@@ -568,6 +624,7 @@ async fn login_guard(
         min_failures: settings.min_failures,
         failure_share: settings.failure_share,
         hold_s: settings.hold_s,
+        released_until: (guard.released_until() > now).then(|| rfc3339(guard.released_until())),
         blocked_networks: blocked
             .into_iter()
             .map(|(key, until)| BlockedNetwork {
@@ -575,7 +632,7 @@ async fn login_guard(
                 until: rfc3339(until),
             })
             .collect(),
-    })
+    }
 }
 
 /// `GET /v1/alerts` query.

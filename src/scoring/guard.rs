@@ -87,6 +87,8 @@ pub struct LoginGuard {
     clock: Arc<dyn Clock>,
     counts: Mutex<Counts>,
     active_until: AtomicI64,
+    /// Released by an analyst until then (Unix ms): off, and no judgement turns it on.
+    released_until: AtomicI64,
 }
 
 impl LoginGuard {
@@ -100,6 +102,7 @@ impl LoginGuard {
             clock,
             counts: Mutex::new(Counts::default()),
             active_until: AtomicI64::new(0),
+            released_until: AtomicI64::new(0),
         }
     }
 
@@ -119,7 +122,39 @@ impl LoginGuard {
 
     /// True while the guard is on (every login check of the `auth` class asks).
     pub fn is_active(&self) -> bool {
-        self.enabled() && self.active_until.load(Ordering::Acquire) > self.clock.now_ms()
+        if !self.enabled() {
+            return false;
+        }
+        let now = self.clock.now_ms();
+        self.active_until.load(Ordering::Acquire) > now
+            && self.released_until.load(Ordering::Acquire) <= now
+    }
+
+    /// Turns the guard off until `until_ms`, whatever the window says (an analyst's call:
+    /// the failures are not an attack, say an auth service that reports every login as
+    /// failed). With Redis every instance follows within a second.
+    pub async fn release(&self, until_ms: i64) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        self.released_until.fetch_max(until_ms, Ordering::AcqRel);
+        self.active_until.store(0, Ordering::Release);
+        metrics::gauge!(names::LOGIN_GUARD_ACTIVE).set(0.0);
+        if let Hot::Redis(redis) = &self.hot {
+            let mut pipe = redis::pipe();
+            pipe.cmd("DEL").arg(format!("{}:until", self.key)).ignore();
+            pipe.cmd("SET")
+                .arg(format!("{}:released", self.key))
+                .arg(until_ms)
+                .arg("PX")
+                .arg((until_ms - now).max(1))
+                .ignore();
+            redis.query_pipeline::<()>(&pipe).await?;
+        }
+        Ok(())
+    }
+
+    /// Until when an analyst released the guard (Unix ms; in the past: not released).
+    pub fn released_until(&self) -> i64 {
+        self.released_until.load(Ordering::Acquire)
     }
 
     /// The window, ms: logins dated before it are not counted (a backlog, an import).
@@ -191,6 +226,9 @@ impl LoginGuard {
 
     /// Turns the guard on (or keeps it on) when the window's failures are enough.
     fn judge(&self, (failures, successes): (u64, u64), now: i64) {
+        if self.released_until.load(Ordering::Acquire) > now {
+            return;
+        }
         let settings = &self.settings;
         #[allow(clippy::cast_precision_loss)] // counts far below 2^52
         let share = failures as f64 / (failures + successes).max(1) as f64;
@@ -262,6 +300,7 @@ impl LoginGuard {
         // Until when another instance's judgement keeps the guard on (one restarted in the
         // middle of a hold learns it here).
         let until_key = format!("{}:until", self.key);
+        pipe.cmd("GET").arg(format!("{}:released", self.key));
         pipe.cmd("GET").arg(&until_key);
         let result: Result<Vec<redis::Value>, Error> = redis.query_pipeline(&pipe).await;
         let shared_until: i64;
@@ -269,12 +308,19 @@ impl LoginGuard {
             let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
             match result {
                 Ok(mut replies) => {
-                    shared_until = replies
-                        .pop()
-                        .and_then(|v| redis::from_redis_value::<Option<i64>>(v).ok())
-                        .flatten()
-                        .unwrap_or(0);
-                    self.active_until.fetch_max(shared_until, Ordering::AcqRel);
+                    let mut number = || {
+                        replies
+                            .pop()
+                            .and_then(|v| redis::from_redis_value::<Option<i64>>(v).ok())
+                            .flatten()
+                            .unwrap_or(0)
+                    };
+                    shared_until = number();
+                    let released = number();
+                    self.released_until.fetch_max(released, Ordering::AcqRel);
+                    if released <= now {
+                        self.active_until.fetch_max(shared_until, Ordering::AcqRel);
+                    }
                     let values: Vec<Vec<Option<u64>>> = replies
                         .into_iter()
                         .map(|v| redis::from_redis_value(v).unwrap_or_default())
@@ -402,6 +448,22 @@ mod tests {
             0,
             "the window has moved past the refusals"
         );
+    }
+
+    #[tokio::test]
+    async fn a_release_keeps_it_off_until_it_ends() {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let guard = guard(clock.clone());
+        guard.count(200, 0);
+        assert!(guard.is_active());
+        guard.release(1_700_000_600_000).await.unwrap();
+        assert!(!guard.is_active());
+        guard.count(200, 0);
+        assert!(!guard.is_active(), "no judgement while released");
+        clock.advance(std::time::Duration::from_secs(601));
+        assert!(!guard.is_active(), "the release ended nothing on by itself");
+        guard.count(200, 0);
+        assert!(guard.is_active());
     }
 
     #[test]

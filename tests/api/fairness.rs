@@ -548,3 +548,59 @@ async fn an_instance_started_during_the_guards_hold_enforces_it() {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
     assert_eq!(body["error"]["details"]["reason"], "login_guard", "{body}");
 }
+
+/// An analyst releases the guard (the failures were an auth service's bug, not an attack):
+/// off at once, kept off while more failures arrive, audited; a reason is required.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_analyst_releases_the_login_guard() {
+    for backend in [
+        crate::helpers::Backend::Embedded,
+        crate::helpers::Backend::Production,
+    ] {
+        let Some(app) = TestApp::spawn(backend).await else {
+            continue;
+        };
+        app.post_auth(stuffing(0, 120)).await;
+        let (status, _) = status_of(&app, &fresh_login("192.0.2.97")).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{backend:?}");
+        let analyst = app.create_token("analyst", "ana").await.1;
+        let missing = app
+            .post(
+                "/v1/login-guard/release",
+                Some(&analyst),
+                &json!({"for_s": 600}),
+            )
+            .await;
+        assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+        let too_long = app
+            .post(
+                "/v1/login-guard/release",
+                Some(&analyst),
+                &json!({"reason": "x", "for_s": 100_000}),
+            )
+            .await;
+        assert_envelope(too_long, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+        let response = app
+            .post(
+                "/v1/login-guard/release",
+                Some(&analyst),
+                &json!({"reason": "auth service reported every login as failed", "for_s": 600}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let view: Value = response.json().await.unwrap();
+        assert_eq!(view["active"], false, "{view}");
+        assert!(view["released_until"].is_string(), "{view}");
+        app.post_auth(stuffing(120, 120)).await;
+        app.app.scoring.login_guard().flush().await.unwrap();
+        let (status, body) = status_of(&app, &fresh_login("192.0.2.98")).await;
+        assert_eq!(status, StatusCode::OK, "{backend:?}: {body}");
+        let audit = app.admin_json("/v1/audit?action=login_guard.release").await;
+        assert!(
+            audit
+                .to_string()
+                .contains("auth service reported every login as failed"),
+            "{audit}"
+        );
+    }
+}

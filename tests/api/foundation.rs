@@ -455,6 +455,7 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/decisions"),
     ("get", "/v1/offenders"),
     ("get", "/v1/login-guard"),
+    ("post", "/v1/login-guard/release"),
     ("get", "/v1/alerts"),
     ("post", "/v1/attestations/challenge"),
     ("post", "/v1/attestations"),

@@ -58,6 +58,7 @@ const ROLE_TABLE: &[(&str, &str, Option<&str>)] = &[
     ("get", "/v1/export/{provider}", Some("admin")),
     ("get", "/v1/offenders", Some("analyst")),
     ("get", "/v1/login-guard", Some("analyst")),
+    ("post", "/v1/login-guard/release", Some("analyst")),
     ("get", "/v1/alerts", Some("analyst")),
     ("get", "/v1/lists/{list}", Some("analyst")),
     ("post", "/v1/lists/{list}", Some("analyst")),
