@@ -526,7 +526,7 @@ pub struct LoginGuardView {
     /// RFC 3339 end of the guard, while it is on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub active_until: Option<String>,
-    /// Failed logins (with logins refused from unknown contexts, once per address) in the
+    /// Failed logins (with logins refused from unknown contexts, once per client) in the
     /// window, service-wide as of the last flush (at most 1 s old).
     pub failures: u64,
     /// Successful logins in the window.

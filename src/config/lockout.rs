@@ -87,8 +87,8 @@ pub struct LockoutSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct StuffingSettings {
     /// Failed logins service-wide in `window_s` (logins refused from contexts their accounts
-    /// do not know count too, once per address) before the login guard may turn on; 0 turns
-    /// the guard off. Default 100.
+    /// do not know count too, once per client: an IPv4 address, an IPv6 /64) before the
+    /// login guard may turn on; 0 turns the guard off. Default 100.
     pub min_failures: u64,
     /// Share of all logins in the window that must have failed for the guard to turn on,
     /// from 0 to 1. Default 0.5.

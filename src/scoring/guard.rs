@@ -10,10 +10,10 @@
 //! (an address, network or device it logged in from) passes with a step-up challenge.
 //!
 //! Logins refused from contexts their accounts do not know (by the guard, or by a network's
-//! spraying block) count as failures, once per address and slot: a stuffing run that goes
-//! on is still seen while it is stopped, so the guard holds until the run ends instead of
-//! letting a window's worth through each time it would lapse, while one address sending
-//! refused logins fast cannot hold it on by itself. Logins dated before the window (a
+//! spraying block) count as failures, once per client (an IPv6 /64 is one) and slot: a
+//! stuffing run that goes on is still seen while it is stopped, so the guard holds until
+//! the run ends instead of letting a window's worth through each time it would lapse, while
+//! one client sending refused logins fast cannot hold it on by itself. Logins dated before the window (a
 //! backlog, an import) are not counted.
 //!
 //! The window is [`SLOTS`] time slots. In process the counts here are the whole truth; with
@@ -168,8 +168,10 @@ impl LoginGuard {
     }
 
     /// Counts a login refused from a context its account does not know (by a network's
-    /// block or by the guard) as a failure, once per address and slot: a proxy pool's many
-    /// addresses keep the guard on, one address sending refused logins fast does not.
+    /// block or by the guard) as a failure, once per client and slot (an IPv4 address, an
+    /// IPv6 client's prefix, as budgets key them): a proxy pool's many addresses keep the
+    /// guard on, one client sending refused logins fast, from however many addresses of its
+    /// /64, does not.
     pub fn refused(&self, ip: &ClientIp) {
         self.add(0, 0, Some(ip));
     }
@@ -189,7 +191,7 @@ impl LoginGuard {
                         counts.seen.clear();
                         counts.seen_slot = slot;
                     }
-                    let hash = counts.seen.hasher().hash_one(ip.addr());
+                    let hash = counts.seen.hasher().hash_one(client_bits(ip));
                     let full = counts.seen.len() >= MAX_SEEN;
                     u64::from(counts.seen.insert(hash) || full)
                 }
@@ -368,6 +370,17 @@ impl LoginGuard {
     }
 }
 
+/// The client as budgets key it: an IPv4 address, an IPv6 address's prefix.
+fn client_bits(ip: &ClientIp) -> (u8, u128) {
+    match ip.addr() {
+        std::net::IpAddr::V4(v4) => (4, u128::from(u32::from(v4))),
+        std::net::IpAddr::V6(v6) => {
+            let shift = 128 - u32::from(ip.ipv6_prefix_len());
+            (6, u128::from(v6).checked_shr(shift).unwrap_or(0))
+        }
+    }
+}
+
 fn slot_index(slot: i64) -> usize {
     usize::try_from(slot.rem_euclid(SLOTS as i64)).unwrap_or(0)
 }
@@ -415,11 +428,16 @@ mod tests {
         assert!(!guard.is_active());
         // Most logins fail, but too few to judge.
         clock.advance(std::time::Duration::from_millis(301_000));
-        guard.count(98, 10);
+        guard.count(97, 10);
         assert!(!guard.is_active());
         // One address refused again and again counts once.
         for _ in 0..50 {
             guard.refused(&ip(1));
+        }
+        // The many addresses of one IPv6 /64 count once too.
+        for n in 0..50u32 {
+            let v6 = format!("2001:db8:1:2::{n:x}");
+            guard.refused(&ClientIp::parse(&v6, 64).unwrap());
         }
         assert!(!guard.is_active());
         assert_eq!(guard.state().failures, 99);
