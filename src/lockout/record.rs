@@ -533,18 +533,33 @@ impl Lockouts {
             "{source} went on spraying while blocked: logins on {distinct} accounts refused in {} min",
             self.settings.window_s / 60
         );
-        self.scoring
-            .assert(
-                source,
-                Factor::scale(SIGNAL, "spraying", 0.0, message)
-                    .on_classes(&["auth"])
-                    .until(until),
-            )
-            .await?;
-        self.scoring.network_blocks().block(source, until).await?;
+        self.block_source(source, message, until, None).await?;
         metrics::counter!(crate::telemetry::metrics::NETWORK_BLOCK_RENEWALS_TOTAL).increment(1);
         let shown = self.scoring.pseudonyms().shown_key(source.as_str());
         tracing::info!(subject.key = %shown, "spraying goes on: the block of {shown} is renewed");
+        Ok(())
+    }
+
+    /// Multiplier 0 on `auth` for a spraying source until `until` (the factor refers to its
+    /// alert, if given); a network or an ASN is blocked as a whole, every address in it
+    /// whatever is published for each.
+    async fn block_source(
+        &self,
+        source: &SubjectKey,
+        message: String,
+        until: i64,
+        alert: Option<String>,
+    ) -> Result<(), Error> {
+        let mut factor = Factor::scale(SIGNAL, "spraying", 0.0, message)
+            .on_classes(&["auth"])
+            .until(until);
+        if let Some(alert) = alert {
+            factor = factor.referring_to(alert);
+        }
+        self.scoring.assert(source, factor).await?;
+        if crate::scoring::NetworkBlocks::is_network(source) {
+            self.scoring.network_blocks().block(source, until).await?;
+        }
         Ok(())
     }
 
@@ -576,19 +591,8 @@ impl Lockouts {
             return Ok(());
         };
         let until = now + i64::try_from(block.as_millis()).unwrap_or(i64::MAX);
-        self.scoring
-            .assert(
-                source,
-                Factor::scale(SIGNAL, "spraying", 0.0, message)
-                    .on_classes(&["auth"])
-                    .until(until)
-                    .referring_to(alert.id),
-            )
+        self.block_source(source, message, until, Some(alert.id))
             .await?;
-        // A network or an ASN: every address in it, whatever is published for each.
-        if crate::scoring::NetworkBlocks::is_network(source) {
-            self.scoring.network_blocks().block(source, until).await?;
-        }
         let shown = self.scoring.pseudonyms().shown_key(source.as_str());
         tracing::info!(subject.key = %shown, "spraying: {shown} failed on many accounts; auth multiplier 0");
         Ok(())
