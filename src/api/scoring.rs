@@ -554,7 +554,7 @@ pub struct ReleaseGuard {
     /// Why (1–500 characters; kept in the audit log).
     pub reason: String,
     /// How long it stays off whatever the window says, seconds, 1–86400 (default
-    /// `lockout.stuffing.hold_s`).
+    /// `lockout.stuffing.hold_s`, at most 86400).
     #[serde(default)]
     #[schema(minimum = 1, maximum = 86400)]
     pub for_s: Option<u64>,
@@ -573,7 +573,9 @@ async fn release_login_guard(
     super::extract::ApiJson(body): super::extract::ApiJson<ReleaseGuard>,
 ) -> Result<Json<LoginGuardView>, ApiError> {
     let reason = super::extract::parse_reason(Some(&body.reason))?;
-    let for_s = body.for_s.unwrap_or(app.settings.lockout.stuffing.hold_s);
+    let for_s = body
+        .for_s
+        .unwrap_or(app.settings.lockout.stuffing.hold_s.min(86_400));
     if !(1..=86_400).contains(&for_s) {
         return Err(ApiError::invalid("for_s must be between 1 and 86400"));
     }

@@ -16,7 +16,9 @@ on_both_backends!(
 /// Time 20x faster than production.
 const SCALE: u64 = 20;
 
-async fn carrier_nat_hurts_no_honest_user_and_stops_both_attackers(app: TestApp) {
+/// Runs a scenario of 200 users over 120 simulated seconds on an app of `app`'s backend
+/// with every period divided by [`SCALE`].
+async fn run_small(app: TestApp, scenario: fn(engine::Size) -> engine::Scenario) -> engine::Report {
     let app = TestApp::spawn_with(app.backend, |settings| {
         engine::scale_settings(settings, SCALE)
     })
@@ -26,7 +28,11 @@ async fn carrier_nat_hurts_no_honest_user_and_stops_both_attackers(app: TestApp)
         users: 200,
         duration_s: 120,
     };
-    let report = engine::run(&app, &engine::carrier_nat(size), SCALE).await;
+    engine::run(&app, &scenario(size), SCALE).await
+}
+
+async fn carrier_nat_hurts_no_honest_user_and_stops_both_attackers(app: TestApp) {
+    let report = run_small(app, engine::carrier_nat).await;
     // Goal: at most 0.5 % of honest users see any 429.
     assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
     // Both attackers are stopped after their budget: each account locks after 10 failures.
@@ -40,16 +46,7 @@ async fn carrier_nat_hurts_no_honest_user_and_stops_both_attackers(app: TestApp)
 }
 
 async fn stuffing_over_many_networks_is_stopped_once_the_login_guard_is_on(app: TestApp) {
-    let app = TestApp::spawn_with(app.backend, |settings| {
-        engine::scale_settings(settings, SCALE)
-    })
-    .await
-    .unwrap();
-    let size = engine::Size {
-        users: 200,
-        duration_s: 120,
-    };
-    let report = engine::run(&app, &engine::distributed_stuffing(size), SCALE).await;
+    let report = run_small(app, engine::distributed_stuffing).await;
     // Goal: ≥ 99 % of the attempts after the first refusal refused.
     assert!(report.attacker.0 > 1000, "{report:?}");
     assert!(
