@@ -116,7 +116,7 @@ pub(crate) struct Server {
 
 pub(crate) fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
     // `LOAD_SERVER_WORKERS`: the service's tokio workers (default 2, this machine's cores;
-    // the binary takes `TOKIO_WORKER_THREADS`).
+    // the binary takes `http.workers`).
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(env_or("LOAD_SERVER_WORKERS", 2).max(1) as usize)
         .enable_all()

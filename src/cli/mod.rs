@@ -221,6 +221,7 @@ pub fn run() -> ExitCode {
     };
     crate::telemetry::init(settings.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.http.worker_count())
         .enable_all()
         .build()
     {

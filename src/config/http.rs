@@ -38,9 +38,30 @@ pub struct HttpSettings {
     ///
     /// TOML `http.listen_backlog`, env `PALISADE_HTTP__LISTEN_BACKLOG`; default 4096.
     pub listen_backlog: u32,
+    /// Threads of the async runtime that serves requests and runs background work; 0: one
+    /// per CPU core. On a host whose cores are shared with Redis (or a load generator),
+    /// fewer threads than cores cost less CPU per request: every check that resumes on
+    /// another thread than the one that read its Redis reply pays a wake-up (on 2 cores
+    /// shared with Redis, 1 thread: 26–29 µs per 4-scope check, 2: 33–36 µs; see
+    /// `docs/PERFORMANCE.md`).
+    ///
+    /// TOML `http.workers`, env `PALISADE_HTTP__WORKERS`; default 0 (one per core), at
+    /// most 256.
+    pub workers: usize,
 }
 
+/// Most runtime threads (`http.workers`).
+const MAX_WORKERS: usize = 256;
+
 impl HttpSettings {
+    /// Runtime threads: `workers`, or one per CPU core when 0.
+    pub fn worker_count(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        }
+    }
+
     /// The identifier profile these settings describe.
     pub fn identifiers(&self) -> Identifiers {
         Identifiers {
@@ -59,6 +80,7 @@ impl Default for HttpSettings {
             account_ids: AccountIds::CaseInsensitive,
             header_read_timeout_ms: 10_000,
             listen_backlog: 4096,
+            workers: 0,
         }
     }
 }
@@ -87,6 +109,12 @@ impl HttpSettings {
             return Err(SettingError::new(
                 setting_name("http.listen_backlog"),
                 "must be between 1 and 65535",
+            ));
+        }
+        if self.workers > MAX_WORKERS {
+            return Err(SettingError::new(
+                setting_name("http.workers"),
+                format!("must be at most {MAX_WORKERS} (0: one per CPU core)"),
             ));
         }
         if !(16..=4096).contains(&self.max_key_length) {

@@ -256,3 +256,28 @@ fn shared_ip_settings_are_checked() {
         Ok(())
     });
 }
+
+#[test]
+fn http_workers_default_to_one_per_core_and_are_bounded() {
+    Jail::expect_with(|jail| {
+        let settings = load_in_jail(jail, None).expect("defaults load");
+        assert_eq!(settings.http.workers, 0);
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(settings.http.worker_count(), cores);
+        jail.set_env("PALISADE_HTTP__WORKERS", "1");
+        assert_eq!(
+            load_in_jail(jail, None)
+                .expect("1 loads")
+                .http
+                .worker_count(),
+            1
+        );
+        jail.set_env("PALISADE_HTTP__WORKERS", "257");
+        let line = load_in_jail(jail, None)
+            .expect_err("257 refused")
+            .to_string();
+        assert!(line.contains("PALISADE_HTTP__WORKERS"), "{line}");
+        assert!(line.contains("at most 256"), "{line}");
+        Ok(())
+    });
+}
