@@ -42,7 +42,7 @@ pub struct HttpSettings {
     /// per CPU core. On a host whose cores are shared with Redis (or a load generator),
     /// fewer threads than cores cost less CPU per request: every check that resumes on
     /// another thread than the one that read its Redis reply pays a wake-up (on 2 cores
-    /// shared with Redis, 1 thread: 26–29 µs per 4-scope check, 2: 33–36 µs; see
+    /// shared with Redis, 1 thread: 26–32 µs per 4-scope check, 2: 34–36 µs; see
     /// `docs/PERFORMANCE.md`).
     ///
     /// TOML `http.workers`, env `PALISADE_HTTP__WORKERS`; default 0 (one per core), at
