@@ -261,9 +261,12 @@ const SHORT_KEY: usize = 128;
 impl SubjectKey {
     /// The single global subject.
     pub fn global() -> Self {
+        // Made once: every check with a global budget keys it.
+        static TEXT: std::sync::LazyLock<std::sync::Arc<str>> =
+            std::sync::LazyLock::new(|| "global".into());
         Self {
             kind: SubjectKind::Global,
-            text: "global".into(),
+            text: TEXT.clone(),
         }
     }
 

@@ -10,7 +10,7 @@ impl Limiter {
         scopes: &[Scope],
         request: &LimitRequest,
         now_us: u64,
-    ) -> Vec<RawOutcome> {
+    ) -> smallvec::SmallVec<[RawOutcome; 8]> {
         let multipliers: smallvec::SmallVec<[(f64, Option<u64>); 8]> = scopes
             .iter()
             .map(|s| match s.multiplier_override {

@@ -17,6 +17,7 @@ mod redis_backend;
 mod request;
 mod rules;
 pub mod target;
+mod verdict;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,7 @@ use crate::telemetry::metrics as names;
 pub use budgets::Budgets;
 pub use request::{
     AttestedDevices, Challenge, Decision, DecisionSink, DefaultMultipliers, Defaults, Error,
-    Exemptions, LimitRequest, ScopeOutcome, TrafficSink,
+    Exemptions, LimitRequest, ScopeOutcome, TrafficSink, Verdict,
 };
 pub use rules::{RuleBucket, RuleOutcome};
 
@@ -441,16 +442,7 @@ impl Limiter {
         let class_name = budgets.classes[class].name.clone();
         let attested = self.attested(budgets, class, request).await;
         let scopes = self.scopes(budgets, class, request, attested);
-        for scope in scopes.iter().filter(|s| s.enforced) {
-            let budget = &budgets.budgets[scope.budget];
-            if request.cost > budget.capacity() {
-                return Err(Error::CostAboveCapacity {
-                    cost: request.cost,
-                    capacity: budget.capacity(),
-                    budget: budget.name.clone(),
-                });
-            }
-        }
+        affordable(budgets, &scopes, request.cost)?;
         let now_ms = self.clock.now_ms();
         let now_us = self.clock.monotonic_us();
 
@@ -598,7 +590,9 @@ impl Limiter {
         now_us: u64,
     ) -> Result<Vec<RawOutcome>, crate::store::Error> {
         match &self.hot {
-            Hot::Memory(memory) => Ok(self.evaluate_memory(memory, scopes, request, now_us)),
+            Hot::Memory(memory) => Ok(self
+                .evaluate_memory(memory, scopes, request, now_us)
+                .into_vec()),
             Hot::Redis(redis) => {
                 let started = std::time::Instant::now();
                 let result = redis_backend::evaluate(redis, &self.coalescer, scopes, request).await;
@@ -624,27 +618,16 @@ impl Limiter {
 
     fn outcome(&self, budgets: &Budgets, scope: &Scope, raw: RawOutcome) -> ScopeOutcome {
         let budget = &budgets.budgets[scope.budget];
-        let retry_after_ms = match raw.retry_after_ms {
-            Some(ms) => ms,
-            // Blocked by the multiplier: until it expires.
-            None => raw
-                .multiplier_ttl_ms
-                .filter(|&ms| ms > 0)
-                .unwrap_or(BLOCKED_RETRY_MS),
-        };
         ScopeOutcome {
             budget: budgets.names[scope.budget].clone(),
             scope: scope.kind,
-            subject: scope
-                .label
-                .clone()
-                .unwrap_or_else(|| scope.subject.shared()),
+            subject: scope.reported_subject(),
             enforced: scope.enforced,
             allowed: raw.allowed,
             limit: raw.limit,
             remaining: raw.remaining,
             reset_ms: raw.reset_ms,
-            retry_after_ms: if raw.allowed { 0 } else { retry_after_ms },
+            retry_after_ms: raw.reported_retry_after_ms(),
             multiplier: raw.multiplier,
             shared_ceiling: scope.scale > 1.0,
             policy: (
@@ -662,18 +645,13 @@ impl Limiter {
         degraded: bool,
         cached: bool,
     ) -> Decision {
-        let allowed = scopes.iter().all(|s| s.allowed || !s.enforced);
-        let deciding = if allowed {
-            // The enforced scopes, or every scope when none is enforced.
-            let any_enforced = scopes.iter().any(|s| s.enforced);
-            (0..scopes.len())
-                .filter(|&i| scopes[i].enforced || !any_enforced)
-                .min_by_key(|&i| (scopes[i].remaining, scopes[i].limit))
-        } else {
-            (0..scopes.len())
-                .filter(|&i| scopes[i].enforced && !scopes[i].allowed)
-                .max_by_key(|&i| (scopes[i].retry_after_ms, std::cmp::Reverse(i)))
-        };
+        let (allowed, deciding) = deciding(&scopes, |s| Standing {
+            enforced: s.enforced,
+            allowed: s.allowed,
+            remaining: s.remaining,
+            limit: s.limit,
+            retry_after_ms: s.retry_after_ms,
+        });
         let shadow_blocked: Vec<usize> = (0..scopes.len())
             .filter(|&i| !scopes[i].enforced && !scopes[i].allowed)
             .collect();
@@ -725,6 +703,60 @@ impl Limiter {
     }
 }
 
+/// Err when `cost` exceeds what an enforced scope's budget can ever hold.
+fn affordable(budgets: &Budgets, scopes: &[Scope], cost: u32) -> Result<(), Error> {
+    for scope in scopes.iter().filter(|s| s.enforced) {
+        let budget = &budgets.budgets[scope.budget];
+        if cost > budget.capacity() {
+            return Err(Error::CostAboveCapacity {
+                cost,
+                capacity: budget.capacity(),
+                budget: budget.name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What deciding needs of one scope's outcome.
+#[derive(Debug, Clone, Copy)]
+struct Standing {
+    enforced: bool,
+    allowed: bool,
+    remaining: u64,
+    limit: u64,
+    retry_after_ms: u64,
+}
+
+/// Whether every enforced scope allowed, and the deciding scope's index: the blocking one
+/// with the longest wait, or when allowed the one with the fewest tokens left (among the
+/// enforced scopes, or every scope when none is enforced).
+fn deciding<T>(scopes: &[T], standing: impl Fn(&T) -> Standing) -> (bool, Option<usize>) {
+    let at = |i: usize| standing(&scopes[i]);
+    let allowed = scopes
+        .iter()
+        .map(&standing)
+        .all(|s| s.allowed || !s.enforced);
+    let deciding = if allowed {
+        let any_enforced = scopes.iter().map(&standing).any(|s| s.enforced);
+        (0..scopes.len())
+            .filter(|&i| at(i).enforced || !any_enforced)
+            .min_by_key(|&i| (at(i).remaining, at(i).limit))
+    } else {
+        (0..scopes.len())
+            .filter(|&i| at(i).enforced && !at(i).allowed)
+            .max_by_key(|&i| (at(i).retry_after_ms, std::cmp::Reverse(i)))
+    };
+    (allowed, deciding)
+}
+
+impl Scope {
+    /// The subject as decisions report it (`device:…@ip:…` for an IP-and-device bucket).
+    fn reported_subject(&self) -> Arc<str> {
+        self.label.clone().unwrap_or_else(|| self.subject.shared())
+    }
+}
+
 /// A scope keyed by the request's user (or account).
 fn is_user_scope(scope: &Scope) -> bool {
     matches!(scope.kind, ScopeKind::User | ScopeKind::EndpointUser)
@@ -764,6 +796,21 @@ fn sanitized(value: f64) -> f64 {
 }
 
 impl RawOutcome {
+    /// `retry_after_ms` as reported: 0 when allowed; blocked by the multiplier, until it
+    /// expires (or [`BLOCKED_RETRY_MS`] without an expiry).
+    fn reported_retry_after_ms(&self) -> u64 {
+        if self.allowed {
+            return 0;
+        }
+        match self.retry_after_ms {
+            Some(ms) => ms,
+            None => self
+                .multiplier_ttl_ms
+                .filter(|&ms| ms > 0)
+                .unwrap_or(BLOCKED_RETRY_MS),
+        }
+    }
+
     /// Backends report an allowed scope as if `cost` were taken; when nothing was taken
     /// (another scope denied, or `consume: false`) report the bucket as it is. Exact for
     /// `remaining` (cost is whole: ⌊x − c⌋ + c = ⌊x⌋); `reset_ms` within a millisecond.

@@ -193,10 +193,31 @@ pub struct Decision {
     pub now_ms: i64,
 }
 
+/// What a prediction keeps of a decision: the answer, the class and the deciding scope
+/// ([`Limiter::verdict_now`], [`Decision::verdict`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// As [`Decision::allowed`].
+    pub allowed: bool,
+    /// The endpoint class.
+    pub class: Arc<str>,
+    /// The deciding scope's kind and subject (as [`Decision::deciding_scope`] reports them).
+    pub deciding: Option<(ScopeKind, Arc<str>)>,
+}
+
 impl Decision {
     /// The deciding scope, if any budget applied.
     pub fn deciding_scope(&self) -> Option<&ScopeOutcome> {
         self.deciding.map(|i| &self.scopes[i])
+    }
+
+    /// What a prediction keeps of it.
+    pub fn verdict(&self) -> Verdict {
+        Verdict {
+            allowed: self.allowed,
+            class: self.class.clone(),
+            deciding: self.deciding_scope().map(|s| (s.scope, s.subject.clone())),
+        }
     }
 
     /// A refusal's stable reason code, for the app to show a helpful message (it names what

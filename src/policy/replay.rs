@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::record::Recorded;
 use crate::clock::{Clock, ManualClock};
 use crate::config::LimitSettings;
-use crate::limiter::{Decision, LimitRequest, Limiter};
+use crate::limiter::{LimitRequest, Limiter, Verdict};
 use crate::model::{ClientIp, SubjectKey};
 use crate::store::{Hot, Keys, MemoryHot};
 
@@ -33,6 +33,14 @@ impl Side {
             )
             .unobserved(),
             ipv6_prefix_len: settings.ipv6_prefix_len,
+        }
+    }
+
+    /// This policy's verdict on `request` (None: invalid under it).
+    async fn verdict(&self, request: &LimitRequest) -> Option<Verdict> {
+        match self.limiter.verdict_now(request) {
+            Some(verdict) => verdict.ok(),
+            None => self.limiter.check(request).await.ok().map(|d| d.verdict()),
         }
     }
 
@@ -62,11 +70,11 @@ impl Side {
 /// Both policies' answers to one recorded check.
 #[derive(Debug, Clone)]
 pub struct Step {
-    /// The live policy's decision (None: the check was invalid under it, e.g. a cost above
+    /// The live policy's verdict (None: the check was invalid under it, e.g. a cost above
     /// every capacity).
-    pub live: Option<Decision>,
+    pub live: Option<Verdict>,
     /// The candidate's.
-    pub candidate: Option<Decision>,
+    pub candidate: Option<Verdict>,
 }
 
 /// Runs recorded checks, in order, through both policies.
@@ -106,11 +114,11 @@ impl Replayer {
             Some(self.candidate.request(r))
         };
         let live = match &live_request {
-            Some(request) => self.live.limiter.check(request).await.ok(),
+            Some(request) => self.live.verdict(request).await,
             None => None,
         };
         let candidate = match candidate_request.as_ref().unwrap_or(&live_request) {
-            Some(request) => self.candidate.limiter.check(request).await.ok(),
+            Some(request) => self.candidate.verdict(request).await,
             None => None,
         };
         Step { live, candidate }
@@ -164,8 +172,8 @@ pub struct KeyChange {
     pub newly_allowed: u64,
 }
 
-fn refused(decision: Option<&Decision>) -> bool {
-    decision.is_some_and(|d| !d.allowed)
+fn refused(verdict: Option<&Verdict>) -> bool {
+    verdict.is_some_and(|v| !v.allowed)
 }
 
 /// The entry of `key`, made only the first time (a lookup by `&str` otherwise).
@@ -198,17 +206,17 @@ impl Report {
         count(entry(&mut self.classes, class));
         // The deciding scope of the side that refused (the candidate's when both did).
         let decider = if is { candidate } else { live };
-        let deciding = decider.and_then(Decision::deciding_scope);
-        let scope = deciding.map_or("none", |s| s.scope.as_str());
+        let deciding = decider.and_then(|v| v.deciding.as_ref());
+        let scope = deciding.map_or("none", |(scope, _)| scope.as_str());
         self.scope_name.clear();
         self.scope_name.push_str(class);
         self.scope_name.push('/');
         self.scope_name.push_str(scope);
         count(entry(&mut self.scopes, &self.scope_name));
         if was != is
-            && let Some(deciding) = deciding
+            && let Some((_, subject)) = deciding
         {
-            let entry = entry(&mut self.keys, &deciding.subject);
+            let entry = entry(&mut self.keys, subject);
             if is {
                 entry.0 += 1;
             } else {
