@@ -320,7 +320,11 @@ impl LoginGuard {
                     shared_until = number();
                     let released = number();
                     self.released_until.fetch_max(released, Ordering::AcqRel);
-                    if released <= now {
+                    if released > now {
+                        // An analyst's release ends this instance's hold too: when it
+                        // runs out, only new failures turn the guard on again.
+                        self.active_until.store(0, Ordering::Release);
+                    } else {
                         self.active_until.fetch_max(shared_until, Ordering::AcqRel);
                     }
                     let values: Vec<Vec<Option<u64>>> = replies
@@ -361,14 +365,24 @@ impl LoginGuard {
         self.judge(state, now);
         // This instance's end of the guard, when later than the one read, for the others.
         let until = self.active_until.load(Ordering::Acquire);
+        // Not when an analyst released the guard since the read above: the release wins.
         if until > now && until > shared_until {
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(&until_key).arg(until).arg("PX").arg(until - now);
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(SET_UNLESS_RELEASED)
+                .arg(2)
+                .arg(&until_key)
+                .arg(format!("{}:released", self.key))
+                .arg(until)
+                .arg(until - now);
             redis.query::<()>(&cmd).await?;
         }
         Ok(())
     }
 }
+
+/// `SET KEYS[1] ARGV[1] PX ARGV[2]` unless `KEYS[2]` (the release) exists; both keys share
+/// the guard's hash tag, so one cluster slot.
+const SET_UNLESS_RELEASED: &str = "if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end return 0";
 
 /// The client as budgets key it: an IPv4 address, an IPv6 address's prefix.
 fn client_bits(ip: &ClientIp) -> (u8, u128) {

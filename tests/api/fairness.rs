@@ -549,6 +549,48 @@ async fn an_instance_started_during_the_guards_hold_enforces_it() {
     assert_eq!(body["error"]["details"]["reason"], "login_guard", "{body}");
 }
 
+/// A release on one instance ends every instance's hold: when it runs out, the guard stays
+/// off until new failures turn it on (no instance brings back the hold it had judged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_ends_the_guard_on_every_instance_for_good() {
+    let Some(first) = TestApp::spawn_with(crate::helpers::Backend::Production, |s| {
+        // A one-second window: the failures are gone when the release runs out.
+        s.lockout.stuffing.window_s = 1;
+    })
+    .await
+    else {
+        return;
+    };
+    let second = first.another_instance().await;
+    first.post_auth(stuffing(0, 60)).await;
+    second.post_auth(stuffing(60, 60)).await;
+    let (a, b) = (
+        first.app.scoring.login_guard(),
+        second.app.scoring.login_guard(),
+    );
+    a.flush().await.unwrap();
+    b.flush().await.unwrap();
+    a.flush().await.unwrap();
+    assert!(
+        a.is_active() && b.is_active(),
+        "on everywhere (15 min hold)"
+    );
+    a.release(first.app.clock.now_ms() + 1_500).await.unwrap();
+    b.flush().await.unwrap();
+    assert!(!a.is_active() && !b.is_active(), "off everywhere");
+    tokio::time::sleep(std::time::Duration::from_millis(1_700)).await;
+    for _ in 0..2 {
+        b.flush().await.unwrap();
+        a.flush().await.unwrap();
+    }
+    assert!(
+        !a.is_active() && !b.is_active(),
+        "the release ran out and no failures came since: the guard stays off"
+    );
+    let (status, body) = status_of(&second, &fresh_login("192.0.2.99")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
 /// An analyst releases the guard (the failures were an auth service's bug, not an attack):
 /// off at once, kept off while more failures arrive, audited; a reason is required.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
