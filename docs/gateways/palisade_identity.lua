@@ -3,7 +3,7 @@
 -- Envoy authenticates the caller first (e.g. `jwt_authn` with `claim_to_headers` putting the
 -- verified `sub` into `x-verified-user`); this script then drops any identity header the
 -- client sent and signs `v1.<exp>.<uid>.<did>.<sig>` for the verified user (and the app's
--- device id), which the route's rate limit action passes to Palisade as the descriptor
+-- device id; `v2…` with the verified tenant when a tenant header is named), which the route's rate limit action passes to Palisade as the descriptor
 -- entry `identity`. See docs/gateways/envoy-identity.yaml.
 --
 -- Envoy's Lua (LuaJIT) has no HMAC, so SHA-256 and HMAC are written here with LuaJIT's
@@ -94,10 +94,16 @@ end
 
 local M = {}
 
---- `v1.<exp>.<uid>.<did>.<sig>` for a user and device (either may be ""), valid until `exp`
---- (Unix seconds; Palisade accepts it 30 s longer).
-function M.identity(secret, uid, did, exp)
-  local payload = string.format("v1.%d.%s.%s", exp, b64url(uid or ""), b64url(did or ""))
+--- `v1.<exp>.<uid>.<did>.<sig>` for a user and device (either may be ""), or
+--- `v2.<exp>.<uid>.<did>.<tid>.<sig>` with a tenant `tid` (the partner or app the gateway
+--- authenticated), valid until `exp` (Unix seconds; Palisade accepts it 30 s longer).
+function M.identity(secret, uid, did, exp, tid)
+  local payload
+  if tid ~= nil and tid ~= "" then
+    payload = string.format("v2.%d.%s.%s.%s", exp, b64url(uid or ""), b64url(did or ""), b64url(tid))
+  else
+    payload = string.format("v1.%d.%s.%s", exp, b64url(uid or ""), b64url(did or ""))
+  end
   return payload .. "." .. b64url(hmac_sha256(secret, payload))
 end
 
@@ -105,16 +111,32 @@ M.sha256 = sha256
 M.hmac_sha256 = hmac_sha256
 
 --- The Lua filter's entry point: `secret` from the filter's code (see envoy-identity.yaml),
---- the verified user from `user_header`, the device from `x-device-id`.
-function M.on_request(request_handle, secret, user_header, ttl)
+--- the verified user from `user_header`, the device from `x-device-id`, and the tenant from
+--- `tenant_header` when given (a header Envoy set from the verified token, e.g. with
+--- jwt_authn's claim_to_headers).
+---
+--- jwt_authn ADDS its claim headers to any the client sent: envoy-identity.yaml removes the
+--- client's copies first, and a header with more than one value is never believed here
+--- (nothing is signed: the caller is anonymous to Palisade).
+function M.on_request(request_handle, secret, user_header, ttl, tenant_header)
   local headers = request_handle:headers()
   headers:remove("x-palisade-identity")
-  local user = headers:get(user_header or "x-verified-user")
-  if user == nil or user == "" then
+  local function single(name)
+    if headers.getNumValues ~= nil and headers:getNumValues(name) > 1 then
+      return nil, true
+    end
+    return headers:get(name), false
+  end
+  local user, user_repeated = single(user_header or "x-verified-user")
+  local tenant, tenant_repeated = "", false
+  if tenant_header then
+    tenant, tenant_repeated = single(tenant_header)
+  end
+  if user == nil or user == "" or user_repeated or tenant_repeated then
     return
   end
   local device = headers:get("x-device-id") or ""
-  headers:add("x-palisade-identity", M.identity(secret, user, device, os.time() + (ttl or 60)))
+  headers:add("x-palisade-identity", M.identity(secret, user, device, os.time() + (ttl or 60), tenant or ""))
 end
 
 return M

@@ -319,9 +319,19 @@ fn the_envoy_lua_filter_signs_what_palisade_verifies() {
         let script = format!(
             r#"package.path = "{dir}/?.lua;" .. package.path
 local palisade = require("palisade_identity")
+-- Envoy's header map: a header may hold several values (a table here); get joins them.
 local function handle(values)
   local headers = {{
-    get = function(_, name) return values[name] end,
+    get = function(_, name)
+      local v = values[name]
+      if type(v) == "table" then return table.concat(v, ",") end
+      return v
+    end,
+    getNumValues = function(_, name)
+      local v = values[name]
+      if v == nil then return 0 elseif type(v) == "table" then return #v end
+      return 1
+    end,
     remove = function(_, name) values[name] = nil end,
     add = function(_, name, value) values[name] = value end,
   }}
@@ -334,6 +344,17 @@ print(signed["x-palisade-identity"])
 local anonymous = {{ ["x-palisade-identity"] = "v1.forged" }}
 palisade.on_request(handle(anonymous), "{secret}", "x-verified-user", 60)
 print(tostring(anonymous["x-palisade-identity"]))
+local tenant = {{ ["x-verified-user"] = "erin", ["x-verified-tenant"] = "acme-app" }}
+palisade.on_request(handle(tenant), "{secret}", "x-verified-user", 60, "x-verified-tenant")
+print(tenant["x-palisade-identity"])
+-- A client's own copy beside the verified value (jwt_authn appends): nothing is signed.
+local injected = {{ ["x-verified-user"] = {{ "victim", "mallory" }} }}
+palisade.on_request(handle(injected), "{secret}", "x-verified-user", 60)
+print(tostring(injected["x-palisade-identity"]))
+local injected_tenant = {{ ["x-verified-user"] = "mallory",
+  ["x-verified-tenant"] = {{ "big-partner", "mallory-app" }} }}
+palisade.on_request(handle(injected_tenant), "{secret}", "x-verified-user", 60, "x-verified-tenant")
+print(tostring(injected_tenant["x-palisade-identity"]))
 "#,
             dir = dir.display()
         );
@@ -356,5 +377,13 @@ print(tostring(anonymous["x-palisade-identity"]))
             Some("nil"),
             "an unauthenticated caller's header is dropped"
         );
+        let tenant = lines.next().unwrap();
+        assert!(tenant.starts_with("v2."), "{tenant}");
+        let identity = crate::helpers::verify_identity_now(secret, tenant);
+        assert_eq!(identity.user.as_deref(), Some("erin"));
+        assert_eq!(identity.tenant.as_deref(), Some("acme-app"));
+        for case in ["an injected user", "an injected tenant"] {
+            assert_eq!(lines.next(), Some("nil"), "{case}: nothing signed");
+        }
     }
 }

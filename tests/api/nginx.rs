@@ -72,6 +72,9 @@ struct Variant {
     main: String,
     /// Lines of the `http` block.
     http: String,
+    /// Text of the snippet replaced for this run (what a site sets from its own
+    /// authentication).
+    edits: Vec<(&'static str, &'static str)>,
 }
 
 impl Variant {
@@ -80,6 +83,7 @@ impl Variant {
             snippet: "docs/gateways/nginx.conf",
             main: String::new(),
             http: String::new(),
+            edits: Vec::new(),
         }
     }
 }
@@ -100,6 +104,10 @@ fn config(
         .replace("LIMITER_TOKEN", token)
         .replace("HTPASSWD", &format!("{d}/htpasswd"))
         .replace("APP", &format!("127.0.0.1:{upstream}"));
+    let snippet = variant.edits.iter().fold(snippet, |text, (from, to)| {
+        assert!(text.contains(from), "{from} is in {}", variant.snippet);
+        text.replace(from, to)
+    });
     let (main, http) = (&variant.main, &variant.http);
     format!(
         r#"
@@ -295,6 +303,16 @@ async fn nginx_signs_the_identity_it_authenticated_with_njs() {
     const SECRET: &str = "nginx-signs-identities-with-this-32-byte-secret";
     let first = TestApp::spawn_with(Backend::Embedded, |s| {
         s.forward_auth.identity_secret = vec![palisade::config::Secret::new(SECRET)];
+        s.limits.budgets.push(palisade::config::BudgetSettings {
+            name: "partner".to_owned(),
+            scope: palisade::config::ScopeKind::Tenant,
+            classes: vec!["read".to_owned()],
+            limit: 6,
+            period_s: 3600,
+            burst: None,
+            when: palisade::config::When::Always,
+            shadow: false,
+        });
     })
     .await
     .unwrap();
@@ -318,6 +336,11 @@ async fn nginx_signs_the_identity_it_authenticated_with_njs() {
             "    js_path {};\n    js_import palisade from palisade_identity.js;\n    js_set $palisade_identity palisade.identity;",
             js.parent().unwrap().display()
         ),
+        // This site knows each user's app: the tenant is signed too (a v2 identity).
+        edits: vec![(
+            r#"set $palisade_tenant "";"#,
+            r#"set $palisade_tenant "$remote_user-app";"#,
+        )],
     };
     let nginx = start_nginx(
         &binary,
@@ -367,5 +390,31 @@ async fn nginx_signs_the_identity_it_authenticated_with_njs() {
         .await;
     let victim: serde_json::Value = victim.json().await.unwrap();
     assert_eq!(victim["remaining"], 5, "{victim}");
+    // Her reads count against her app's tenant budget: nginx signed the tenant it set.
+    let feed = format!("http://127.0.0.1:{}/api/feed", nginx.port);
+    for _ in 0..2 {
+        let response = client
+            .get(&feed)
+            .basic_auth("alice", Some("wonderland"))
+            .header("x-tenant-id", "someone-elses-app")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let tenant_only =
+        palisade::access::identity::sign(&secret, now_s + 60, None, None, Some("alice-app"));
+    let app_budget = app
+        .limit_check(
+            &serde_json::json!({"endpoint": "/api/feed", "method": "GET",
+            "ip": "198.51.100.2", "identity": tenant_only, "consume": false}),
+        )
+        .await;
+    let app_budget: serde_json::Value = app_budget.json().await.unwrap();
+    assert_eq!(
+        (&app_budget["scope"], &app_budget["remaining"]),
+        (&serde_json::json!("tenant"), &serde_json::json!(4)),
+        "{app_budget}"
+    );
     drop(nginx);
 }
