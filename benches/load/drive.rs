@@ -110,15 +110,27 @@ pub(crate) fn two_workers() -> tokio::runtime::Runtime {
 
 pub(crate) struct Server {
     pub(crate) base: String,
+    /// The Envoy rate limit service, when started.
+    pub(crate) grpc: Option<SocketAddr>,
     pub(crate) _runtime: tokio::runtime::Runtime,
     pub(crate) _dir: tempfile::TempDir,
 }
 
+/// The name of the service runtime's threads ([`service_cpu_seconds`] counts them).
+pub(crate) const SERVICE_THREAD: &str = "palisade-svc";
+
 pub(crate) fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
+    start_palisade_on(Some(redis_port), l1_ttl_ms, false)
+}
+
+/// The service on Redis, or on in-process buckets (the embedded default) without
+/// `redis_port`; with `grpc`, the Envoy rate limit service too.
+pub(crate) fn start_palisade_on(redis_port: Option<u16>, l1_ttl_ms: u64, grpc: bool) -> Server {
     // `LOAD_SERVER_WORKERS`: the service's tokio workers (default 2, this machine's cores;
     // the binary takes `http.workers`).
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(env_or("LOAD_SERVER_WORKERS", 2).max(1) as usize)
+        .thread_name(SERVICE_THREAD)
         .enable_all()
         .build()
         .unwrap();
@@ -126,7 +138,7 @@ pub(crate) fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
     let mut settings = Settings {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         database_url: format!("sqlite://{}", dir.path().join("bench.db").display()),
-        redis_url: Some(format!("redis://127.0.0.1:{redis_port}")),
+        redis_url: redis_port.map(|port| format!("redis://127.0.0.1:{port}")),
         bootstrap_token: Some(Secret::new(TOKEN)),
         ..Settings::default()
     };
@@ -135,20 +147,66 @@ pub(crate) fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
     settings.limits.coalesce_in_flight = env_or("LOAD_COALESCE_IN_FLIGHT", 4) as u8;
     settings.store.redis_key_prefix = format!("l1x{l1_ttl_ms}");
     let settings = settings.validate().unwrap();
-    let base = runtime.block_on(async {
+    let (base, grpc) = runtime.block_on(async {
         let app = App::build(settings.clone()).await.unwrap().into_state();
         let listener = tokio::net::TcpListener::bind(settings.listen)
             .await
             .unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
+        let grpc = if grpc {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let address = listener.local_addr().unwrap();
+            tokio::spawn(palisade::api::envoy::serve(
+                app.clone(),
+                listener,
+                std::future::pending(),
+            ));
+            Some(address)
+        } else {
+            None
+        };
         tokio::spawn(palisade::serve(app, listener, std::future::pending()));
-        base
+        (base, grpc)
     });
     Server {
         base,
+        grpc,
         _runtime: runtime,
         _dir: dir,
     }
+}
+
+/// User + system CPU of the service runtime's threads so far, seconds (each thread's
+/// `/proc/self/task/<tid>/stat`, 100 ticks/s): the service's own, whatever else this
+/// process runs (an in-process load generator).
+pub(crate) fn service_cpu_seconds() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            if comm.trim_end() != SERVICE_THREAD {
+                return None;
+            }
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            Some(stat_cpu_seconds(&stat))
+        })
+        .sum()
+}
+
+/// utime + stime of a `/proc/…/stat` line, seconds.
+fn stat_cpu_seconds(stat: &str) -> f64 {
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+    let ticks: f64 = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0
 }
 
 pub(crate) const WRK_SCRIPT: &str = r#"
@@ -175,51 +233,32 @@ pub(crate) fn wrk(
     concurrency: u64,
     seconds: u64,
 ) -> Option<(f64, f64, f64, f64, u64, f64)> {
-    let dir = tempfile::tempdir().ok()?;
     // wrk is another process: this process's CPU meanwhile is the service's (its Rust client
     // is idle), so the service's CPU per request is measured without the load generator's.
+    // `LOAD_WRK_THREADS=1` matches redis-benchmark, which drives its connections from one
+    // thread (wrk needs a connection per thread at least).
     let cpu_before = process_cpu_seconds();
-    let script = dir.path().join("check.lua");
-    std::fs::write(&script, WRK_SCRIPT.replace("TOKEN", TOKEN)).ok()?;
-    let output = Command::new("wrk")
-        .args([
-            // wrk needs a connection per thread at least. `LOAD_WRK_THREADS=1` matches
-            // redis-benchmark, which drives its connections from one thread.
-            &format!(
-                "-t{}",
-                concurrency.clamp(1, env_or("LOAD_WRK_THREADS", 2).max(1))
-            ),
-            &format!("-c{concurrency}"),
-            &format!("-d{seconds}s"),
-            "-s",
-        ])
-        .arg(&script)
-        .arg(format!("{base}/v1/limit/check"))
-        .output()
-        .ok()?;
+    let run = wrk_script(
+        &WRK_SCRIPT.replace("TOKEN", TOKEN),
+        &format!("{base}/v1/limit/check"),
+        env_or("LOAD_WRK_THREADS", 2).max(1),
+        concurrency,
+        seconds,
+    )?;
     let cpu = process_cpu_seconds() - cpu_before;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let line = text.lines().find(|l| l.starts_with("WRK "))?;
-    let v: Vec<f64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    Some((v[0] / v[1], v[2], v[3], v[4], v[5] as u64, cpu / v[0] * 1e6))
+    Some((
+        run.rps(),
+        run.p50_ms,
+        run.p99_ms,
+        run.p999_ms,
+        run.non_2xx,
+        cpu / run.requests * 1e6,
+    ))
 }
 
 /// User + system CPU of this process so far, seconds (`/proc/self/stat`, 100 ticks/s).
 pub(crate) fn process_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
-    let ticks: Vec<f64> = after
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    ticks.iter().sum::<f64>() / 100.0
+    stat_cpu_seconds(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default())
 }
 
 /// The server's request-duration histogram for `route`: (upper bound s, cumulative count)
@@ -337,22 +376,50 @@ pub(crate) fn wrk_get(
     concurrency: u64,
     seconds: u64,
 ) -> Option<(f64, f64, f64, f64, u64)> {
-    let dir = tempfile::tempdir().ok()?;
-    let script = dir.path().join("get.lua");
-    let body = WRK_GET_SCRIPT
+    let script = WRK_GET_SCRIPT
         .replace("TOKEN", TOKEN)
         .replace("KEYS", &keys.to_string())
         .replace("PATH", &format!("{path:?}"));
-    std::fs::write(&script, body).ok()?;
+    let run = wrk_script(&script, base, 2, concurrency, seconds)?;
+    Some((run.rps(), run.p50_ms, run.p99_ms, run.p999_ms, run.non_2xx))
+}
+
+/// What one wrk run reports (its script's `done` prints the `WRK` line).
+pub(crate) struct WrkRun {
+    pub(crate) requests: f64,
+    pub(crate) seconds: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) p999_ms: f64,
+    pub(crate) non_2xx: u64,
+}
+
+impl WrkRun {
+    pub(crate) fn rps(&self) -> f64 {
+        self.requests / self.seconds
+    }
+}
+
+/// Runs wrk with the Lua `script` against `url`; None when wrk is not installed.
+pub(crate) fn wrk_script(
+    script: &str,
+    url: &str,
+    threads: u64,
+    concurrency: u64,
+    seconds: u64,
+) -> Option<WrkRun> {
+    let dir = tempfile::tempdir().ok()?;
+    let path = dir.path().join("script.lua");
+    std::fs::write(&path, script).ok()?;
     let output = Command::new("wrk")
         .args([
-            "-t2",
+            &format!("-t{}", threads.clamp(1, concurrency.max(1))),
             &format!("-c{concurrency}"),
             &format!("-d{seconds}s"),
             "-s",
         ])
-        .arg(&script)
-        .arg(base)
+        .arg(&path)
+        .arg(url)
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&output.stdout);
@@ -362,7 +429,14 @@ pub(crate) fn wrk_get(
         .skip(1)
         .filter_map(|f| f.parse().ok())
         .collect();
-    Some((v[0] / v[1], v[2], v[3], v[4], v[5] as u64))
+    Some(WrkRun {
+        requests: v[0],
+        seconds: v[1],
+        p50_ms: v[2],
+        p99_ms: v[3],
+        p999_ms: v[4],
+        non_2xx: v[5] as u64,
+    })
 }
 
 /// Posts `batches` of telemetry from `posters` tasks for `seconds` to `url`; events/s.

@@ -32,7 +32,10 @@
 //!    axum handler that only parses the same bodies;
 //! 6. rebuild (`LOAD_ONLY=rebuild` alone): accounts locked over HTTP, Redis flushed, the
 //!    rebuild from Postgres timed and a sample of the lockouts checked, against a raw
-//!    pipeline writing as many markers (`LOAD_REBUILD_LOCKOUTS=10000,100000`).
+//!    pipeline writing as many markers (`LOAD_REBUILD_LOCKOUTS=10000,100000`);
+//! 7. ways in (`LOAD_ONLY=paths` alone): one 4-scope decision as a JSON check on Redis and on
+//!    in-process buckets, as forward-auth and as Envoy's gRPC `ShouldRateLimit`: decisions/s
+//!    and the service threads' CPU per decision, against the 4-scope and one-scope EVALSHA.
 //!
 //! Everything shares the machine's cores (server, load generator, Redis), as the baselines do.
 
@@ -49,6 +52,7 @@ use rand::Rng;
 mod drive;
 mod ingest;
 mod limit;
+mod paths;
 mod rebuild;
 mod scoring;
 mod server_redis;
@@ -56,6 +60,7 @@ mod server_redis;
 use drive::*;
 use ingest::*;
 use limit::*;
+use paths::*;
 use rebuild::*;
 use scoring::*;
 use server_redis::*;
@@ -94,6 +99,7 @@ fn main() {
         Ok("mixed") => return mixed_section(redis.port, seconds),
         Ok("coalesce") => return coalesce_section(redis.port, concurrency, seconds),
         Ok("rebuild") => return rebuild_section(redis.port),
+        Ok("paths") => return paths_section(redis.port, concurrency, seconds),
         Ok("limit") => {
             // A latency curve: each concurrency against the raw script at the same one.
             let levels: Vec<u64> = match std::env::var("LOAD_CONCURRENCY") {

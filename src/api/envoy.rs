@@ -629,7 +629,9 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    // No Nagle delay on answers: a small response held back for the peer's delayed ACK
+    // costs each call tens of milliseconds when calls share a connection.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let (reporter, health) = tonic_health::server::health_reporter();
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let watched = state.clone();

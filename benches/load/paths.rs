@@ -1,0 +1,237 @@
+//! One decision through each way in (`LOAD_ONLY=paths`): the JSON check on Redis and on
+//! in-process buckets (the embedded default), forward-auth and Envoy's `ShouldRateLimit`.
+
+use super::*;
+use palisade::api::envoy::proto::{
+    Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
+};
+
+/// wrk's forward-auth requests: the same 4 scopes as the JSON check (global, IP, user,
+/// device; 100k random keys), as a gateway's headers.
+const WRK_FORWARD_SCRIPT: &str = r#"
+wrk.method = "GET"
+wrk.headers["Authorization"] = "Bearer TOKEN"
+wrk.headers["X-Forwarded-Method"] = "GET"
+wrk.headers["X-Forwarded-Uri"] = "/v1/feed"
+request = function()
+  local n = math.random(0, 99999)
+  wrk.headers["X-Forwarded-For"] = string.format("10.%d.%d.%d",
+    math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
+  wrk.headers["X-User-Id"] = "u" .. n
+  wrk.headers["X-Device-Id"] = "d" .. n
+  return wrk.format(nil, "/v1/forward-auth")
+end
+done = function(summary, latency, requests)
+  io.write(string.format("WRK %d %f %f %f %f %d\n", summary.requests, summary.duration / 1e6,
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency:percentile(99.9) / 1000,
+    summary.errors.status))
+end
+"#;
+
+/// One row: decisions/s, the service's CPU per decision (µs), refusals or errors.
+struct PathRun {
+    rps: f64,
+    cpu_us: f64,
+    not_ok: u64,
+}
+
+/// Runs `load` and measures the service runtime's CPU over it.
+fn measured(load: impl FnOnce() -> Option<(f64, f64, u64)>) -> Option<PathRun> {
+    let before = service_cpu_seconds();
+    let (requests, seconds, not_ok) = load()?;
+    let cpu = service_cpu_seconds() - before;
+    Some(PathRun {
+        rps: requests / seconds,
+        cpu_us: cpu / requests * 1e6,
+        not_ok,
+    })
+}
+
+fn wrk_run(script: &str, url: &str, concurrency: u64, seconds: u64) -> Option<(f64, f64, u64)> {
+    let run = wrk_script(
+        &script.replace("TOKEN", TOKEN),
+        url,
+        env_or("LOAD_WRK_THREADS", 2).max(1),
+        concurrency,
+        seconds,
+    )?;
+    Some((run.requests, run.seconds, run.non_2xx))
+}
+
+/// `ShouldRateLimit` from `concurrency` tasks of this process over two HTTP/2 connections
+/// (as Envoy keeps a few to its rate limit service), the same 4 scopes as descriptors:
+/// (calls, seconds, calls that failed or were over the limit).
+fn grpc_run(address: SocketAddr, concurrency: u64, seconds: u64) -> (f64, f64, u64) {
+    let runtime = two_workers();
+    runtime.block_on(async move {
+        let mut channels = Vec::new();
+        for _ in 0..2 {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+                .unwrap()
+                .connect()
+                .await
+                .expect("connect to the gRPC service");
+            channels.push(channel);
+        }
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(seconds);
+        let tasks: Vec<_> = (0..concurrency)
+            .map(|i| {
+                let channel = channels[i as usize % channels.len()].clone();
+                tokio::spawn(async move {
+                    let mut grpc = tonic::client::Grpc::new(channel);
+                    let (mut calls, mut not_ok) = (0u64, 0u64);
+                    while Instant::now() < deadline {
+                        let n: u32 = rand::rng().random_range(0..100_000);
+                        let ip = format!("10.{}.{}.{}", n >> 16 & 255, n >> 8 & 255, n & 255);
+                        let entry = |key: &str, value: String| RateLimitDescriptor {
+                            entries: vec![Entry {
+                                key: key.to_owned(),
+                                value,
+                            }],
+                            limit: None,
+                            hits_addend: None,
+                        };
+                        let request = RateLimitRequest {
+                            domain: "edge".to_owned(),
+                            descriptors: vec![
+                                entry("remote_address", ip),
+                                entry("user_id", format!("u{n}")),
+                                entry("device_id", format!("d{n}")),
+                                entry("path", "/v1/feed".to_owned()),
+                            ],
+                            hits_addend: 0,
+                        };
+                        let mut request = tonic::Request::new(request);
+                        request
+                            .metadata_mut()
+                            .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+                        grpc.ready().await.unwrap();
+                        let answer: Result<tonic::Response<RateLimitResponse>, _> = grpc
+                            .unary(
+                                request,
+                                axum::http::uri::PathAndQuery::from_static(
+                                    palisade::api::envoy::SHOULD_RATE_LIMIT,
+                                ),
+                                tonic_prost::ProstCodec::default(),
+                            )
+                            .await;
+                        calls += 1;
+                        // OK is 1 in Envoy's `Code`.
+                        not_ok += u64::from(answer.map_or(true, |a| a.get_ref().overall_code != 1));
+                    }
+                    (calls, not_ok)
+                })
+            })
+            .collect();
+        let (mut calls, mut not_ok) = (0, 0);
+        for task in tasks {
+            let (c, n) = task.await.unwrap();
+            calls += c;
+            not_ok += n;
+        }
+        (calls as f64, started.elapsed().as_secs_f64(), not_ok)
+    })
+}
+
+/// The table: each way in at concurrency `concurrency` against `redis-benchmark` EVALSHA of
+/// the 4-scope and the one-scope script in the same run.
+pub(crate) fn paths_section(redis_port: u16, concurrency: u64, seconds: u64) {
+    let redis = start_palisade_on(Some(redis_port), 250, true);
+    let embedded = start_palisade_on(None, 250, false);
+    // Load the script so redis-benchmark's EVALSHA finds it.
+    let warm = drive(
+        &redis.base,
+        4,
+        1,
+        Arc::new(|_| r#"{"endpoint":"/v1/feed","ip":"10.0.0.1"}"#.to_owned()),
+    );
+    assert!(warm.requests > 0);
+    println!(
+        "\n## One 4-scope decision through each way in, c={concurrency}\n\n\
+         Global, IP, user and device scopes over 100k random keys; HTTP driven by wrk (another\n\
+         process), gRPC by {concurrency} tasks of this process over two HTTP/2 connections. CPU is the\n\
+         service runtime's threads' own (`/proc/self/task`), per decision.\n"
+    );
+    println!(
+        "| way in | store | decisions/s | service CPU µs/decision | not 200/OK | ratio to 4-scope EVALSHA | ratio to 1-scope EVALSHA |\n|---|---|---|---|---|---|---|"
+    );
+    let url = |server: &Server, path: &str| format!("{}{path}", server.base);
+    let runs = [
+        (
+            "`POST /v1/limit/check` (JSON)",
+            "Redis",
+            measured(|| {
+                wrk_run(
+                    WRK_SCRIPT,
+                    &url(&redis, "/v1/limit/check"),
+                    concurrency,
+                    seconds,
+                )
+            }),
+        ),
+        (
+            "`POST /v1/limit/check` (JSON)",
+            "in process",
+            measured(|| {
+                wrk_run(
+                    WRK_SCRIPT,
+                    &url(&embedded, "/v1/limit/check"),
+                    concurrency,
+                    seconds,
+                )
+            }),
+        ),
+        (
+            "`GET /v1/forward-auth` (headers)",
+            "Redis",
+            measured(|| {
+                wrk_run(
+                    WRK_FORWARD_SCRIPT,
+                    &url(&redis, "/v1/forward-auth"),
+                    concurrency,
+                    seconds,
+                )
+            }),
+        ),
+        (
+            "Envoy `ShouldRateLimit` (gRPC)",
+            "Redis",
+            measured(|| {
+                Some(grpc_run(
+                    redis.grpc.expect("started with gRPC"),
+                    concurrency,
+                    seconds,
+                ))
+            }),
+        ),
+    ];
+    let fastest = runs
+        .iter()
+        .filter_map(|(_, _, run)| run.as_ref().map(|r| r.rps))
+        .fold(50_000.0, f64::max);
+    let requests = (fastest * seconds as f64) as u64;
+    let (four, _) = redis_benchmark(redis_port, concurrency, requests, true);
+    let (one, _) = redis_benchmark(redis_port, concurrency, requests, false);
+    for (way, store, run) in runs {
+        match run {
+            Some(run) => println!(
+                "| {way} | {store} | {:.0} | {:.1} | {} | {:.2} | {:.2} |",
+                run.rps,
+                run.cpu_us,
+                run.not_ok,
+                run.rps / four,
+                run.rps / one
+            ),
+            None => println!("| {way} | {store} | (wrk is not installed) | | | | |"),
+        }
+    }
+    println!(
+        "| redis-benchmark EVALSHA, 4-scope script | Redis | {four:.0} | | | 1.00 | {:.2} |",
+        four / one
+    );
+    println!(
+        "| redis-benchmark EVALSHA, one scope (a plain token bucket) | Redis | {one:.0} | | | {:.2} | 1.00 |",
+        one / four
+    );
+}
