@@ -426,10 +426,36 @@ impl Canary {
         Ok(())
     }
 
+    /// The ids of the promoted policy in force and of the canary (None: none), in one small
+    /// query: every instance asks every second, and reads a policy only when its id changed.
+    async fn ids_in_force(&self) -> Result<(Option<String>, Option<String>), Error> {
+        Ok(with_pool!(&self.durable, |pool| sqlx::query_as(
+            "SELECT \
+             (SELECT id FROM policy_candidates \
+              WHERE promoted_at IS NOT NULL AND reverted_at IS NULL \
+              ORDER BY promoted_at DESC, id DESC LIMIT 1), \
+             (SELECT id FROM policy_candidates WHERE discarded_at IS NULL \
+              ORDER BY id DESC LIMIT 1)"
+        )
+        .fetch_one(pool)
+        .await)?)
+    }
+
     /// Loads the canary (and the promoted policy) in force if they changed (every second
     /// on every instance).
     pub async fn refresh(&self) -> Result<(), Error> {
-        self.refresh_promoted().await?;
+        let (promoted, canary) = self.ids_in_force().await?;
+        if promoted != self.promoted.load().as_ref().map(|p| p.id.clone()) {
+            self.refresh_promoted().await?;
+        }
+        if canary != self.current.load().as_ref().map(|c| c.id.clone()) {
+            self.refresh_canary().await?;
+        }
+        Ok(())
+    }
+
+    /// Loads the newest canary (or none).
+    async fn refresh_canary(&self) -> Result<(), Error> {
         let row: Option<Row> = with_pool!(&self.durable, |pool| sqlx::query_as(
             "SELECT id, policy, reason, created_at, created_by FROM policy_candidates \
              WHERE discarded_at IS NULL ORDER BY id DESC LIMIT 1"
