@@ -280,12 +280,18 @@ fn limit_check(
     Ok(Some(check))
 }
 
-/// The endpoint class of a request (its name and failure policy), from its path and method
-/// entries or the default path.
+/// The endpoint class of a request (its name and failure policy): the decision's when the
+/// request had a check of Palisade's own, else from its path and method entries or the
+/// default path.
 fn class_of(
     state: &AppState,
     request: &RateLimitRequest,
+    decision: Option<&Decision>,
 ) -> (std::sync::Arc<str>, crate::config::FailMode) {
+    let budgets = state.limiter.budgets();
+    if let Some(class) = decision.and_then(|d| budgets.classes.iter().find(|c| c.name == d.class)) {
+        return (class.name.clone(), class.fail);
+    }
     let envoy = &state.settings.envoy;
     let mut path = envoy.default_path.as_str();
     let mut method = "GET";
@@ -296,7 +302,6 @@ fn class_of(
             method = &entry.value;
         }
     }
-    let budgets = state.limiter.budgets();
     let class = &budgets.classes[budgets.classify(&method.to_ascii_uppercase(), path)];
     (class.name.clone(), class.fail)
 }
@@ -421,7 +426,7 @@ pub async fn should_rate_limit(
                 rules,
                 request,
                 limit_request.as_ref(),
-                class_of(state, request),
+                class_of(state, request, decision.as_ref()),
                 admitted,
             )
             .await?,
