@@ -322,7 +322,7 @@ impl LoginGuard {
                     self.released_until.fetch_max(released, Ordering::AcqRel);
                     if released > now {
                         // An analyst's release ends this instance's hold too: when it
-                        // runs out, only new failures turn the guard on again.
+                        // runs out, the window's failures are judged anew.
                         self.active_until.store(0, Ordering::Release);
                     } else {
                         self.active_until.fetch_max(shared_until, Ordering::AcqRel);
