@@ -482,22 +482,8 @@ impl Limiter {
                 }
             };
         }
-        let admitted = scopes
-            .iter()
-            .zip(&outcomes)
-            .all(|(s, o)| o.allowed || !s.enforced);
-        let consumed = admitted && request.consume;
-        let outcomes: Vec<ScopeOutcome> = scopes
-            .iter()
-            .zip(outcomes)
-            .map(|(scope, raw)| {
-                let raw = if consumed {
-                    raw
-                } else {
-                    raw.unconsumed(scope, request.cost)
-                };
-                self.outcome(budgets, scope, raw)
-            })
+        let outcomes: Vec<ScopeOutcome> = settled(&scopes, &outcomes, request)
+            .map(|(scope, raw)| self.outcome(budgets, scope, raw))
             .collect();
         if matches!(self.hot, Hot::Redis(_)) && outcomes.iter().any(|o| o.enforced && !o.allowed) {
             let shared = Arc::new(outcomes.clone());
@@ -716,6 +702,29 @@ fn affordable(budgets: &Budgets, scopes: &[Scope], cost: u32) -> Result<(), Erro
         }
     }
     Ok(())
+}
+
+/// Each scope with its outcome as reported: when nothing was taken (another scope refused,
+/// or `consume: false`), an allowed bucket as it is, not as if `cost` were taken.
+fn settled<'s>(
+    scopes: &'s [Scope],
+    outcomes: &'s [RawOutcome],
+    request: &LimitRequest,
+) -> impl Iterator<Item = (&'s Scope, RawOutcome)> + 's {
+    let admitted = scopes
+        .iter()
+        .zip(outcomes)
+        .all(|(s, o)| o.allowed || !s.enforced);
+    let consumed = admitted && request.consume;
+    let cost = request.cost;
+    scopes.iter().zip(outcomes).map(move |(scope, &raw)| {
+        let raw = if consumed {
+            raw
+        } else {
+            raw.unconsumed(scope, cost)
+        };
+        (scope, raw)
+    })
 }
 
 /// What deciding needs of one scope's outcome.

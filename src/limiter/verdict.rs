@@ -32,27 +32,13 @@ impl Limiter {
         }
         let now_us = self.clock.monotonic_us();
         let outcomes = self.evaluate_memory(memory, &scopes, request, now_us);
-        let admitted = scopes
-            .iter()
-            .zip(&outcomes)
-            .all(|(s, o)| o.allowed || !s.enforced);
-        let consumed = admitted && request.consume;
-        let standings: smallvec::SmallVec<[Standing; 8]> = scopes
-            .iter()
-            .zip(outcomes)
-            .map(|(scope, raw)| {
-                let raw = if consumed {
-                    raw
-                } else {
-                    raw.unconsumed(scope, request.cost)
-                };
-                Standing {
-                    enforced: scope.enforced,
-                    allowed: raw.allowed,
-                    remaining: raw.remaining,
-                    limit: raw.limit,
-                    retry_after_ms: raw.reported_retry_after_ms(),
-                }
+        let standings: smallvec::SmallVec<[Standing; 8]> = settled(&scopes, &outcomes, request)
+            .map(|(scope, raw)| Standing {
+                enforced: scope.enforced,
+                allowed: raw.allowed,
+                remaining: raw.remaining,
+                limit: raw.limit,
+                retry_after_ms: raw.reported_retry_after_ms(),
             })
             .collect();
         let (allowed, deciding) = deciding(&standings, |s| *s);
