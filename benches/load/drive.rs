@@ -219,11 +219,6 @@ request = function()
     math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256, n, n)
   return wrk.format(nil, nil, nil, body)
 end
-done = function(summary, latency, requests)
-  io.write(string.format("WRK %d %f %f %f %f %d\n", summary.requests, summary.duration / 1e6,
-    latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency:percentile(99.9) / 1000,
-    summary.errors.status))
-end
 "#;
 
 /// `wrk` (C, like redis-benchmark) driving the same 4-scope bodies: (requests/s, p50, p99,
@@ -360,11 +355,6 @@ request = function()
   local n = math.random(0, KEYS - 1)
   return wrk.format(nil, string.format(PATH, n % 256, n, n))
 end
-done = function(summary, latency, requests)
-  io.write(string.format("WRK %d %f %f %f %f %d\n", summary.requests, summary.duration / 1e6,
-    latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency:percentile(99.9) / 1000,
-    summary.errors.status))
-end
 "#;
 
 /// `wrk -t2` GETs of `path` (a format with `%d` for an IP octet, a user and a device number
@@ -400,7 +390,17 @@ impl WrkRun {
     }
 }
 
-/// Runs wrk with the Lua `script` against `url`; None when wrk is not installed.
+/// What every wrk script ends with: the `WRK` line [`wrk_script`] reads.
+const WRK_DONE: &str = r#"
+done = function(summary, latency, requests)
+  io.write(string.format("WRK %d %f %f %f %f %d\n", summary.requests, summary.duration / 1e6,
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency:percentile(99.9) / 1000,
+    summary.errors.status))
+end
+"#;
+
+/// Runs wrk with the Lua `script` (its `done` added here) against `url`; None when wrk is
+/// not installed.
 pub(crate) fn wrk_script(
     script: &str,
     url: &str,
@@ -410,7 +410,7 @@ pub(crate) fn wrk_script(
 ) -> Option<WrkRun> {
     let dir = tempfile::tempdir().ok()?;
     let path = dir.path().join("script.lua");
-    std::fs::write(&path, script).ok()?;
+    std::fs::write(&path, format!("{script}{WRK_DONE}")).ok()?;
     let output = Command::new("wrk")
         .args([
             &format!("-t{}", threads.clamp(1, concurrency.max(1))),

@@ -21,11 +21,6 @@ request = function()
   wrk.headers["X-Device-Id"] = "d" .. n
   return wrk.format(nil, "/v1/forward-auth")
 end
-done = function(summary, latency, requests)
-  io.write(string.format("WRK %d %f %f %f %f %d\n", summary.requests, summary.duration / 1e6,
-    latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency:percentile(99.9) / 1000,
-    summary.errors.status))
-end
 "#;
 
 /// One row: decisions/s, the service's CPU per decision (µs), refusals or errors.
