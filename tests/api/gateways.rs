@@ -805,16 +805,7 @@ async fn with_an_identity_secret_only_a_v2_identity_names_the_tenant(app: TestAp
     use palisade::config::Secret;
     let app = TestApp::spawn_with(app.backend, |s| {
         s.forward_auth.identity_secret = vec![Secret::new(NEW_SECRET)];
-        s.limits.budgets.push(palisade::config::BudgetSettings {
-            name: "partner".to_owned(),
-            scope: palisade::config::ScopeKind::Tenant,
-            classes: vec!["read".to_owned()],
-            limit: 3,
-            period_s: 3600,
-            burst: None,
-            when: palisade::config::When::Always,
-            shadow: false,
-        });
+        s.limits.budgets.push(crate::helpers::partner_budget(3));
     })
     .await
     .unwrap();

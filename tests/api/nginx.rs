@@ -303,16 +303,7 @@ async fn nginx_signs_the_identity_it_authenticated_with_njs() {
     const SECRET: &str = "nginx-signs-identities-with-this-32-byte-secret";
     let first = TestApp::spawn_with(Backend::Embedded, |s| {
         s.forward_auth.identity_secret = vec![palisade::config::Secret::new(SECRET)];
-        s.limits.budgets.push(palisade::config::BudgetSettings {
-            name: "partner".to_owned(),
-            scope: palisade::config::ScopeKind::Tenant,
-            classes: vec!["read".to_owned()],
-            limit: 6,
-            period_s: 3600,
-            burst: None,
-            when: palisade::config::When::Always,
-            shadow: false,
-        });
+        s.limits.budgets.push(crate::helpers::partner_budget(6));
     })
     .await
     .unwrap();

@@ -946,16 +946,7 @@ async fn a_tenant_budget_is_shared_by_its_requests_and_its_override_scales_it(ap
     let backend = app.backend;
     drop(app);
     let app = TestApp::spawn_with(backend, |s| {
-        s.limits.budgets.push(palisade::config::BudgetSettings {
-            name: "partner".to_owned(),
-            scope: palisade::config::ScopeKind::Tenant,
-            classes: vec!["read".to_owned()],
-            limit: 6,
-            period_s: 3600,
-            burst: None,
-            when: palisade::config::When::Always,
-            shadow: false,
-        });
+        s.limits.budgets.push(crate::helpers::partner_budget(6));
     })
     .await
     .unwrap();

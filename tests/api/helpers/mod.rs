@@ -477,6 +477,20 @@ fn init_test_logging() {
     });
 }
 
+/// A partner's budget: `limit` reads an hour per tenant (`scope = "tenant"`, class `read`).
+pub fn partner_budget(limit: u32) -> palisade::config::BudgetSettings {
+    palisade::config::BudgetSettings {
+        name: "partner".to_owned(),
+        scope: palisade::config::ScopeKind::Tenant,
+        classes: vec!["read".to_owned()],
+        limit,
+        period_s: 3600,
+        burst: None,
+        when: palisade::config::When::Always,
+        shadow: false,
+    }
+}
+
 /// Checks a signed identity printed by a tool against `secret` at the wall clock's now.
 pub fn verify_identity_now(secret: &str, text: &str) -> palisade::access::identity::Identity {
     let now_s = std::time::SystemTime::now()
