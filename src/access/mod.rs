@@ -316,7 +316,14 @@ impl Access {
                 );
             }
         }
-        metrics::counter!(crate::telemetry::metrics::BOOTSTRAP_USES_TOTAL, "outcome" => if works { "accepted" } else { "refused" }).increment(1);
+        type Uses = crate::telemetry::metrics::Handles<&'static str, metrics::Counter>;
+        static USES: std::sync::LazyLock<Uses> = std::sync::LazyLock::new(Uses::new);
+        let outcome = if works { "accepted" } else { "refused" };
+        USES.with(
+            outcome,
+            || metrics::counter!(crate::telemetry::metrics::BOOTSTRAP_USES_TOTAL, "outcome" => outcome),
+            |uses| uses.increment(1),
+        );
         Some(works)
     }
 

@@ -83,8 +83,10 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 }
             })?;
         // JSON writes the escape `\u` in lower case only (serde refuses `\U`).
-        if memchr::memchr(0, &bytes).is_some() || memchr::memmem::find(&bytes, b"\\u0000").is_some()
-        {
+        // The escape's finder is built once (building one per body cost more than the search).
+        static ESCAPED_NUL: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\\u0000"));
+        if memchr::memchr(0, &bytes).is_some() || ESCAPED_NUL.find(&bytes).is_some() {
             return Err(ApiError::invalid("NUL characters are not accepted"));
         }
         Ok(JsonBody(bytes))

@@ -1,14 +1,24 @@
 //! What attestation tells the rest of the service: the `unverified` pull signal for devices
 //! without a valid verdict, and attested devices as a known context for the lockout-DoS rule.
 
+use std::borrow::Cow;
+
 use super::*;
 
 impl Attestation {
     /// The pull signal giving devices without a verdict the `unverified` factor.
     pub fn unverified_signal(&self) -> UnverifiedSignal {
         UnverifiedSignal {
-            settings: self.settings.clone(),
-            public_classes: self.public_classes.clone(),
+            unverified: Factor::scale(
+                SIGNAL,
+                "attestation_unverified",
+                self.settings.factor("unverified", false),
+                "no valid attestation for this device",
+            )
+            .with_class_value(
+                &self.public_classes,
+                self.settings.factor("unverified", true),
+            ),
         }
     }
 
@@ -67,8 +77,8 @@ impl crate::limiter::AttestedDevices for AttestedDevices {
 /// Devices without a valid verdict are `unverified` (a pull signal: no write per device).
 #[derive(Debug)]
 pub struct UnverifiedSignal {
-    settings: AttestationSettings,
-    public_classes: Vec<String>,
+    /// The one factor it gives (the same for every unverified device: built once).
+    unverified: Factor,
 }
 
 impl Signal for UnverifiedSignal {
@@ -76,21 +86,18 @@ impl Signal for UnverifiedSignal {
         SIGNAL
     }
 
-    fn factors(&self, subject: &Subject<'_>, stored: &[Factor], _now_ms: i64) -> Vec<Factor> {
-        if subject.key.kind() != SubjectKind::Device || stored.iter().any(|f| f.signal == SIGNAL) {
+    fn factors(&self, subject: &Subject<'_>, stored: &[Factor], now_ms: i64) -> Vec<Factor> {
+        if stored.iter().any(|f| f.signal == SIGNAL) {
             return Vec::new();
         }
-        vec![
-            Factor::scale(
-                SIGNAL,
-                "attestation_unverified",
-                self.settings.factor("unverified", false),
-                "no valid attestation for this device",
-            )
-            .with_class_value(
-                &self.public_classes,
-                self.settings.factor("unverified", true),
-            ),
-        ]
+        self.defaults(subject, now_ms).into_owned()
+    }
+
+    fn defaults(&self, subject: &Subject<'_>, _now_ms: i64) -> Cow<'_, [Factor]> {
+        if subject.key.kind() == SubjectKind::Device {
+            Cow::Borrowed(std::slice::from_ref(&self.unverified))
+        } else {
+            Cow::Borrowed(&[])
+        }
     }
 }

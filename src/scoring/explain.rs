@@ -2,6 +2,8 @@
 //! L1 TTL), explained per class for `/v1/multipliers`, and the defaults the limiter passes to
 //! the bucket script for subjects with nothing published.
 
+use smallvec::SmallVec;
+
 use super::*;
 
 /// A subject as read for explanations: its stored factors and, per class index, what they
@@ -116,11 +118,21 @@ impl Engine {
 
     /// The multiplier of a subject with nothing published: its pull factors alone.
     pub(super) fn default_for(&self, subject: &Subject<'_>, class: &str, now_ms: i64) -> f64 {
-        let factors = self.pull(subject, &[], now_ms);
-        if factors.is_empty() {
+        let signals = self.signals.load();
+        let parts: SmallVec<[Cow<'_, [Factor]>; 4]> = signals
+            .iter()
+            .map(|signal| signal.defaults(subject, now_ms))
+            .filter(|part| !part.is_empty())
+            .collect();
+        if parts.is_empty() {
             return 1.0;
         }
-        combine(&factors, class, &self.policy, now_ms).multiplier
+        factor::multiplier_of(
+            parts.iter().flat_map(|part| part.iter()),
+            class,
+            &self.policy,
+            now_ms,
+        )
     }
 
     pub(super) fn pull(

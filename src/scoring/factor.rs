@@ -258,14 +258,24 @@ pub fn combine_multiplier<'a>(
     policy: &'a Policy,
     now_ms: i64,
 ) -> (f64, impl Iterator<Item = &'a str>) {
-    let (floor, ceiling) = policy.bounds(class);
+    let multiplier = multiplier_of(factors.iter(), class, policy, now_ms);
     let enforced = applicable(factors, class, policy, now_ms).filter(|(_, shadow)| !shadow);
-    let multiplier = fold(
-        enforced.clone().map(|(f, _)| (f.effect, f.value_on(class))),
-        floor,
-        ceiling,
-    );
     (multiplier, enforced.map(|(f, _)| f.code.as_str()))
+}
+
+/// [`combine`]'s multiplier alone, of factors from several places (the pull signals'
+/// defaults on every limit check), without gathering them.
+pub fn multiplier_of<'a>(
+    factors: impl Iterator<Item = &'a Factor> + Clone,
+    class: &str,
+    policy: &Policy,
+    now_ms: i64,
+) -> f64 {
+    let (floor, ceiling) = policy.bounds(class);
+    let enforced = factors
+        .filter(|f| f.applies_to(class) && !f.has_expired(now_ms) && !policy.is_shadow(f))
+        .map(|f| (f.effect, f.value_on(class)));
+    fold(enforced, floor, ceiling)
 }
 
 /// Combines the live factors that apply to `class` at `now_ms`.
@@ -449,6 +459,10 @@ mod tests {
             let combined = combine(&factors, class, &policy, 1_000);
             let (multiplier, codes) = combine_multiplier(&factors, class, &policy, 1_000);
             assert_eq!(multiplier, combined.multiplier, "{class}");
+            // The same factors from two places (the pull signals' defaults) combine alike.
+            let (first, rest) = factors.split_at(2);
+            let chained = multiplier_of(first.iter().chain(rest), class, &policy, 1_000);
+            assert_eq!(chained, combined.multiplier, "{class}");
             if class != "write" {
                 // (On `write` the pin lifts both to 1.0.)
                 assert_ne!(

@@ -25,6 +25,7 @@ mod stream; // the decision stream
 
 pub use observe::minute_of;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::hash::BuildHasher;
@@ -77,6 +78,12 @@ pub trait Signal: Send + Sync + fmt::Debug {
     /// The factors this signal gives `subject` at `now_ms`; `stored` are the subject's
     /// stored factors (a signal may step back when a push signal already spoke).
     fn factors(&self, subject: &Subject<'_>, stored: &[Factor], now_ms: i64) -> Vec<Factor>;
+    /// [`Signal::factors`] with nothing stored: the default multiplier's part, asked on
+    /// every limit check. A signal that gives every subject of a kind the same factors
+    /// lends them instead of building them per check.
+    fn defaults(&self, subject: &Subject<'_>, now_ms: i64) -> Cow<'_, [Factor]> {
+        Cow::Owned(self.factors(subject, &[], now_ms))
+    }
 }
 
 /// Why scoring failed.
