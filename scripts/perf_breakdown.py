@@ -21,6 +21,7 @@ RULES = [
     ('L1 cache', r'limiter::l1'),
     ('scopes and keys', r'Limiter::scopes|SubjectKey|store::keys'),
     ('Redis client (encode, coalescer, reply)', r'redis_backend|redis::'),
+    ('in-process buckets (the embedded store)', r'memory_backend|store::memory|Limiter::evaluate'),
     ('decision (conclude, outcomes)', r'Limiter::conclude|Limiter::outcome'),
     ('response JSON and headers', r'api::limit::respond|api::layer::headers|IntoResponse>::into_response|LimitAllowed|HeaderMap|IntoResponseParts'),
     ('request context middleware', r'palisade::api::context|palisade::api::request_id'),

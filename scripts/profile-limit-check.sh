@@ -5,9 +5,11 @@
 # sample to one part of a decision. Needs perf (Debian: linux-perf), wrk and redis-server.
 # Everything started here is stopped by PID at the end.
 #   scripts/profile-limit-check.sh            # SECONDS=10 CONCURRENCY=50 WORKERS=2
+#   STORE=embedded scripts/profile-limit-check.sh   # in-process buckets, no Redis
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for tool in perf wrk redis-server; do
+store=${STORE:-redis}
+for tool in perf wrk $([ "$store" = redis ] && echo redis-server); do
   command -v $tool >/dev/null || { echo "$tool is not installed" >&2; exit 2; }
 done
 seconds=${SECONDS_RUN:-10}
@@ -18,12 +20,18 @@ work=$(mktemp -d)
 redis_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 token=profile-limiter-token-0123456789
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$work" --logfile "$work/redis.log" &
-redis=$!
-PALISADE_LISTEN=127.0.0.1:$port PALISADE_GRPC_LISTEN= PALISADE_BOOTSTRAP_TOKEN=$token \
+redis=
+redis_url=
+if [ "$store" = redis ]; then
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$work" --logfile "$work/redis.log" &
+  redis=$!
+  redis_url="redis://127.0.0.1:$redis_port"
+fi
+env ${redis_url:+"PALISADE_REDIS_URL=$redis_url"} \
+  PALISADE_LISTEN=127.0.0.1:$port PALISADE_GRPC_LISTEN= PALISADE_BOOTSTRAP_TOKEN=$token \
   PALISADE_DATABASE_URL="sqlite://$work/palisade.db" PALISADE_DATA_DIR="$work/data" \
-  PALISADE_REDIS_URL="redis://127.0.0.1:$redis_port" TOKIO_WORKER_THREADS=${WORKERS:-2} \
+  TOKIO_WORKER_THREADS=${WORKERS:-2} \
   "$target/release/palisade" serve >"$work/server.log" 2>&1 &
 server=$!
 trap 'kill $server $redis 2>/dev/null; rm -rf "$work"' EXIT

@@ -1,5 +1,6 @@
 //! One decision through each way in (`LOAD_ONLY=paths`): the JSON check on Redis and on
-//! in-process buckets (the embedded default), forward-auth and Envoy's `ShouldRateLimit`.
+//! in-process buckets (the embedded default), forward-auth and Envoy's `ShouldRateLimit`, and
+//! `GET /healthz` through the same server for the floor of any request.
 
 use super::*;
 use palisade::api::envoy::proto::{
@@ -20,6 +21,14 @@ request = function()
   wrk.headers["X-User-Id"] = "u" .. n
   wrk.headers["X-Device-Id"] = "d" .. n
   return wrk.format(nil, "/v1/forward-auth")
+end
+"#;
+
+/// wrk's `GET /healthz`: a static answer through the same server, middleware and runtime,
+/// so the floor every decision over HTTP pays on this machine.
+const WRK_FLOOR_SCRIPT: &str = r#"
+request = function()
+  return wrk.format("GET", "/healthz")
 end
 "#;
 
@@ -198,6 +207,18 @@ pub(crate) fn paths_section(redis_port: u16, concurrency: u64, seconds: u64) {
                     concurrency,
                     seconds,
                 ))
+            }),
+        ),
+        (
+            "`GET /healthz`: no decision, the HTTP floor",
+            "–",
+            measured(|| {
+                wrk_run(
+                    WRK_FLOOR_SCRIPT,
+                    &url(&embedded, "/healthz"),
+                    concurrency,
+                    seconds,
+                )
             }),
         ),
     ];

@@ -219,13 +219,27 @@ fn write_keys(cmd: &mut redis::Cmd, scopes: &[Scope]) {
 fn write_args(cmd: &mut redis::Cmd, scopes: &[Scope], cost: u32, consume: bool) {
     cmd.arg(cost).arg(u8::from(consume)).arg(scopes.len());
     for scope in scopes {
-        cmd.arg(scope.params.capacity)
-            .arg(scope.params.refill_per_s)
-            .arg(u8::from(scope.enforced));
+        cmd.arg(scope.params.capacity);
+        number_arg(cmd, scope.params.refill_per_s);
+        cmd.arg(u8::from(scope.enforced));
         match scope.multiplier_override {
-            Some(value) => cmd.arg(format!("={value}")),
-            None => cmd.arg(scope.default_multiplier),
-        };
+            Some(value) => {
+                cmd.arg(format!("={value}"));
+            }
+            None => number_arg(cmd, scope.default_multiplier),
+        }
+    }
+}
+
+/// A number for the script (its `tonumber` reads `10` as it reads `10.0`): a whole one, as
+/// refill rates and multipliers nearly always are, written as an integer (formatting a
+/// float cost a check about as much as the rest of its arguments together).
+fn number_arg(cmd: &mut redis::Cmd, value: f64) {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: every whole number below is exact.
+    if value.fract() == 0.0 && value.abs() < EXACT {
+        cmd.arg(value as i64);
+    } else {
+        cmd.arg(value);
     }
 }
 
@@ -282,4 +296,37 @@ fn parse(reply: &[u8], scopes: usize) -> Result<(bool, Vec<RawOutcome>), Error> 
         })
         .collect();
     Ok((admitted, outcomes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(value: f64) -> String {
+        let mut cmd = redis::cmd("EVALSHA");
+        number_arg(&mut cmd, value);
+        match cmd.args_iter().nth(1) {
+            Some(redis::Arg::Simple(bytes)) => String::from_utf8(bytes.to_vec()).unwrap(),
+            other => panic!("unexpected argument {other:?}"),
+        }
+    }
+
+    #[test]
+    fn numbers_reach_the_script_as_lua_reads_them() {
+        // Whole numbers as integers, the rest as floats; Lua's `tonumber` gives the same
+        // value for either spelling, and for what a float argument was before.
+        for (value, text) in [
+            (10.0, "10"),
+            (1.0, "1"),
+            (0.0, "0"),
+            (100_000.0, "100000"),
+            (0.5, "0.5"),
+            (1.0 / 60.0, &*(1.0f64 / 60.0).to_string()),
+            (1e300, "1e300"),
+        ] {
+            let got = written(value);
+            assert_eq!(got, text, "{value}");
+            assert_eq!(got.parse::<f64>().unwrap(), value, "{value}");
+        }
+    }
 }
