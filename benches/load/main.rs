@@ -34,9 +34,10 @@
 //!    rebuild from Postgres timed and a sample of the lockouts checked, against a raw
 //!    pipeline writing as many markers (`LOAD_REBUILD_LOCKOUTS=10000,100000`);
 //! 7. ways in (`LOAD_ONLY=paths` alone): one 4-scope decision as a JSON check on Redis and on
-//!    in-process buckets, as forward-auth and as Envoy's gRPC `ShouldRateLimit`: decisions/s
-//!    and the service threads' CPU per decision, against the 4-scope and one-scope EVALSHA,
-//!    with `GET /healthz` through the same server as the floor of any HTTP request.
+//!    in-process buckets (one at a time and 8 pipelined per connection), as forward-auth and
+//!    as Envoy's gRPC `ShouldRateLimit`: decisions/s and the service threads' CPU per
+//!    decision, against the 4-scope and one-scope EVALSHA, with `GET /healthz` through the
+//!    same server as the floor of any HTTP request.
 //!
 //! Everything shares the machine's cores (server, load generator, Redis), as the baselines do.
 

@@ -1,6 +1,7 @@
 //! One decision through each way in (`LOAD_ONLY=paths`): the JSON check on Redis and on
-//! in-process buckets (the embedded default), forward-auth and Envoy's `ShouldRateLimit`, and
-//! `GET /healthz` through the same server for the floor of any request.
+//! in-process buckets (the embedded default), the JSON check pipelined 8 deep, forward-auth
+//! and Envoy's `ShouldRateLimit`, and `GET /healthz` through the same server for the floor of
+//! any request.
 
 use super::*;
 use palisade::api::envoy::proto::{
@@ -21,6 +22,24 @@ request = function()
   wrk.headers["X-User-Id"] = "u" .. n
   wrk.headers["X-Device-Id"] = "d" .. n
   return wrk.format(nil, "/v1/forward-auth")
+end
+"#;
+
+/// wrk's 4-scope JSON checks, 8 pipelined on each connection (HTTP/1.1): what a client that
+/// sends its next checks before the answers come saves per decision.
+const WRK_PIPELINED_SCRIPT: &str = r#"
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer TOKEN"
+request = function()
+  local checks = {}
+  for i = 1, 8 do
+    local n = math.random(0, 99999)
+    local body = string.format('{"endpoint":"/v1/feed","ip":"10.%d.%d.%d","user_id":"u%d","device_id":"d%d"}',
+      math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256, n, n)
+    checks[i] = wrk.format(nil, nil, nil, body)
+  end
+  return table.concat(checks)
 end
 "#;
 
@@ -180,6 +199,30 @@ pub(crate) fn paths_section(redis_port: u16, concurrency: u64, seconds: u64) {
             measured(|| {
                 wrk_run(
                     WRK_SCRIPT,
+                    &url(&embedded, "/v1/limit/check"),
+                    concurrency,
+                    seconds,
+                )
+            }),
+        ),
+        (
+            "`POST /v1/limit/check` (JSON), 8 pipelined per connection",
+            "Redis",
+            measured(|| {
+                wrk_run(
+                    WRK_PIPELINED_SCRIPT,
+                    &url(&redis, "/v1/limit/check"),
+                    concurrency,
+                    seconds,
+                )
+            }),
+        ),
+        (
+            "`POST /v1/limit/check` (JSON), 8 pipelined per connection",
+            "in process",
+            measured(|| {
+                wrk_run(
+                    WRK_PIPELINED_SCRIPT,
                     &url(&embedded, "/v1/limit/check"),
                     concurrency,
                     seconds,
