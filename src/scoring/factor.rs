@@ -239,13 +239,13 @@ fn fold(values: impl Iterator<Item = (Effect, f64)> + Clone, floor: f64, ceiling
 
 /// The live factors that apply to `class` at `now_ms`, each with whether it is shadow.
 fn applicable<'a>(
-    factors: &'a [Factor],
+    factors: impl IntoIterator<Item = &'a Factor, IntoIter: Clone>,
     class: &'a str,
     policy: &'a Policy,
     now_ms: i64,
 ) -> impl Iterator<Item = (&'a Factor, bool)> + Clone {
     factors
-        .iter()
+        .into_iter()
         .filter(move |f| f.applies_to(class) && !f.has_expired(now_ms))
         .map(|f| (f, policy.is_shadow(f)))
 }
@@ -267,14 +267,14 @@ pub fn combine_multiplier<'a>(
 /// defaults on every limit check), without gathering them.
 pub fn multiplier_of<'a>(
     factors: impl Iterator<Item = &'a Factor> + Clone,
-    class: &str,
-    policy: &Policy,
+    class: &'a str,
+    policy: &'a Policy,
     now_ms: i64,
 ) -> f64 {
     let (floor, ceiling) = policy.bounds(class);
-    let enforced = factors
-        .filter(|f| f.applies_to(class) && !f.has_expired(now_ms) && !policy.is_shadow(f))
-        .map(|f| (f.effect, f.value_on(class)));
+    let enforced = applicable(factors, class, policy, now_ms)
+        .filter(|(_, shadow)| !shadow)
+        .map(|(f, _)| (f.effect, f.value_on(class)));
     fold(enforced, floor, ceiling)
 }
 
