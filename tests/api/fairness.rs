@@ -524,16 +524,21 @@ async fn the_login_guard_shares_its_counts_on_a_redis_cluster() {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
 }
 
+/// A production instance whose credential-stuffing window is one second (None where the
+/// services are missing locally).
+async fn one_second_window() -> Option<TestApp> {
+    TestApp::spawn_with(crate::helpers::Backend::Production, |s| {
+        s.lockout.stuffing.window_s = 1;
+    })
+    .await
+}
+
 /// An instance that starts while the guard holds (its window's counts already gone) learns
 /// the guard's end from the others at its first flush.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_started_during_the_guards_hold_enforces_it() {
-    let Some(first) = TestApp::spawn_with(crate::helpers::Backend::Production, |s| {
-        // A one-second window: the counts are gone long before the 15 min hold ends.
-        s.lockout.stuffing.window_s = 1;
-    })
-    .await
-    else {
+    // A one-second window: the counts are gone long before the 15 min hold ends.
+    let Some(first) = one_second_window().await else {
         return;
     };
     first.post_auth(stuffing(0, 120)).await;
@@ -553,12 +558,8 @@ async fn an_instance_started_during_the_guards_hold_enforces_it() {
 /// off until new failures turn it on (no instance brings back the hold it had judged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_ends_the_guard_on_every_instance_for_good() {
-    let Some(first) = TestApp::spawn_with(crate::helpers::Backend::Production, |s| {
-        // A one-second window: the failures are gone when the release runs out.
-        s.lockout.stuffing.window_s = 1;
-    })
-    .await
-    else {
+    // A one-second window: the failures are gone when the release runs out.
+    let Some(first) = one_second_window().await else {
         return;
     };
     let second = first.another_instance().await;
