@@ -26,7 +26,10 @@
 -- Speed  globals are bound to locals and numbers are answered as integers (not formatted
 --        text): on a 2-core machine that took the 4-scope call from 83 to about 55 µs of
 --        Redis CPU; TIME + MGET + 4 PSETEX alone cost about 41 µs there. A
---        coalesced call shares TIME, one MGET and one PSETEX per distinct bucket.
+--        coalesced call shares TIME, one MGET and one PSETEX per distinct bucket. The
+--        answer's length is counted, not taken with `#`, and a request's writes go into two
+--        arrays reused by every request, not a table per write: 8 coalesced 4-scope requests
+--        took 11.6-11.9 -> 10.4-10.9 µs of script time each (commandstats, 2026-12-06).
 
 local call, floor, ceil, byte, sub = redis.call, math.floor, math.ceil, string.byte, string.sub
 local pack, unpack_struct = struct.pack, struct.unpack
@@ -44,6 +47,8 @@ end
 local written = {}
 local order = {}
 local out = {}
+local o = 0 -- values in out
+local wkey, wtat = {}, {}
 local k = 0 -- KEYS consumed so far
 local a = 1 -- ARGV consumed so far
 for _ = 1, tonumber(ARGV[1]) do
@@ -51,10 +56,11 @@ for _ = 1, tonumber(ARGV[1]) do
   local consume = ARGV[a + 2] == '1'
   local n = tonumber(ARGV[a + 3])
   a = a + 3
-  local head = #out + 1
+  o = o + 1
+  local head = o
   out[head] = 1
   local admitted = true
-  local writes = {}
+  local wn = 0
   for i = 1, n do
     local b = a + 4 * i - 3
     local key = KEYS[k + 2 * i - 1]
@@ -95,7 +101,9 @@ for _ = 1, tonumber(ARGV[1]) do
         remaining = floor((window > needed and window - needed or 0) * rate + 1e-9)
         reset = needed
         retry = 0
-        writes[#writes + 1] = {key, now + needed}
+        wn = wn + 1
+        wkey[wn] = key
+        wtat[wn] = now + needed
       else
         allowed = false
         remaining = floor((window > deficit and window - deficit or 0) * rate + 1e-9)
@@ -106,21 +114,23 @@ for _ = 1, tonumber(ARGV[1]) do
     if enforce and not allowed then admitted = false end
     local pttl = -2
     if retry == -1 then pttl = call('PTTL', KEYS[k + 2 * i]) end
-    out[#out + 1] = allowed and 1 or 0
-    out[#out + 1] = floor(limit + 1e-9)
-    out[#out + 1] = remaining
-    out[#out + 1] = ceil_ms(reset)
-    out[#out + 1] = retry
-    out[#out + 1] = floor(m * 1000000 + 0.5)
-    out[#out + 1] = pttl
+    out[o + 1] = allowed and 1 or 0
+    out[o + 2] = floor(limit + 1e-9)
+    out[o + 3] = remaining
+    out[o + 4] = ceil_ms(reset)
+    out[o + 5] = retry
+    out[o + 6] = floor(m * 1000000 + 0.5)
+    out[o + 7] = pttl
+    o = o + 7
   end
   if not admitted then
     out[head] = 0
   elseif consume then
     -- Enforced scopes all allowed; shadow scopes are consumed where they allowed too.
-    for _, w in ipairs(writes) do
-      if not written[w[1]] then order[#order + 1] = w[1] end
-      written[w[1]] = w[2]
+    for j = 1, wn do
+      local key = wkey[j]
+      if not written[key] then order[#order + 1] = key end
+      written[key] = wtat[j]
     end
   end
   k = k + 2 * n
@@ -133,4 +143,4 @@ for _, key in ipairs(order) do
   if ttl < 1 then ttl = 1 end
   call('PSETEX', key, ttl, pack('d', tat))
 end
-return pack('<' .. string.rep('i8', #out), unpack(out))
+return pack('<' .. string.rep('i8', o), unpack(out, 1, o))

@@ -138,7 +138,12 @@ impl Engine {
                 _ => lock(&self.sketch).offer(&scope.subject, 1),
             }
         }
-        self.handle_anomalies(anomalies).await
+        if anomalies.is_empty() {
+            return Ok(());
+        }
+        // Boxed: tightening reaches both stores, and that future held inline made every limit
+        // check's future about 19 KB, allocated and copied per request (3.5 % of a check).
+        Box::pin(self.handle_anomalies(anomalies)).await
     }
 
     /// Tightens anomalous keys for the cooling period and raises one alert each.
