@@ -219,7 +219,7 @@ fn write_keys(cmd: &mut redis::Cmd, scopes: &[Scope]) {
 fn write_args(cmd: &mut redis::Cmd, scopes: &[Scope], cost: u32, consume: bool) {
     cmd.arg(cost).arg(u8::from(consume)).arg(scopes.len());
     for scope in scopes {
-        cmd.arg(scope.params.capacity);
+        number_arg(cmd, scope.params.capacity);
         number_arg(cmd, scope.params.refill_per_s);
         cmd.arg(u8::from(scope.enforced));
         match scope.multiplier_override {
@@ -232,7 +232,7 @@ fn write_args(cmd: &mut redis::Cmd, scopes: &[Scope], cost: u32, consume: bool) 
 }
 
 /// A number for the script (its `tonumber` reads `10` as it reads `10.0`): a whole one, as
-/// refill rates and multipliers nearly always are, written as an integer (formatting a
+/// capacities, refill rates and multipliers nearly always are, written as an integer (formatting a
 /// float cost a check about as much as the rest of its arguments together).
 fn number_arg(cmd: &mut redis::Cmd, value: f64) {
     const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: every whole number below is exact.
