@@ -687,3 +687,21 @@ async fn report_health(state: &AppState, reporter: &tonic_health::server::Health
         reporter.set_service_status(service, status).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As for the JSON check: the future every `ShouldRateLimit` call allocates stays small.
+    #[test]
+    fn a_should_rate_limit_future_stays_small() {
+        let size = crate::api::future_size(
+            |(state, token, request): (
+                &'static AppState,
+                Option<&'static str>,
+                &'static RateLimitRequest,
+            )| { should_rate_limit(state, token, request) },
+        );
+        assert!(size < 4096, "a ShouldRateLimit future is {size} bytes");
+    }
+}

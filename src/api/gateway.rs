@@ -274,3 +274,15 @@ async fn crowdsec_stream(
             .await?,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As for the JSON check: the future every forward-auth request allocates stays small.
+    #[test]
+    fn a_forward_auth_future_stays_small() {
+        let size = crate::api::future_size(|(state, parts)| forward_auth(state, parts));
+        assert!(size < 4096, "a forward-auth future is {size} bytes");
+    }
+}

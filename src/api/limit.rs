@@ -291,3 +291,16 @@ impl From<limiter::Error> for ApiError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rare paths of a decision (tightening an anomalous key reaches both stores) are boxed,
+    /// so that the future every check allocates stays small.
+    #[test]
+    fn a_checks_future_stays_small() {
+        let size = crate::api::future_size(|(auth, state, body)| check(auth, state, body));
+        assert!(size < 4096, "a limit check's future is {size} bytes");
+    }
+}
