@@ -29,7 +29,8 @@
 --        coalesced call shares TIME, one MGET and one PSETEX per distinct bucket. The
 --        answer's length is counted, not taken with `#`, and a request's writes go into two
 --        arrays reused by every request, not a table per write: 8 coalesced 4-scope requests
---        took 11.6-11.9 -> 10.4-10.9 µs of script time each (commandstats, 2026-12-06).
+--        took 15.7-17.2 -> 14.9-15.1 µs of Redis time each, one alone 20.7-21.2 -> 19.7-20.2
+--        µs (`scripts/token-bucket-cost.py`, alternated with the script before, 2026-12-06).
 
 local call, floor, ceil, byte, sub = redis.call, math.floor, math.ceil, string.byte, string.sub
 local pack, unpack_struct = struct.pack, struct.unpack
