@@ -278,7 +278,7 @@ pub async fn serve(
 
 /// The size of the future `handler` returns, found without calling it. Every request
 /// allocates its handler's future and moves it into place, so a large one costs every
-/// request (a rare path held inline once made each limit check's future 19.8 KB).
+/// request (a rare path held inline makes a limit check's future 19.8 KB).
 #[cfg(test)]
 pub(crate) fn future_size<A, F: std::future::Future>(_handler: impl Fn(A) -> F) -> usize {
     std::mem::size_of::<F>()

@@ -141,8 +141,8 @@ impl Engine {
         if anomalies.is_empty() {
             return Ok(());
         }
-        // Boxed: tightening reaches both stores, and that future held inline made every limit
-        // check's future about 19 KB, allocated and copied per request (3.5 % of a check).
+        // Boxed: tightening reaches both stores, and held inline that future would make every
+        // limit check's future about 19 KB, allocated and copied per request (3.5 % of a check).
         Box::pin(self.handle_anomalies(anomalies)).await
     }
 
