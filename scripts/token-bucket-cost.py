@@ -13,6 +13,7 @@ figure. Alternate two script files to compare them:
 import argparse
 import os
 import random
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -125,6 +126,7 @@ def main():
     finally:
         server.terminate()
         server.wait()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -232,8 +232,8 @@ fn write_args(cmd: &mut redis::Cmd, scopes: &[Scope], cost: u32, consume: bool) 
 }
 
 /// A number for the script (its `tonumber` reads `10` as it reads `10.0`): a whole one, as
-/// capacities, refill rates and multipliers nearly always are, written as an integer (formatting a
-/// float cost a check about as much as the rest of its arguments together).
+/// capacities, refill rates and multipliers nearly always are, written as an integer
+/// (formatting a float cost a check about as much as the rest of its arguments together).
 fn number_arg(cmd: &mut redis::Cmd, value: f64) {
     const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: every whole number below is exact.
     if value.fract() == 0.0 && value.abs() < EXACT {
