@@ -162,6 +162,18 @@ fn grpc_run(address: SocketAddr, concurrency: u64, seconds: u64) -> (f64, f64, u
 pub(crate) fn paths_section(redis_port: u16, concurrency: u64, seconds: u64) {
     let redis = start_palisade_on(Some(redis_port), 250, true);
     let embedded = start_palisade_on(None, 250, false);
+    // A bare axum server on the service's runtime (its threads are the ones measured): what
+    // the same runtime and HTTP stack cost without Palisade's middleware and routes.
+    let bare = embedded._runtime.block_on(async {
+        let router = axum::Router::new().route(
+            "/healthz",
+            axum::routing::get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        base
+    });
     // Load the script so redis-benchmark's EVALSHA finds it.
     let warm = drive(
         &redis.base,
@@ -259,6 +271,18 @@ pub(crate) fn paths_section(redis_port: u16, concurrency: u64, seconds: u64) {
                 wrk_run(
                     WRK_FLOOR_SCRIPT,
                     &url(&embedded, "/healthz"),
+                    concurrency,
+                    seconds,
+                )
+            }),
+        ),
+        (
+            "`GET /healthz` of a bare axum server on the same runtime",
+            "–",
+            measured(|| {
+                wrk_run(
+                    WRK_FLOOR_SCRIPT,
+                    &format!("{bare}/healthz"),
                     concurrency,
                     seconds,
                 )

@@ -89,10 +89,7 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        // The service that was polled ready serves this request; a clone takes its place.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(handle(inner, request, self.limits).map(Ok))
+        Box::pin(handle(&mut self.inner, request, self.limits).map(Ok))
     }
 }
 
@@ -188,9 +185,16 @@ fn record_request(route: &'static str, method: &'static str, status: &'static st
     );
 }
 
-async fn handle<S>(mut inner: S, request: Request, limits: Limits) -> Response
+/// Starts serving `request` on `inner` (polled ready; its future owns what it needs, so no
+/// clone of the service moves into this one) and returns the future of the whole exchange.
+fn handle<S>(
+    inner: &mut S,
+    request: Request,
+    limits: Limits,
+) -> impl Future<Output = Response> + Send + 'static
 where
     S: tower::Service<Request, Response = Response, Error = Infallible>,
+    S::Future: Send + 'static,
 {
     let started = Instant::now();
     let request_id = request_id::from_headers(request.headers());
@@ -201,21 +205,23 @@ where
     // every span field is formatted on every request. `status` and `latency_ms` go on the
     // completion event too: recording into a span re-formats its fields.
     let span = tracing::info_span!("request", request_id = %request_id);
+    // Kept for an error envelope's message only; `Uri` clones share its bytes.
+    let uri = request.uri().clone();
+    let timeout = limits.timeout;
+    // The route's future: calling the service only builds it (the handler runs when it is
+    // polled, inside the span, the timeout and the panic catcher).
+    let serving = match refused_at_the_edge(&request, limits) {
+        Some(refused) => {
+            drain_in_background(request.into_body(), limits);
+            Err(refused)
+        }
+        None => Ok(inner.call(request)),
+    };
     let handled = async move {
-        // Kept for an error envelope's message only; `Uri` clones share its bytes.
-        let uri = request.uri().clone();
-        let timeout = limits.timeout;
-        let served = match refused_at_the_edge(&request, limits) {
-            Some(refused) => {
-                drain_in_background(request.into_body(), limits);
-                Ok(Ok(Ok(refused.into_response())))
-            }
-            None => {
-                tokio::time::timeout(
-                    timeout,
-                    AssertUnwindSafe(inner.call(request)).catch_unwind(),
-                )
-                .await
+        let served = match serving {
+            Err(refused) => Ok(Ok(Ok(refused.into_response()))),
+            Ok(future) => {
+                tokio::time::timeout(timeout, AssertUnwindSafe(future).catch_unwind()).await
             }
         };
         let mut response = match served {
@@ -267,7 +273,7 @@ where
         record_request(route, method, status_label(status), latency.as_secs_f64());
         response
     };
-    request_id::scope(request_id, handled.instrument(span)).await
+    request_id::scope(request_id, handled.instrument(span))
 }
 
 #[cfg(test)]
