@@ -37,7 +37,8 @@
 //!    in-process buckets (one at a time and 8 pipelined per connection), as forward-auth and
 //!    as Envoy's gRPC `ShouldRateLimit`: decisions/s and the service threads' CPU per
 //!    decision, against the 4-scope and one-scope EVALSHA, with `GET /healthz` through the
-//!    same server as the floor of any HTTP request.
+//!    same server as the floor of any HTTP request, and of a bare axum server on the same
+//!    runtime as the floor without Palisade's own stack.
 //!
 //! Everything shares the machine's cores (server, load generator, Redis), as the baselines do.
 

@@ -1,7 +1,8 @@
 //! One decision through each way in (`LOAD_ONLY=paths`): the JSON check on Redis and on
 //! in-process buckets (the embedded default), the JSON check pipelined 8 deep, forward-auth
 //! and Envoy's `ShouldRateLimit`, and `GET /healthz` through the same server for the floor of
-//! any request.
+//! any request (and through a bare axum server on the same runtime, for the floor without
+//! Palisade's middleware and routes).
 
 use super::*;
 use palisade::api::envoy::proto::{
