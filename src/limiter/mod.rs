@@ -434,10 +434,12 @@ impl Limiter {
     }
 
     async fn decide(&self, request: &LimitRequest) -> Result<Decision, Error> {
-        // A guard, not a clone of the Arc: no reference-count traffic on the hot path (it
-        // falls back to a full load by itself when too many are held at once).
-        let guard = self.budgets.load();
-        let budgets: &Budgets = &guard;
+        // An `Arc`, not a guard: this is held across the hot store's round trip, and a guard
+        // held that long takes one of the thread's few `ArcSwap` debt slots. With a check per
+        // connection in flight the slots run out, and every other `ArcSwap` load on the thread
+        // (metric handles, range lists, multiplier defaults) takes the slow path.
+        let budgets = self.budgets.load_full();
+        let budgets: &Budgets = &budgets;
         let class = budgets.classify(&request.method, &request.endpoint);
         let class_name = budgets.classes[class].name.clone();
         let attested = self.attested(budgets, class, request).await;
