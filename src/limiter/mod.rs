@@ -122,6 +122,14 @@ impl Limiter {
     pub fn new(settings: &LimitSettings, hot: Hot, keys: Keys, clock: Arc<dyn Clock>) -> Self {
         let budgets = Budgets::from_settings(settings);
         let rates = rates::Rates::new(budgets.classes.iter().map(|c| &*c.name));
+        let coalescer = redis_backend::Coalescer::new(
+            match &hot {
+                Hot::Redis(redis) => Some(redis),
+                Hot::Memory(_) => None,
+            },
+            settings.coalesce,
+            settings.coalesce_in_flight.into(),
+        );
         Self {
             budgets: arc_swap::ArcSwap::from_pointee(budgets),
             retired: std::sync::Mutex::new(Vec::new()),
@@ -130,10 +138,7 @@ impl Limiter {
             clock,
             l1: l1::L1::new(Duration::from_millis(settings.l1_ttl_ms)),
             shared_ceiling: settings.shared_ip.ceiling,
-            coalescer: redis_backend::Coalescer::new(
-                settings.coalesce,
-                settings.coalesce_in_flight.into(),
-            ),
+            coalescer,
             defaults: std::sync::OnceLock::new(),
             exemptions: std::sync::OnceLock::new(),
             history: std::sync::OnceLock::new(),

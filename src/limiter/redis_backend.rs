@@ -11,12 +11,10 @@
 //! may under-admit slightly, and never admits more than any bucket allows.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
-
-use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{LimitRequest, RawOutcome, Scope};
-use crate::store::scripts::TOKEN_BUCKET;
+use crate::store::pipe::{Part, ScriptPipe, Settings as PipeSettings};
+use crate::store::scripts::{TOKEN_BUCKET, TOKEN_BUCKET_SOURCE};
 use crate::store::{Error, RedisHot};
 use crate::telemetry::metrics as names;
 
@@ -27,112 +25,39 @@ const VALUE_BYTES: usize = 8;
 /// Most checks in one call.
 const MAX_BATCH: usize = 64;
 
-/// One check's answer from a coalesced call (the call's error is shared by its checks).
-type Answer = Result<(bool, Vec<RawOutcome>), Arc<Error>>;
-
-/// One check waiting for a coalesced call.
-#[derive(Debug)]
-struct Job {
-    scopes: Vec<Scope>,
-    cost: u32,
-    consume: bool,
-    reply: oneshot::Sender<Answer>,
-}
-
-/// Coalesces concurrent checks on a single Redis into shared script calls.
+/// Coalesces concurrent checks on a single Redis into shared script calls, on a connection
+/// of their own ([`ScriptPipe`]).
 ///
 /// A check that finds a call slot free goes at once (no added wait); when all
-/// `limits.coalesce_in_flight` slots are busy (default 4: 8.8 checks per call and 20 % less
-/// Redis CPU per check at 50 concurrent checks, where 16 gave 2.6 per call;
+/// `limits.coalesce_in_flight` calls are on their way (default 4: 8.8 checks per call and
+/// 20 % less Redis CPU per check at 50 concurrent checks, where 16 gave 2.6 per call;
 /// `LOAD_ONLY=coalesce cargo bench --bench load`), the checks that arrive meanwhile are sent
-/// together. The queue is drained by a task started on first use (and again if its runtime
-/// went away).
+/// together in the next. Off (`limits.coalesce = false`), on a cluster, or on a TLS or Unix
+/// socket address, every check is a call of its own on the shared connection.
 #[derive(Debug)]
 pub(super) struct Coalescer {
-    enabled: bool,
-    /// Script calls on their way to Redis; shared by direct calls and coalesced ones.
-    slots: Arc<Semaphore>,
-    queue: Mutex<Option<mpsc::UnboundedSender<Job>>>,
+    pipe: Option<ScriptPipe>,
 }
 
 impl Coalescer {
-    /// `enabled: false` (`limits.coalesce = false`): one script call per check.
-    pub(super) fn new(enabled: bool, in_flight: usize) -> Self {
-        Self {
-            enabled,
-            slots: Arc::new(Semaphore::new(in_flight.max(1))),
-            queue: Mutex::new(None),
-        }
-    }
-
-    fn submit(&self, redis: &RedisHot, job: Job) {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        let job = match queue.as_ref() {
-            Some(tx) => match tx.send(job) {
-                Ok(()) => return,
-                // The draining task's runtime went away: start another on this one.
-                Err(mpsc::error::SendError(job)) => job,
-            },
-            None => job,
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(drain(redis.clone(), self.slots.clone(), rx));
-        // The receiver was just created and is alive: the send cannot fail.
-        let _ = tx.send(job);
-        *queue = Some(tx);
-    }
-}
-
-async fn drain(redis: RedisHot, slots: Arc<Semaphore>, mut rx: mpsc::UnboundedReceiver<Job>) {
-    while let Some(first) = rx.recv().await {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH
-            && let Ok(job) = rx.try_recv()
-        {
-            jobs.push(job);
-        }
-        let redis = redis.clone();
-        tokio::spawn(async move {
-            run_jobs(&redis, jobs).await;
-            drop(slot);
-        });
-    }
-}
-
-/// One script call for all `jobs`; each gets its own answer (or the call's error).
-async fn run_jobs(redis: &RedisHot, jobs: Vec<Job>) {
-    metrics::histogram!(names::LIMIT_COALESCED_CHECKS).record(jobs.len() as f64);
-    let mut cmd = RedisHot::evalsha(&TOKEN_BUCKET, jobs.iter().map(|j| 2 * j.scopes.len()).sum());
-    for job in &jobs {
-        write_keys(&mut cmd, &job.scopes);
-    }
-    cmd.arg(jobs.len());
-    for job in &jobs {
-        write_args(&mut cmd, &job.scopes, job.cost, job.consume);
-    }
-    match redis.run_script::<Vec<u8>>(&TOKEN_BUCKET, &cmd).await {
-        Err(error) => {
-            let error = Arc::new(error);
-            for job in jobs {
-                // The caller may have gone (its request was cancelled): nothing to tell.
-                let _ = job.reply.send(Err(error.clone()));
-            }
-        }
-        Ok(reply) => {
-            let mut rest = &reply[..];
-            for job in jobs {
-                let (mine, tail) = rest.split_at(
-                    ((1 + job.scopes.len() * VALUES_PER_SCOPE) * VALUE_BYTES).min(rest.len()),
-                );
-                rest = tail;
-                let _ = job
-                    .reply
-                    .send(parse(mine, job.scopes.len()).map_err(Arc::new));
-            }
-        }
+    /// The coalescer of `redis` (none for the in-process store).
+    pub(super) fn new(redis: Option<&RedisHot>, enabled: bool, in_flight: usize) -> Self {
+        let pipe = redis
+            .filter(|_| enabled)
+            .and_then(|redis| Some((redis.pipe_target()?.clone(), redis.timeout())))
+            .map(|(target, timeout)| {
+                ScriptPipe::new(
+                    target,
+                    TOKEN_BUCKET_SOURCE,
+                    PipeSettings {
+                        timeout,
+                        in_flight: in_flight.max(1),
+                        max_parts: MAX_BATCH,
+                        parts_metric: names::LIMIT_COALESCED_CHECKS,
+                    },
+                )
+            });
+        Self { pipe }
     }
 }
 
@@ -145,34 +70,12 @@ pub(super) async fn evaluate(
     if scopes.is_empty() {
         return Ok(Vec::new());
     }
-    if !redis.is_cluster() && coalescer.enabled {
-        // A free slot: this check goes at once, on its own (no queue, no other task).
-        if let Ok(slot) = coalescer.slots.clone().try_acquire_owned() {
-            let answer = run(redis, scopes, request.cost, request.consume).await;
-            drop(slot);
-            return Ok(answer?.1);
-        }
-        let (reply, answer) = oneshot::channel();
-        coalescer.submit(
-            redis,
-            Job {
-                scopes: scopes.to_vec(),
-                cost: request.cost,
-                consume: request.consume,
-                reply,
-            },
-        );
-        return match answer.await {
-            Ok(Ok((_, outcomes))) => Ok(outcomes),
-            Ok(Err(error)) => Err(Error::Unavailable {
-                store: "hot",
-                source: Box::new(error),
-            }),
-            Err(_) => Err(Error::Unavailable {
-                store: "hot",
-                source: "the coalesced call was cancelled (runtime shutting down)".into(),
-            }),
-        };
+    if let Some(pipe) = &coalescer.pipe {
+        let mut part = Part::default();
+        write_keys(&mut part, scopes);
+        write_args(&mut part, scopes, request.cost, request.consume);
+        let reply = pipe.call(part, reply_len(scopes.len())).await?;
+        return Ok(parse(&reply, scopes.len())?.1);
     }
     if !redis.is_cluster() {
         return Ok(run(redis, scopes, request.cost, request.consume).await?.1);
@@ -206,27 +109,60 @@ pub(super) async fn evaluate(
     Ok(outcomes.into_iter().flatten().collect())
 }
 
+/// Where a script call's keys and arguments are written: a command of its own, or a part
+/// of a coalesced call.
+trait ScriptArgs {
+    fn key(&mut self, key: &str);
+    fn int(&mut self, value: i64);
+    fn text(&mut self, value: &str);
+}
+
+impl ScriptArgs for redis::Cmd {
+    fn key(&mut self, key: &str) {
+        self.arg(key);
+    }
+    fn int(&mut self, value: i64) {
+        self.arg(value);
+    }
+    fn text(&mut self, value: &str) {
+        self.arg(value);
+    }
+}
+
+impl ScriptArgs for Part {
+    fn key(&mut self, key: &str) {
+        Part::key(self, key.as_bytes());
+    }
+    fn int(&mut self, value: i64) {
+        Part::int(self, value);
+    }
+    fn text(&mut self, value: &str) {
+        Part::arg(self, value.as_bytes());
+    }
+}
+
 /// One request's keys: per scope its bucket and multiplier key.
-fn write_keys(cmd: &mut redis::Cmd, scopes: &[Scope]) {
+fn write_keys(out: &mut impl ScriptArgs, scopes: &[Scope]) {
     for scope in scopes {
-        cmd.arg(&scope.bucket_key).arg(&scope.multiplier_key);
+        out.key(&scope.bucket_key);
+        out.key(&scope.multiplier_key);
     }
 }
 
 /// One request's arguments (after the call's leading request count): cost, consume, number
 /// of scopes, then per scope capacity, refill per second, enforce, default multiplier (or
 /// `=m`: the multiplier to use whatever is published).
-fn write_args(cmd: &mut redis::Cmd, scopes: &[Scope], cost: u32, consume: bool) {
-    cmd.arg(cost).arg(u8::from(consume)).arg(scopes.len());
+fn write_args(out: &mut impl ScriptArgs, scopes: &[Scope], cost: u32, consume: bool) {
+    out.int(cost.into());
+    out.int(consume.into());
+    out.int(scopes.len() as i64);
     for scope in scopes {
-        number_arg(cmd, scope.params.capacity);
-        number_arg(cmd, scope.params.refill_per_s);
-        cmd.arg(u8::from(scope.enforced));
+        number_arg(out, scope.params.capacity);
+        number_arg(out, scope.params.refill_per_s);
+        out.int(scope.enforced.into());
         match scope.multiplier_override {
-            Some(value) => {
-                cmd.arg(format!("={value}"));
-            }
-            None => number_arg(cmd, scope.default_multiplier),
+            Some(value) => out.text(&format!("={value}")),
+            None => number_arg(out, scope.default_multiplier),
         }
     }
 }
@@ -234,13 +170,18 @@ fn write_args(cmd: &mut redis::Cmd, scopes: &[Scope], cost: u32, consume: bool) 
 /// A number for the script (its `tonumber` reads `10` as it reads `10.0`): a whole one, as
 /// capacities, refill rates and multipliers nearly always are, written as an integer
 /// (formatting a float cost a check about as much as the rest of its arguments together).
-fn number_arg(cmd: &mut redis::Cmd, value: f64) {
+fn number_arg(out: &mut impl ScriptArgs, value: f64) {
     const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: every whole number below is exact.
     if value.fract() == 0.0 && value.abs() < EXACT {
-        cmd.arg(value as i64);
+        out.int(value as i64);
     } else {
-        cmd.arg(value);
+        out.text(&value.to_string());
     }
+}
+
+/// The length of one request's part of the script's reply.
+fn reply_len(scopes: usize) -> usize {
+    (1 + scopes * VALUES_PER_SCOPE) * VALUE_BYTES
 }
 
 /// One request of its own (on a cluster: one group, one slot).
@@ -272,7 +213,7 @@ fn non_negative(value: i64) -> u64 {
 
 /// One request's part of the script's reply: `1 + 7 × scopes` little-endian i64 values.
 fn parse(reply: &[u8], scopes: usize) -> Result<(bool, Vec<RawOutcome>), Error> {
-    if reply.len() != (1 + scopes * VALUES_PER_SCOPE) * VALUE_BYTES {
+    if reply.len() != reply_len(scopes) {
         return Err(bad_reply(format!(
             "{} bytes for {scopes} scopes",
             reply.len()
@@ -321,8 +262,10 @@ mod tests {
             (0.0, "0"),
             (100_000.0, "100000"),
             (0.5, "0.5"),
-            (1.0 / 60.0, &*(1.0f64 / 60.0).to_string()),
-            (1e300, "1e300"),
+            (1.0 / 60.0, "0.016666666666666666"),
+            (-2.5, "-2.5"),
+            // Past 2^53 a float, in Rust's shortest exact decimal (Lua reads it back).
+            (1e300, &*format!("1{}", "0".repeat(300))),
         ] {
             let got = written(value);
             assert_eq!(got, text, "{value}");

@@ -7,6 +7,7 @@
 pub mod epoch;
 pub mod keys;
 mod memory;
+pub mod pipe;
 mod redis_hot;
 pub mod scripts;
 pub mod window;

@@ -26,6 +26,9 @@ pub struct RedisHot {
     /// The connection of [`RedisHot::interactive`] (on a cluster, `conn` again).
     interactive: Conn,
     timeout: Duration,
+    /// A single node reached over plain TCP: where a [`ScriptPipe`](super::pipe::ScriptPipe)
+    /// connects.
+    target: Option<super::pipe::Target>,
 }
 
 impl std::fmt::Debug for RedisHot {
@@ -90,9 +93,12 @@ impl RedisHot {
                 conn: Conn::Cluster(conn.clone()),
                 interactive: Conn::Cluster(conn),
                 timeout,
+                target: None,
             });
         }
-        let client = redis::Client::open(url.into_connection_info()?.set_tcp_settings(no_delay()))?;
+        let info = url.into_connection_info()?;
+        let target = super::pipe::Target::of(&info);
+        let client = redis::Client::open(info.set_tcp_settings(no_delay()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
@@ -104,6 +110,7 @@ impl RedisHot {
             conn: Conn::Single(conn),
             interactive: Conn::Single(interactive),
             timeout,
+            target,
         })
     }
 
@@ -120,7 +127,19 @@ impl RedisHot {
             conn: self.interactive.clone(),
             interactive: self.interactive.clone(),
             timeout: self.timeout,
+            target: self.target.clone(),
         }
+    }
+
+    /// The single node a [`ScriptPipe`](super::pipe::ScriptPipe) can reach over plain TCP
+    /// (`None` on a cluster, a TLS or a Unix socket address).
+    pub fn pipe_target(&self) -> Option<&super::pipe::Target> {
+        self.target.as_ref()
+    }
+
+    /// The bound of every command.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Runs a command, bounded by the timeout.

@@ -4,7 +4,10 @@ use std::sync::LazyLock;
 
 /// `lua/token_bucket.lua`: check and consume every scope of one request.
 pub static TOKEN_BUCKET: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/token_bucket.lua")));
+    LazyLock::new(|| redis::Script::new(TOKEN_BUCKET_SOURCE));
+
+/// The body of [`TOKEN_BUCKET`].
+pub const TOKEN_BUCKET_SOURCE: &str = include_str!("../../lua/token_bucket.lua");
 
 /// `lua/velocity_batch.lua`: window operations on packed window values, in order.
 pub static VELOCITY_BATCH: LazyLock<redis::Script> =

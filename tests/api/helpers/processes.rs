@@ -319,11 +319,25 @@ impl Drop for OwnRedis {
 impl OwnRedis {
     /// `redis-server` on `port`, data in `dir`, once it answers `PING`.
     pub async fn start(port: u16, dir: tempfile::TempDir) -> OwnRedis {
-        let child = std::process::Command::new("redis-server")
+        Self::start_with_password(port, dir, None).await
+    }
+
+    /// The same, asking clients for `password` (`requirepass`) when there is one.
+    pub async fn start_with_password(
+        port: u16,
+        dir: tempfile::TempDir,
+        password: Option<&str>,
+    ) -> OwnRedis {
+        let mut command = std::process::Command::new("redis-server");
+        command
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
-            .arg(dir.path())
+            .arg(dir.path());
+        if let Some(password) = password {
+            command.args(["--requirepass", password]);
+        }
+        let child = command
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server");
@@ -333,7 +347,8 @@ impl OwnRedis {
             port,
             _dir: dir,
         };
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let auth = password.map(|p| format!(":{p}@")).unwrap_or_default();
+        let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{port}")).unwrap();
         for _ in 0..100 {
             if let Ok(mut conn) = client.get_multiplexed_async_connection().await
                 && redis::cmd("PING")

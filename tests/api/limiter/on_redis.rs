@@ -1,6 +1,7 @@
 //! The limiter on Redis: one script call for many requests, key TTLs, SCRIPT FLUSH, instance clocks, Redis down and a cluster.
 
 use super::*;
+use crate::helpers::{OwnRedis, free_port};
 
 /// Several requests in one `token_bucket.lua` call run one after another: a later request
 /// sees what an earlier one took from a shared bucket, a denied or `consume: false` request
@@ -215,6 +216,109 @@ async fn redis_down_auth_fails_closed_reads_fail_open_and_recover() {
         metrics.contains("palisade_fail_open_total{class=\"read\",outcome=\"fail_open\"}"),
         "{metrics}"
     );
+}
+
+/// A Redis that stops answering (its packets dropped, the connection left open): a check
+/// waits no longer than the store's timeout, the auth class fails closed and the read class
+/// passes degraded; once Redis answers again, so do the checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_stops_answering_bounds_every_check_and_is_recovered_from() {
+    let Some((_, redis_url)) = production_urls() else {
+        return;
+    };
+    let proxy = ChaosProxy::start(socket_of(&redis_url)).await;
+    let proxied = proxy.proxied_url(&redis_url);
+    let app = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(proxied);
+        settings.store.redis_timeout_ms = 200;
+    })
+    .await
+    .unwrap();
+    let read = json!({"endpoint": "/v1/feed", "ip": "192.0.2.81"});
+    assert_eq!(app.limit_check(&read).await.status(), StatusCode::OK);
+
+    proxy.blackhole();
+    let started = std::time::Instant::now();
+    let auth = login("mallory", "192.0.2.81");
+    let (auth, read_response) = tokio::join!(app.limit_check(&auth), app.limit_check(&read));
+    let waited = started.elapsed();
+    assert_eq!(auth.headers()["x-palisade-degraded"], "redis-unavailable");
+    assert_envelope(auth, StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE").await;
+    assert_eq!(read_response.status(), StatusCode::OK);
+    assert_eq!(
+        read_response.headers()["x-palisade-degraded"],
+        "redis-unavailable"
+    );
+    assert!(
+        waited < Duration::from_millis(1500),
+        "checks held {waited:?} by a silent Redis (timeout 200 ms)"
+    );
+
+    proxy.restore();
+    let restored = std::time::Instant::now();
+    loop {
+        let response = app.limit_check(&login("mallory", "192.0.2.81")).await;
+        if response.status() == StatusCode::OK
+            && !response.headers().contains_key("x-palisade-degraded")
+        {
+            break;
+        }
+        assert!(
+            restored.elapsed() < Duration::from_secs(2),
+            "not recovered within 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A Redis URL's password and database reach every connection, the limit check's own
+/// included: the buckets are written in that database; a wrong password is a clear
+/// degraded answer, not a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_urls_password_and_database_reach_the_limit_checks() {
+    if production_urls().is_none() {
+        return;
+    }
+    let redis = OwnRedis::start_with_password(
+        free_port(),
+        tempfile::tempdir().unwrap(),
+        Some("s3cret-pass"),
+    )
+    .await;
+    let port = redis.port;
+    let app = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(format!("redis://:s3cret-pass@127.0.0.1:{port}/5"));
+    })
+    .await
+    .unwrap();
+    let response = app.limit_check(&login("peggy", "192.0.2.82")).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(!response.headers().contains_key("x-palisade-degraded"));
+    let client = redis::Client::open(format!("redis://:s3cret-pass@127.0.0.1:{port}")).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut sizes = Vec::new();
+    for db in [0, 5] {
+        let _: () = redis::cmd("SELECT")
+            .arg(db)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        sizes.push(size);
+    }
+    assert_eq!(sizes[0], 0, "nothing written in database 0");
+    assert!(sizes[1] > 0, "the buckets are in database 5");
+
+    let wrong = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(format!("redis://:wrong@127.0.0.1:{port}/5"));
+        settings.store.redis_timeout_ms = 200;
+    })
+    .await;
+    if let Some(wrong) = wrong {
+        let auth = wrong.limit_check(&login("peggy", "192.0.2.82")).await;
+        assert_eq!(auth.headers()["x-palisade-degraded"], "redis-unavailable");
+        assert_envelope(auth, StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE").await;
+    }
 }
 
 /// Against a 3-master Redis Cluster: scopes of different subjects live in different slots

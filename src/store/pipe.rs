@@ -1,0 +1,649 @@
+//! A connection of its own for one batched Lua script on a single Redis: the limit check's
+//! `token_bucket.lua`, called by every decision.
+//!
+//! Concurrent callers add their part (keys and arguments, written straight as RESP) to the
+//! call being gathered and wait on one channel. One task owns the TCP connection: whenever
+//! fewer than `in_flight` calls are on their way it writes the gathered call, and it reads
+//! the replies in order, handing each part its slice of its call's reply. There is no
+//! queue task, no task per call and no second command queue between a check and the
+//! socket (the path through redis-rs' multiplexed connection had all three).
+//!
+//! A batched script takes `EVALSHA sha numkeys <every part's keys> <parts> <every part's
+//! arguments>` and answers one bulk string: the parts' answers in order, each as long as its
+//! caller said. Written by hand, not with redis-rs, because redis-rs offers no way to send
+//! a pre-encoded command without its queue task and its reply tree; the protocol spoken
+//! here is small (RESP2 bulk strings, errors, `+OK`). `NOSCRIPT` (a restarted or flushed
+//! Redis) sends the same call again as `EVAL` with the script's body, which caches it.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use super::Error;
+
+/// Why a call failed; shared by every part of the call.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct PipeError(Arc<str>);
+
+impl PipeError {
+    fn new(message: impl Into<Arc<str>>) -> Self {
+        Self(message.into())
+    }
+}
+
+impl From<std::io::Error> for PipeError {
+    fn from(error: std::io::Error) -> Self {
+        Self::new(error.to_string())
+    }
+}
+
+fn unavailable(error: PipeError) -> Error {
+    Error::Unavailable {
+        store: "hot",
+        source: Box::new(error),
+    }
+}
+
+/// Where and as whom to connect.
+#[derive(Debug, Clone)]
+pub struct Target {
+    host: String,
+    port: u16,
+    db: i64,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+impl Target {
+    /// The TCP address of a `redis://` URL's connection info; `None` for a TLS or Unix
+    /// socket address (those keep redis-rs' connection).
+    pub fn of(info: &redis::ConnectionInfo) -> Option<Self> {
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return None;
+        };
+        let settings = info.redis_settings();
+        Some(Self {
+            host: host.clone(),
+            port: *port,
+            db: settings.db(),
+            username: settings.username().map(str::to_owned),
+            password: settings.password().map(str::to_owned),
+        })
+    }
+}
+
+/// How the pipe calls its script.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Each call's bound, from its write to its reply (and the connection's setup).
+    pub timeout: Duration,
+    /// Calls on their way at once.
+    pub in_flight: usize,
+    /// Most parts in one call.
+    pub max_parts: usize,
+    /// The histogram of parts per call.
+    pub parts_metric: &'static str,
+}
+
+/// A part's keys and arguments, written as RESP bulk strings as they are added.
+#[derive(Debug, Default)]
+pub struct Part {
+    keys: Vec<u8>,
+    key_count: usize,
+    args: Vec<u8>,
+    arg_count: usize,
+}
+
+fn bulk(out: &mut Vec<u8>, value: &[u8]) {
+    out.push(b'$');
+    out.extend_from_slice(itoa::Buffer::new().format(value.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+impl Part {
+    /// A key.
+    pub fn key(&mut self, key: &[u8]) -> &mut Self {
+        bulk(&mut self.keys, key);
+        self.key_count += 1;
+        self
+    }
+
+    /// An argument.
+    pub fn arg(&mut self, value: &[u8]) -> &mut Self {
+        bulk(&mut self.args, value);
+        self.arg_count += 1;
+        self
+    }
+
+    /// An integer argument, in decimal.
+    pub fn int(&mut self, value: i64) -> &mut Self {
+        self.arg(itoa::Buffer::new().format(value).as_bytes())
+    }
+}
+
+/// A part on its way: how long its answer is, and who waits for it.
+#[derive(Debug)]
+struct Waiter {
+    reply_len: usize,
+    tx: oneshot::Sender<Result<Bytes, PipeError>>,
+}
+
+/// Parts gathered into one call.
+#[derive(Debug, Default)]
+struct Batch {
+    part: Part,
+    waiters: Vec<Waiter>,
+}
+
+#[derive(Debug, Default)]
+struct Gathered {
+    batches: VecDeque<Batch>,
+    /// A task serves the pipe (false before the first call, and after its runtime went).
+    running: bool,
+    /// The last connection attempt failed: calls fail at once until then.
+    down: Option<(Instant, PipeError)>,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    target: Target,
+    settings: Settings,
+    sha: String,
+    body: &'static str,
+    gathered: Mutex<Gathered>,
+    wake: Notify,
+}
+
+impl Shared {
+    fn gathered(&self) -> std::sync::MutexGuard<'_, Gathered> {
+        self.gathered.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take(&self) -> Option<Batch> {
+        self.gathered().batches.pop_front()
+    }
+
+    fn fail_gathered(&self, error: &PipeError) {
+        let batches = std::mem::take(&mut self.gathered().batches);
+        for batch in batches {
+            fail(batch.waiters, error);
+        }
+    }
+}
+
+fn fail(waiters: Vec<Waiter>, error: &PipeError) {
+    for waiter in waiters {
+        // The caller may have gone (its request was cancelled): nothing to tell.
+        let _ = waiter.tx.send(Err(error.clone()));
+    }
+}
+
+/// One batched script on a connection of its own. Dropping it stops its task.
+#[derive(Debug)]
+pub struct ScriptPipe {
+    shared: Arc<Shared>,
+}
+
+impl Drop for ScriptPipe {
+    fn drop(&mut self) {
+        self.shared.gathered().closed = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+/// How long a failed connection attempt answers calls at once, before the next attempt.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+impl ScriptPipe {
+    /// A pipe to `target` for the batched script `body`. Connects on the first call.
+    pub fn new(target: Target, body: &'static str, settings: Settings) -> Self {
+        let sha = redis::Script::new(body).get_hash().to_owned();
+        Self {
+            shared: Arc::new(Shared {
+                target,
+                settings,
+                sha,
+                body,
+                gathered: Mutex::new(Gathered::default()),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    /// Adds `part` to the next call and waits for its answer: `reply_len` bytes of the
+    /// call's reply (fewer if the reply is shorter than its parts said).
+    pub async fn call(&self, part: Part, reply_len: usize) -> Result<Bytes, Error> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut gathered = self.shared.gathered();
+            if let Some((until, error)) = &gathered.down {
+                if Instant::now() < *until {
+                    return Err(unavailable(error.clone()));
+                }
+                gathered.down = None;
+            }
+            let max_parts = self.shared.settings.max_parts;
+            let waiter = Waiter { reply_len, tx };
+            match gathered.batches.back_mut() {
+                Some(batch) if batch.waiters.len() < max_parts => {
+                    batch.part.keys.extend_from_slice(&part.keys);
+                    batch.part.key_count += part.key_count;
+                    batch.part.args.extend_from_slice(&part.args);
+                    batch.part.arg_count += part.arg_count;
+                    batch.waiters.push(waiter);
+                }
+                _ => gathered.batches.push_back(Batch {
+                    part,
+                    waiters: vec![waiter],
+                }),
+            }
+            if !gathered.running {
+                gathered.running = true;
+                tokio::spawn(serve(self.shared.clone()));
+            }
+        }
+        self.shared.wake.notify_one();
+        match rx.await {
+            Ok(answer) => answer.map_err(unavailable),
+            Err(_) => Err(unavailable(PipeError::new(
+                "the script call was dropped (runtime shutting down)",
+            ))),
+        }
+    }
+}
+
+/// Marks the pipe unserved when its task ends (or its runtime drops it), failing what was
+/// gathered, so that the next call starts another task.
+struct Running(Arc<Shared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let batches = {
+            let mut gathered = self.0.gathered();
+            gathered.running = false;
+            std::mem::take(&mut gathered.batches)
+        };
+        let error = PipeError::new("the script pipe's task stopped");
+        for batch in batches {
+            fail(batch.waiters, &error);
+        }
+    }
+}
+
+async fn serve(shared: Arc<Shared>) {
+    let _running = Running(shared.clone());
+    let mut conn: Option<Conn> = None;
+    loop {
+        let (closed, idle) = {
+            let gathered = shared.gathered();
+            (
+                gathered.closed,
+                conn.is_none() && gathered.batches.is_empty(),
+            )
+        };
+        if closed {
+            return;
+        }
+        if idle {
+            shared.wake.notified().await;
+            continue;
+        }
+        let current = match &mut conn {
+            Some(current) => current,
+            None => match Conn::open(&shared).await {
+                Ok(opened) => conn.insert(opened),
+                Err(error) => {
+                    tracing::warn!(error.cause = %error, "the hot store's script connection failed");
+                    shared.gathered().down = Some((Instant::now() + RETRY_AFTER, error.clone()));
+                    shared.fail_gathered(&error);
+                    continue;
+                }
+            },
+        };
+        if let Err(error) = current.step(&shared).await {
+            tracing::warn!(error.cause = %error, "the hot store's script connection was lost");
+            if let Some(lost) = conn.take() {
+                lost.fail_all(&error);
+            }
+        }
+    }
+}
+
+/// A call written and not yet answered.
+#[derive(Debug)]
+struct Call {
+    /// Everything after the command's name and script: numkeys, keys, parts, arguments.
+    body: Vec<u8>,
+    items: usize,
+    waiters: Vec<Waiter>,
+    deadline: Instant,
+    /// Sent again as `EVAL` after a `NOSCRIPT`.
+    evaluated: bool,
+}
+
+struct Conn {
+    stream: TcpStream,
+    out: Vec<u8>,
+    input: BytesMut,
+    calls: VecDeque<Call>,
+}
+
+/// One reply.
+enum Reply {
+    Bulk(Bytes),
+    Error(String),
+    Ok,
+}
+
+impl Conn {
+    async fn open(shared: &Shared) -> Result<Conn, PipeError> {
+        let target = &shared.target;
+        let open = async {
+            let mut stream = TcpStream::connect((target.host.as_str(), target.port)).await?;
+            stream.set_nodelay(true)?;
+            let mut hello = Vec::new();
+            let mut expected = 0;
+            if let Some(password) = &target.password {
+                let mut args: Vec<&[u8]> = vec![b"AUTH"];
+                args.extend(target.username.as_deref().map(str::as_bytes));
+                args.push(password.as_bytes());
+                command(&mut hello, &args);
+                expected += 1;
+            }
+            if target.db != 0 {
+                command(
+                    &mut hello,
+                    &[b"SELECT", itoa::Buffer::new().format(target.db).as_bytes()],
+                );
+                expected += 1;
+            }
+            stream.write_all(&hello).await?;
+            let mut conn = Conn {
+                stream,
+                out: Vec::new(),
+                input: BytesMut::with_capacity(64 * 1024),
+                calls: VecDeque::new(),
+            };
+            while expected > 0 {
+                match parse(&mut conn.input)? {
+                    Some(Reply::Ok) => expected -= 1,
+                    Some(Reply::Error(message)) => return Err(PipeError::new(message)),
+                    Some(Reply::Bulk(_)) => {
+                        return Err(PipeError::new("unexpected reply to AUTH or SELECT"));
+                    }
+                    None => {
+                        if conn.stream.read_buf(&mut conn.input).await? == 0 {
+                            return Err(PipeError::new("Redis closed the connection"));
+                        }
+                    }
+                }
+            }
+            Ok(conn)
+        };
+        match tokio::time::timeout(shared.settings.timeout, open).await {
+            Ok(conn) => conn,
+            Err(_) => Err(PipeError::new(format!(
+                "no connection to {}:{} within {} ms",
+                target.host,
+                target.port,
+                shared.settings.timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Writes what was gathered while calls may go, then waits for a reply, room to write,
+    /// more parts, or the oldest call's deadline.
+    async fn step(&mut self, shared: &Shared) -> Result<(), PipeError> {
+        while self.calls.len() < shared.settings.in_flight
+            && let Some(batch) = shared.take()
+        {
+            self.send(shared, batch);
+        }
+        self.flush()?;
+        let deadline = self.calls.front().map(|call| call.deadline);
+        let room = self.calls.len() < shared.settings.in_flight;
+        tokio::select! {
+            biased;
+            ready = self.stream.readable() => {
+                ready?;
+                self.read(shared)
+            }
+            ready = self.stream.writable(), if !self.out.is_empty() => {
+                ready?;
+                self.flush()
+            }
+            () = shared.wake.notified(), if room => Ok(()),
+            () = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                Err(PipeError::new(format!(
+                    "Redis did not answer within {} ms",
+                    shared.settings.timeout.as_millis()
+                )))
+            }
+        }
+    }
+
+    fn send(&mut self, shared: &Shared, batch: Batch) {
+        let Batch { part, waiters } = batch;
+        metrics::histogram!(shared.settings.parts_metric).record(waiters.len() as f64);
+        let mut body = Vec::with_capacity(part.keys.len() + part.args.len() + 32);
+        bulk(
+            &mut body,
+            itoa::Buffer::new().format(part.key_count).as_bytes(),
+        );
+        body.extend_from_slice(&part.keys);
+        bulk(
+            &mut body,
+            itoa::Buffer::new().format(waiters.len()).as_bytes(),
+        );
+        body.extend_from_slice(&part.args);
+        let call = Call {
+            body,
+            items: 1 + part.key_count + 1 + part.arg_count,
+            waiters,
+            deadline: Instant::now() + shared.settings.timeout,
+            evaluated: false,
+        };
+        self.write_call(shared, call);
+    }
+
+    fn write_call(&mut self, shared: &Shared, call: Call) {
+        let out = &mut self.out;
+        out.push(b'*');
+        out.extend_from_slice(itoa::Buffer::new().format(2 + call.items).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        if call.evaluated {
+            bulk(out, b"EVAL");
+            bulk(out, shared.body.as_bytes());
+        } else {
+            bulk(out, b"EVALSHA");
+            bulk(out, shared.sha.as_bytes());
+        }
+        out.extend_from_slice(&call.body);
+        self.calls.push_back(call);
+    }
+
+    fn flush(&mut self) -> Result<(), PipeError> {
+        while !self.out.is_empty() {
+            match self.stream.try_write(&self.out) {
+                Ok(written) => {
+                    self.out.drain(..written);
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, shared: &Shared) -> Result<(), PipeError> {
+        loop {
+            match self.stream.try_read_buf(&mut self.input) {
+                Ok(0) => return Err(PipeError::new("Redis closed the connection")),
+                Ok(_) if self.input.capacity() > self.input.len() => break,
+                Ok(_) => self.input.reserve(64 * 1024),
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        while let Some(reply) = parse(&mut self.input)? {
+            let Some(mut call) = self.calls.pop_front() else {
+                return Err(PipeError::new("a reply to no call"));
+            };
+            match reply {
+                Reply::Bulk(answer) => answer_parts(call.waiters, answer),
+                Reply::Error(message) if message.starts_with("NOSCRIPT") && !call.evaluated => {
+                    call.evaluated = true;
+                    call.deadline = Instant::now() + shared.settings.timeout;
+                    self.write_call(shared, call);
+                }
+                Reply::Error(message) => fail(call.waiters, &PipeError::new(message)),
+                Reply::Ok => fail(
+                    call.waiters,
+                    &PipeError::new("unexpected +OK to a script call"),
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    fn fail_all(self, error: &PipeError) {
+        for call in self.calls {
+            fail(call.waiters, error);
+        }
+    }
+}
+
+/// Each part's slice of its call's answer, in order.
+fn answer_parts(waiters: Vec<Waiter>, mut answer: Bytes) {
+    for waiter in waiters {
+        let mine = answer.split_to(waiter.reply_len.min(answer.len()));
+        let _ = waiter.tx.send(Ok(mine));
+    }
+}
+
+fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.push(b'*');
+    out.extend_from_slice(itoa::Buffer::new().format(args.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for arg in args {
+        bulk(out, arg);
+    }
+}
+
+/// The next whole reply in `input`, taken from it; `None` until one has arrived.
+fn parse(input: &mut BytesMut) -> Result<Option<Reply>, PipeError> {
+    let Some(end) = input.windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let line = &input[1..end];
+    match input.first() {
+        Some(b'$') => {
+            let len = std::str::from_utf8(line)
+                .ok()
+                .and_then(|n| n.parse::<i64>().ok())
+                .ok_or_else(|| PipeError::new("a malformed bulk length from Redis"))?;
+            if len < 0 {
+                input.advance(end + 2);
+                return Ok(Some(Reply::Error("a nil reply to a script call".into())));
+            }
+            let len = len as usize;
+            if input.len() < end + 2 + len + 2 {
+                return Ok(None);
+            }
+            let mut whole = input.split_to(end + 2 + len + 2).freeze();
+            whole.advance(end + 2);
+            whole.truncate(len);
+            Ok(Some(Reply::Bulk(whole)))
+        }
+        Some(b'-') => {
+            let message = String::from_utf8_lossy(line).into_owned();
+            input.advance(end + 2);
+            Ok(Some(Reply::Error(message)))
+        }
+        Some(b'+') => {
+            input.advance(end + 2);
+            Ok(Some(Reply::Ok))
+        }
+        _ => Err(PipeError::new("an unexpected reply type from Redis")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(bytes: &[u8]) -> Vec<String> {
+        let mut input = BytesMut::from(bytes);
+        let mut out = Vec::new();
+        while let Some(reply) = parse(&mut input).unwrap() {
+            out.push(match reply {
+                Reply::Bulk(b) => format!("bulk {:?}", b),
+                Reply::Error(e) => format!("error {e}"),
+                Reply::Ok => "ok".into(),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn replies_are_taken_whole_and_in_order() {
+        assert_eq!(
+            parsed(b"+OK\r\n$3\r\na\r\n\r\n-NOSCRIPT No matching script\r\n$0\r\n\r\n$5\r\nab"),
+            [
+                "ok",
+                "bulk b\"a\\r\\n\"",
+                "error NOSCRIPT No matching script",
+                "bulk b\"\""
+            ]
+        );
+        assert!(parse(&mut BytesMut::from(&b":1\r\n"[..])).is_err());
+        assert!(parse(&mut BytesMut::from(&b"$x\r\n"[..])).is_err());
+    }
+
+    #[test]
+    fn an_answer_is_split_by_its_parts_lengths() {
+        let (a, ra) = oneshot::channel();
+        let (b, rb) = oneshot::channel();
+        let (c, mut rc) = oneshot::channel();
+        answer_parts(
+            vec![
+                Waiter {
+                    reply_len: 2,
+                    tx: a,
+                },
+                Waiter {
+                    reply_len: 3,
+                    tx: b,
+                },
+                Waiter {
+                    reply_len: 4,
+                    tx: c,
+                },
+            ],
+            Bytes::from_static(b"abcdef"),
+        );
+        assert_eq!(ra.blocking_recv().unwrap().unwrap(), &b"ab"[..]);
+        assert_eq!(rb.blocking_recv().unwrap().unwrap(), &b"cde"[..]);
+        // A short reply leaves the last part short: its caller's parse says so.
+        assert_eq!(rc.try_recv().unwrap().unwrap(), &b"f"[..]);
+    }
+
+    #[test]
+    fn parts_are_written_as_resp_bulk_strings() {
+        let mut part = Part::default();
+        part.key(b"k1").key(b"").int(-12).arg(b"x\r\ny");
+        assert_eq!(part.keys, b"$2\r\nk1\r\n$0\r\n\r\n");
+        assert_eq!(part.args, b"$3\r\n-12\r\n$4\r\nx\r\ny\r\n");
+        assert_eq!((part.key_count, part.arg_count), (2, 2));
+    }
+}
