@@ -71,7 +71,13 @@ pub(super) async fn evaluate(
         return Ok(Vec::new());
     }
     if let Some(pipe) = &coalescer.pipe {
-        let mut part = Part::default();
+        // Each key and argument is preceded by its RESP length line (`$NN\r\n`) and
+        // followed by `\r\n`: sized once, the part is written without growing.
+        let key_bytes = scopes
+            .iter()
+            .map(|s| s.bucket_key.len() + s.multiplier_key.len() + 2 * 10)
+            .sum();
+        let mut part = Part::with_capacity(key_bytes, 3 * 8 + scopes.len() * 4 * 16);
         write_keys(&mut part, scopes);
         write_args(&mut part, scopes, request.cost, request.consume);
         let reply = pipe.call(part, reply_len(scopes.len())).await?;

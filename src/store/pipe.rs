@@ -110,6 +110,16 @@ fn bulk(out: &mut Vec<u8>, value: &[u8]) {
 }
 
 impl Part {
+    /// A part with room for keys of `key_bytes` and arguments of `arg_bytes` in all (each
+    /// item takes about 8 bytes more, its RESP length line).
+    pub fn with_capacity(key_bytes: usize, arg_bytes: usize) -> Self {
+        Self {
+            keys: Vec::with_capacity(key_bytes),
+            args: Vec::with_capacity(arg_bytes),
+            ..Self::default()
+        }
+    }
+
     /// A key.
     pub fn key(&mut self, key: &[u8]) -> &mut Self {
         bulk(&mut self.keys, key);
