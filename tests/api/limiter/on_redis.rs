@@ -218,6 +218,75 @@ async fn redis_down_auth_fails_closed_reads_fail_open_and_recover() {
     );
 }
 
+/// The script pipe the limit check's calls take, on its own: hundreds of concurrent parts
+/// each get their own slice of their call's answer; a script Redis does not know yet is
+/// sent again with its body (NOSCRIPT); an error reply fails its call only; and the pipe
+/// outlives the runtime its first task ran on (the next call starts another).
+#[test]
+fn the_script_pipe_answers_every_part_and_outlives_its_first_runtime() {
+    use palisade::store::pipe::{Part, ScriptPipe, Settings, Target};
+    let Some((_, redis_url)) = production_urls() else {
+        return;
+    };
+    let info = redis::IntoConnectionInfo::into_connection_info(redis_url.as_str()).unwrap();
+    // A body of this run's own, so that Redis does not know it yet.
+    let body: &'static str = Box::leak(
+        format!(
+            "-- {}\nif ARGV[2] == 'boom' then return redis.error_reply('boom') end\n\
+             return table.concat(ARGV, '', 2)",
+            ulid::Ulid::new()
+        )
+        .into_boxed_str(),
+    );
+    let pipe = std::sync::Arc::new(ScriptPipe::new(
+        Target::of(&info).expect("a TCP address"),
+        body,
+        Settings {
+            timeout: Duration::from_secs(2),
+            in_flight: 2,
+            max_parts: 64,
+            parts_metric: "test_pipe_parts",
+        },
+    ));
+    for round in 0..2 {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        // Bounded: a pipe without a task would leave its callers waiting.
+        let answered = runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                let mut tasks = tokio::task::JoinSet::new();
+                for i in 0..300 {
+                    let pipe = pipe.clone();
+                    tasks.spawn(async move {
+                        let value = format!("{round}:{i:05}");
+                        let mut part = Part::default();
+                        part.arg(value.as_bytes());
+                        let answer = pipe.call(part, value.len()).await.unwrap();
+                        assert_eq!(&answer[..], value.as_bytes());
+                    });
+                }
+                while let Some(done) = tasks.join_next().await {
+                    done.unwrap();
+                }
+                let mut boom = Part::default();
+                boom.arg(b"boom");
+                let error = pipe.call(boom, 4).await.unwrap_err();
+                assert!(error.to_string().contains("boom"), "{error}");
+                let mut after = Part::default();
+                after.arg(b"after");
+                assert_eq!(&pipe.call(after, 5).await.unwrap()[..], b"after");
+            })
+            .await
+        });
+        assert!(answered.is_ok(), "round {round}: no answer within 10 s");
+        // The pipe's task goes with its runtime.
+        drop(runtime);
+    }
+}
+
 /// A Redis that stops answering (its packets dropped, the connection left open): a check
 /// waits no longer than the store's timeout, the auth class fails closed and the read class
 /// passes degraded; once Redis answers again, so do the checks.
