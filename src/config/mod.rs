@@ -60,8 +60,9 @@ pub struct Settings {
     ///
     /// TOML `database_url`, env `PALISADE_DATABASE_URL`; default `sqlite://palisade.db`.
     pub database_url: String,
-    /// Hot store URL: `redis://…`, `rediss://…` or `redis+cluster://h1:p1,h2:p2`. Unset or
-    /// empty means in-process buckets and counters (single node).
+    /// Hot store URL: `redis://…`, `rediss://…`, `redis+unix:///PATH` (a Unix socket;
+    /// `?db=N&pass=…` for its database and password) or `redis+cluster://h1:p1,h2:p2`. Unset
+    /// or empty means in-process buckets and counters (single node).
     ///
     /// TOML `redis_url`, env `PALISADE_REDIS_URL`; default unset.
     pub redis_url: Option<String>,
@@ -348,12 +349,13 @@ impl Settings {
         if let Some(url) = &self.redis_url
             && !(url.starts_with("redis://")
                 || url.starts_with("rediss://")
+                || url.starts_with("redis+unix://")
                 || url.starts_with("redis+cluster://"))
         {
             return Err(SettingError::new(
                 setting_name("redis_url"),
                 format!(
-                    "{:?} is not a supported URL (expected redis://HOST:PORT, rediss://… or redis+cluster://H1:P1,H2:P2; unset for in-process)",
+                    "{:?} is not a supported URL (expected redis://HOST:PORT, rediss://…, redis+unix:///PATH or redis+cluster://H1:P1,H2:P2; unset for in-process)",
                     redact_url(url)
                 ),
             ));

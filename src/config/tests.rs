@@ -281,3 +281,30 @@ fn http_workers_default_to_one_per_core_and_are_bounded() {
         Ok(())
     });
 }
+
+#[test]
+fn redis_urls_of_every_supported_kind_load_and_others_are_named_without_their_password() {
+    for url in [
+        "redis://127.0.0.1:6379/2",
+        "rediss://cache.example:6380",
+        "redis+unix:///run/redis/redis.sock?db=3&pass=secret",
+        "redis+cluster://10.0.0.1:7000,10.0.0.2:7000",
+    ] {
+        Jail::expect_with(|jail| {
+            jail.set_env("PALISADE_REDIS_URL", url);
+            let settings = load_in_jail(jail, None).expect("loads");
+            assert_eq!(settings.redis_url.as_deref(), Some(url));
+            Ok(())
+        });
+    }
+    Jail::expect_with(|jail| {
+        jail.set_env("PALISADE_REDIS_URL", "http://user:hunter2@127.0.0.1:6379");
+        let error = load_in_jail(jail, None)
+            .expect_err("not a Redis URL")
+            .to_string();
+        assert!(error.contains("redis_url"), "{error}");
+        assert!(error.contains("redis+unix:///PATH"), "{error}");
+        assert!(!error.contains("hunter2"), "{error}");
+        Ok(())
+    });
+}

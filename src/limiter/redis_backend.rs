@@ -32,8 +32,8 @@ const MAX_BATCH: usize = 64;
 /// `limits.coalesce_in_flight` calls are on their way (default 4: 8.8 checks per call and
 /// 20 % less Redis CPU per check at 50 concurrent checks, where 16 gave 2.6 per call;
 /// `LOAD_ONLY=coalesce cargo bench --bench load`), the checks that arrive meanwhile are sent
-/// together in the next. Off (`limits.coalesce = false`), on a cluster, or on a TLS or Unix
-/// socket address, every check is a call of its own on the shared connection.
+/// together in the next. Off (`limits.coalesce = false`), on a cluster, or on a TLS address,
+/// every check is a call of its own on the shared connection.
 #[derive(Debug)]
 pub(super) struct Coalescer {
     pipe: Option<ScriptPipe>,

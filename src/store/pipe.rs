@@ -2,7 +2,8 @@
 //! `token_bucket.lua`, called by every decision.
 //!
 //! Concurrent callers add their part (keys and arguments, written straight as RESP) to the
-//! call being gathered and wait on one channel. One task owns the TCP connection: whenever
+//! call being gathered and wait on one channel. One task owns the connection (TCP or a Unix
+//! socket): whenever
 //! fewer than `in_flight` calls are on their way it writes the gathered call, and it reads
 //! the replies in order, handing each part its slice of its call's reply. There is no
 //! queue task, no task per call and no second command queue between a check and the
@@ -21,7 +22,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
@@ -54,28 +55,96 @@ fn unavailable(error: PipeError) -> Error {
 /// Where and as whom to connect.
 #[derive(Debug, Clone)]
 pub struct Target {
-    host: String,
-    port: u16,
+    addr: Addr,
     db: i64,
     username: Option<String>,
     password: Option<String>,
 }
 
 impl Target {
-    /// The TCP address of a `redis://` URL's connection info; `None` for a TLS or Unix
-    /// socket address (those keep redis-rs' connection).
+    /// The address of a `redis://` or `redis+unix://` URL's connection info; `None` for a
+    /// TLS address (that keeps redis-rs' connection).
     pub fn of(info: &redis::ConnectionInfo) -> Option<Self> {
-        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
-            return None;
+        let addr = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
+            redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
+            _ => return None,
         };
         let settings = info.redis_settings();
         Some(Self {
-            host: host.clone(),
-            port: *port,
+            addr,
             db: settings.db(),
             username: settings.username().map(str::to_owned),
             password: settings.password().map(str::to_owned),
         })
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Addr {
+    Tcp(String, u16),
+    Unix(std::path::PathBuf),
+}
+
+impl std::fmt::Display for Addr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Addr::Tcp(host, port) => write!(f, "{host}:{port}"),
+            Addr::Unix(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// The connection's socket: TCP (with `TCP_NODELAY`) or a Unix socket.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// Calls `$call` on the stream, whichever kind it is.
+macro_rules! on_stream {
+    ($stream:expr, |$s:ident| $call:expr) => {
+        match $stream {
+            Stream::Tcp($s) => $call,
+            Stream::Unix($s) => $call,
+        }
+    };
+}
+
+impl Stream {
+    async fn connect(addr: &Addr) -> std::io::Result<Stream> {
+        Ok(match addr {
+            Addr::Tcp(host, port) => {
+                let stream = TcpStream::connect((host.as_str(), *port)).await?;
+                stream.set_nodelay(true)?;
+                Stream::Tcp(stream)
+            }
+            Addr::Unix(path) => Stream::Unix(UnixStream::connect(path).await?),
+        })
+    }
+
+    async fn readable(&self) -> std::io::Result<()> {
+        on_stream!(self, |s| s.readable().await)
+    }
+
+    async fn writable(&self) -> std::io::Result<()> {
+        on_stream!(self, |s| s.writable().await)
+    }
+
+    fn try_write(&self, bytes: &[u8]) -> std::io::Result<usize> {
+        on_stream!(self, |s| s.try_write(bytes))
+    }
+
+    fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        on_stream!(self, |s| s.try_read_buf(buf))
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        on_stream!(self, |s| s.write_all(bytes).await)
+    }
+
+    async fn read_buf(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        on_stream!(self, |s| s.read_buf(buf).await)
     }
 }
 
@@ -342,7 +411,7 @@ struct Call {
 }
 
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     out: Vec<u8>,
     input: BytesMut,
     calls: VecDeque<Call>,
@@ -359,8 +428,7 @@ impl Conn {
     async fn open(shared: &Shared) -> Result<Conn, PipeError> {
         let target = &shared.target;
         let open = async {
-            let mut stream = TcpStream::connect((target.host.as_str(), target.port)).await?;
-            stream.set_nodelay(true)?;
+            let mut stream = Stream::connect(&target.addr).await?;
             let mut hello = Vec::new();
             let mut expected = 0;
             if let Some(password) = &target.password {
@@ -403,9 +471,8 @@ impl Conn {
         match tokio::time::timeout(shared.settings.timeout, open).await {
             Ok(conn) => conn,
             Err(_) => Err(PipeError::new(format!(
-                "no connection to {}:{} within {} ms",
-                target.host,
-                target.port,
+                "no connection to {} within {} ms",
+                target.addr,
                 shared.settings.timeout.as_millis()
             ))),
         }

@@ -26,8 +26,8 @@ pub struct RedisHot {
     /// The connection of [`RedisHot::interactive`] (on a cluster, `conn` again).
     interactive: Conn,
     timeout: Duration,
-    /// A single node reached over plain TCP: where a [`ScriptPipe`](super::pipe::ScriptPipe)
-    /// connects.
+    /// A single node reached over plain TCP or a Unix socket: where a
+    /// [`ScriptPipe`](super::pipe::ScriptPipe) connects.
     target: Option<super::pipe::Target>,
 }
 
@@ -131,8 +131,8 @@ impl RedisHot {
         }
     }
 
-    /// The single node a [`ScriptPipe`](super::pipe::ScriptPipe) can reach over plain TCP
-    /// (`None` on a cluster, a TLS or a Unix socket address).
+    /// The single node a [`ScriptPipe`](super::pipe::ScriptPipe) can reach over plain TCP or
+    /// a Unix socket (`None` on a cluster or a TLS address).
     pub fn pipe_target(&self) -> Option<&super::pipe::Target> {
         self.target.as_ref()
     }

@@ -319,14 +319,16 @@ impl Drop for OwnRedis {
 impl OwnRedis {
     /// `redis-server` on `port`, data in `dir`, once it answers `PING`.
     pub async fn start(port: u16, dir: tempfile::TempDir) -> OwnRedis {
-        Self::start_with_password(port, dir, None).await
+        Self::start_with(port, dir, None, false).await
     }
 
-    /// The same, asking clients for `password` (`requirepass`) when there is one.
-    pub async fn start_with_password(
+    /// The same, asking clients for `password` (`requirepass`) when there is one, and also
+    /// listening on the Unix socket [`OwnRedis::socket`] if `unix_socket`.
+    pub async fn start_with(
         port: u16,
         dir: tempfile::TempDir,
         password: Option<&str>,
+        unix_socket: bool,
     ) -> OwnRedis {
         let mut command = std::process::Command::new("redis-server");
         command
@@ -336,6 +338,12 @@ impl OwnRedis {
             .arg(dir.path());
         if let Some(password) = password {
             command.args(["--requirepass", password]);
+        }
+        if unix_socket {
+            command
+                .arg("--unixsocket")
+                .arg(dir.path().join("redis.sock"))
+                .args(["--unixsocketperm", "700"]);
         }
         let child = command
             .stdout(std::process::Stdio::null())
@@ -361,6 +369,11 @@ impl OwnRedis {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("redis-server on {port} did not start");
+    }
+
+    /// Where it listens for Unix socket clients (when started with one).
+    pub fn socket(&self) -> std::path::PathBuf {
+        self._dir.path().join("redis.sock")
     }
 
     /// SIGKILL, then a new empty server on the same port.

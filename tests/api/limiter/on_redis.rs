@@ -218,17 +218,31 @@ async fn redis_down_auth_fails_closed_reads_fail_open_and_recover() {
     );
 }
 
-/// The script pipe the limit check's calls take, on its own: hundreds of concurrent parts
-/// each get their own slice of their call's answer; a script Redis does not know yet is
-/// sent again with its body (NOSCRIPT); an error reply fails its call only; and the pipe
-/// outlives the runtime its first task ran on (the next call starts another).
+/// The script pipe the limit check's calls take, on its own, over TCP and over a Unix
+/// socket: hundreds of concurrent parts each get their own slice of their call's answer; a
+/// script Redis does not know yet is sent again with its body (NOSCRIPT); an error reply
+/// fails its call only; and the pipe outlives the runtime its first task ran on (the next
+/// call starts another).
 #[test]
 fn the_script_pipe_answers_every_part_and_outlives_its_first_runtime() {
-    use palisade::store::pipe::{Part, ScriptPipe, Settings, Target};
     let Some((_, redis_url)) = production_urls() else {
         return;
     };
-    let info = redis::IntoConnectionInfo::into_connection_info(redis_url.as_str()).unwrap();
+    pipe_round_trips(&redis_url);
+    let own = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(OwnRedis::start_with(
+            free_port(),
+            tempfile::tempdir().unwrap(),
+            None,
+            true,
+        ));
+    pipe_round_trips(&format!("redis+unix://{}", own.socket().display()));
+}
+
+fn pipe_round_trips(redis_url: &str) {
+    use palisade::store::pipe::{Part, ScriptPipe, Settings, Target};
+    let info = redis::IntoConnectionInfo::into_connection_info(redis_url).unwrap();
     // A body of this run's own, so that Redis does not know it yet.
     let body: &'static str = Box::leak(
         format!(
@@ -239,7 +253,7 @@ fn the_script_pipe_answers_every_part_and_outlives_its_first_runtime() {
         .into_boxed_str(),
     );
     let pipe = std::sync::Arc::new(ScriptPipe::new(
-        Target::of(&info).expect("a TCP address"),
+        Target::of(&info).expect("a TCP or Unix socket address"),
         body,
         Settings {
             timeout: Duration::from_secs(2),
@@ -281,7 +295,10 @@ fn the_script_pipe_answers_every_part_and_outlives_its_first_runtime() {
             })
             .await
         });
-        assert!(answered.is_ok(), "round {round}: no answer within 10 s");
+        assert!(
+            answered.is_ok(),
+            "{redis_url}, round {round}: no answer within 10 s"
+        );
         // The pipe's task goes with its runtime.
         drop(runtime);
     }
@@ -348,10 +365,11 @@ async fn the_urls_password_and_database_reach_the_limit_checks() {
     if production_urls().is_none() {
         return;
     }
-    let redis = OwnRedis::start_with_password(
+    let redis = OwnRedis::start_with(
         free_port(),
         tempfile::tempdir().unwrap(),
         Some("s3cret-pass"),
+        false,
     )
     .await;
     let port = redis.port;
@@ -388,6 +406,40 @@ async fn the_urls_password_and_database_reach_the_limit_checks() {
         assert_eq!(auth.headers()["x-palisade-degraded"], "redis-unavailable");
         assert_envelope(auth, StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE").await;
     }
+}
+
+/// A Redis on a Unix socket (`redis+unix:///PATH?db=N&pass=…`): concurrent checks of one
+/// account, coalesced on the socket, drain its bucket exactly, in that database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_on_a_unix_socket_keeps_the_budget() {
+    if production_urls().is_none() {
+        return;
+    }
+    let redis = OwnRedis::start_with(
+        free_port(),
+        tempfile::tempdir().unwrap(),
+        Some("s3cret-pass"),
+        true,
+    )
+    .await;
+    let socket = redis.socket();
+    let app = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(format!(
+            "redis+unix://{}?db=4&pass=s3cret-pass",
+            socket.display()
+        ));
+    })
+    .await
+    .unwrap();
+    forty_checks_of_one_account_drain_it_one_token_at_a_time(&app).await;
+    let client = redis::Client::open(format!(
+        "redis+unix://{}?db=4&pass=s3cret-pass",
+        socket.display()
+    ))
+    .unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert!(size > 0, "the buckets are in database 4");
 }
 
 /// Against a 3-master Redis Cluster: scopes of different subjects live in different slots
