@@ -60,9 +60,11 @@ pub struct Settings {
     ///
     /// TOML `database_url`, env `PALISADE_DATABASE_URL`; default `sqlite://palisade.db`.
     pub database_url: String,
-    /// Hot store URL: `redis://…`, `rediss://…`, `redis+unix:///PATH` (a Unix socket;
-    /// `?db=N&pass=…` for its database and password) or `redis+cluster://h1:p1,h2:p2`. Unset
-    /// or empty means in-process buckets and counters (single node).
+    /// Hot store URL: `redis://…`, `rediss://…` (TLS, the server's certificate checked
+    /// against the system's roots; `#insecure` at the end skips the check),
+    /// `redis+unix:///PATH` (a Unix socket; `?db=N&pass=…` for its database and password) or
+    /// `redis+cluster://h1:p1,h2:p2`. Unset or empty means in-process buckets and counters
+    /// (single node).
     ///
     /// TOML `redis_url`, env `PALISADE_REDIS_URL`; default unset.
     pub redis_url: Option<String>,

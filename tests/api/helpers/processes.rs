@@ -301,6 +301,17 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// How an [`OwnRedis`] takes clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    /// TCP on its port.
+    Tcp,
+    /// TCP, and the Unix socket [`OwnRedis::socket`].
+    TcpAndUnixSocket,
+    /// TLS only on its port (a self-signed certificate: `rediss://…/#insecure`).
+    Tls,
+}
+
 /// A redis-server of this test's own, without persistence; stopped by PID.
 pub struct OwnRedis {
     child: std::process::Child,
@@ -319,31 +330,55 @@ impl Drop for OwnRedis {
 impl OwnRedis {
     /// `redis-server` on `port`, data in `dir`, once it answers `PING`.
     pub async fn start(port: u16, dir: tempfile::TempDir) -> OwnRedis {
-        Self::start_with(port, dir, None, false).await
+        Self::start_with(port, dir, None, Listen::Tcp).await
     }
 
-    /// The same, asking clients for `password` (`requirepass`) when there is one, and also
-    /// listening on the Unix socket [`OwnRedis::socket`] if `unix_socket`.
+    /// The same, asking clients for `password` (`requirepass`) when there is one, listening
+    /// as `listen` says.
     pub async fn start_with(
         port: u16,
         dir: tempfile::TempDir,
         password: Option<&str>,
-        unix_socket: bool,
+        listen: Listen,
     ) -> OwnRedis {
         let mut command = std::process::Command::new("redis-server");
         command
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(dir.path());
         if let Some(password) = password {
             command.args(["--requirepass", password]);
         }
-        if unix_socket {
-            command
-                .arg("--unixsocket")
-                .arg(dir.path().join("redis.sock"))
-                .args(["--unixsocketperm", "700"]);
+        match listen {
+            Listen::Tcp => {
+                command.args(["--port", &port.to_string()]);
+            }
+            Listen::TcpAndUnixSocket => {
+                command
+                    .args(["--port", &port.to_string()])
+                    .arg("--unixsocket")
+                    .arg(dir.path().join("redis.sock"))
+                    .args(["--unixsocketperm", "700"]);
+            }
+            Listen::Tls => {
+                // A self-signed certificate for 127.0.0.1; clients do not present one.
+                let certified =
+                    rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+                std::fs::write(dir.path().join("redis.crt"), certified.cert.pem()).unwrap();
+                std::fs::write(
+                    dir.path().join("redis.key"),
+                    certified.signing_key.serialize_pem(),
+                )
+                .unwrap();
+                command
+                    .args(["--port", "0", "--tls-port", &port.to_string()])
+                    .arg("--tls-cert-file")
+                    .arg(dir.path().join("redis.crt"))
+                    .arg("--tls-key-file")
+                    .arg(dir.path().join("redis.key"))
+                    .args(["--tls-auth-clients", "no"]);
+            }
         }
         let child = command
             .stdout(std::process::Stdio::null())
@@ -356,7 +391,11 @@ impl OwnRedis {
             _dir: dir,
         };
         let auth = password.map(|p| format!(":{p}@")).unwrap_or_default();
-        let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{port}")).unwrap();
+        let url = match listen {
+            Listen::Tls => format!("rediss://{auth}127.0.0.1:{port}/#insecure"),
+            _ => format!("redis://{auth}127.0.0.1:{port}"),
+        };
+        let client = redis::Client::open(url).unwrap();
         for _ in 0..100 {
             if let Ok(mut conn) = client.get_multiplexed_async_connection().await
                 && redis::cmd("PING")

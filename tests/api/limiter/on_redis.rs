@@ -1,7 +1,7 @@
 //! The limiter on Redis: one script call for many requests, key TTLs, SCRIPT FLUSH, instance clocks, Redis down and a cluster.
 
 use super::*;
-use crate::helpers::{OwnRedis, free_port};
+use crate::helpers::{Listen, OwnRedis, free_port};
 
 /// Several requests in one `token_bucket.lua` call run one after another: a later request
 /// sees what an earlier one took from a shared bucket, a denied or `consume: false` request
@@ -235,7 +235,7 @@ fn the_script_pipe_answers_every_part_and_outlives_its_first_runtime() {
             free_port(),
             tempfile::tempdir().unwrap(),
             None,
-            true,
+            Listen::TcpAndUnixSocket,
         ));
     pipe_round_trips(&format!("redis+unix://{}", own.socket().display()));
 }
@@ -369,7 +369,7 @@ async fn the_urls_password_and_database_reach_the_limit_checks() {
         free_port(),
         tempfile::tempdir().unwrap(),
         Some("s3cret-pass"),
-        false,
+        Listen::Tcp,
     )
     .await;
     let port = redis.port;
@@ -419,7 +419,7 @@ async fn a_redis_on_a_unix_socket_keeps_the_budget() {
         free_port(),
         tempfile::tempdir().unwrap(),
         Some("s3cret-pass"),
-        true,
+        Listen::TcpAndUnixSocket,
     )
     .await;
     let socket = redis.socket();
@@ -440,6 +440,33 @@ async fn a_redis_on_a_unix_socket_keeps_the_budget() {
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
     assert!(size > 0, "the buckets are in database 4");
+}
+
+/// A Redis that takes only TLS (`rediss://`, here with `#insecure` for its self-signed
+/// certificate): checks are decided on it, and concurrent checks of one account drain its
+/// bucket exactly (each its own call: the script pipe speaks plain TCP and Unix sockets).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_over_tls_keeps_the_budget() {
+    if production_urls().is_none() {
+        return;
+    }
+    let redis = OwnRedis::start_with(
+        free_port(),
+        tempfile::tempdir().unwrap(),
+        Some("s3cret-pass"),
+        Listen::Tls,
+    )
+    .await;
+    let port = redis.port;
+    let app = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(format!("rediss://:s3cret-pass@127.0.0.1:{port}/2#insecure"));
+    })
+    .await
+    .unwrap();
+    let response = app.limit_check(&login("trent", "192.0.2.83")).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(!response.headers().contains_key("x-palisade-degraded"));
+    forty_checks_of_one_account_drain_it_one_token_at_a_time(&app).await;
 }
 
 /// Against a 3-master Redis Cluster: scopes of different subjects live in different slots
