@@ -3,11 +3,11 @@
 //!
 //! Concurrent callers add their part (keys and arguments, written straight as RESP) to the
 //! call being gathered and wait on one channel. One task owns the connection (TCP or a Unix
-//! socket): whenever
-//! fewer than `in_flight` calls are on their way it writes the gathered call, and it reads
-//! the replies in order, handing each part its slice of its call's reply. There is no
-//! queue task, no task per call and no second command queue between a check and the
-//! socket (the path through redis-rs' multiplexed connection had all three).
+//! socket): whenever fewer than `in_flight` calls are on their way it writes the gathered
+//! call, and it reads the replies in order, handing each part its slice of its call's reply.
+//! There is no queue task, no task per call and no second command queue between a check and
+//! the socket, as there are on the way through redis-rs' multiplexed connection. TLS is not
+//! spoken here: a `rediss://` store keeps one call per check on redis-rs' connection.
 //!
 //! A batched script takes `EVALSHA sha numkeys <every part's keys> <parts> <every part's
 //! arguments>` and answers one bulk string: the parts' answers in order, each as long as its
