@@ -155,8 +155,7 @@ pub struct LimitSettings {
     pub l1_ttl_ms: u64,
     /// Coalesce concurrent checks on a single Redis into shared script calls (each still
     /// answered as if it ran alone). TOML `limits.coalesce`, env `PALISADE_LIMITS__COALESCE`;
-    /// default true. A Redis Cluster, and a Redis reached over TLS, always get one call per
-    /// check.
+    /// default true. A Redis Cluster always gets one call per check.
     pub coalesce: bool,
     /// Script calls on their way to Redis at once before further checks queue for a shared
     /// call (with `coalesce`). Fewer means more checks per call and less Redis CPU and

@@ -32,8 +32,8 @@ const MAX_BATCH: usize = 64;
 /// `limits.coalesce_in_flight` calls are on their way (default 4: 8.5 checks per call and
 /// 28 % less Redis CPU per check than a call each, at 50 concurrent checks;
 /// `LOAD_ONLY=coalesce cargo bench --bench load`), the checks that arrive meanwhile are sent
-/// together in the next. Off (`limits.coalesce = false`), on a cluster, or on a TLS address,
-/// every check is a call of its own on the shared connection.
+/// together in the next. Off (`limits.coalesce = false`) or on a cluster, every check is a
+/// call of its own on the shared connection.
 #[derive(Debug)]
 pub(super) struct Coalescer {
     pipe: Option<ScriptPipe>,

@@ -2,12 +2,12 @@
 //! `token_bucket.lua`, called by every decision.
 //!
 //! Concurrent callers add their part (keys and arguments, written straight as RESP) to the
-//! call being gathered and wait on one channel. One task owns the connection (TCP or a Unix
-//! socket): whenever fewer than `in_flight` calls are on their way it writes the gathered
-//! call, and it reads the replies in order, handing each part its slice of its call's reply.
-//! There is no queue task, no task per call and no second command queue between a check and
-//! the socket, as there are on the way through redis-rs' multiplexed connection. TLS is not
-//! spoken here: a `rediss://` store keeps one call per check on redis-rs' connection.
+//! call being gathered and wait on one channel. One task owns the connection (TCP, TLS over
+//! it, or a Unix socket): whenever fewer than `in_flight` calls are on their way it writes
+//! the gathered call, and it reads the replies in order, handing each part its slice of its
+//! call's reply. There is no queue task, no task per call and no second command queue
+//! between a check and the socket, as there are on the way through redis-rs' multiplexed
+//! connection.
 //!
 //! A batched script takes `EVALSHA sha numkeys <every part's keys> <parts> <every part's
 //! arguments>` and answers one bulk string: the parts' answers in order, each as long as its
@@ -21,7 +21,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
@@ -62,11 +66,18 @@ pub struct Target {
 }
 
 impl Target {
-    /// The address of a `redis://` or `redis+unix://` URL's connection info; `None` for a
-    /// TLS address (that keeps redis-rs' connection).
+    /// The address of a `redis://`, `rediss://` or `redis+unix://` URL's connection info;
+    /// `None` for TLS with client certificates or roots of its own (only redis-rs' API sets
+    /// them, never a URL).
     pub fn of(info: &redis::ConnectionInfo) -> Option<Self> {
         let addr = match info.addr() {
             redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                tls_params: None,
+            } => Addr::Tls(host.clone(), *port, *insecure),
             redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
             _ => return None,
         };
@@ -83,68 +94,110 @@ impl Target {
 #[derive(Debug, Clone)]
 enum Addr {
     Tcp(String, u16),
+    /// Host, port, and whether to skip checking the server's certificate (`#insecure`).
+    Tls(String, u16, bool),
     Unix(std::path::PathBuf),
 }
 
 impl std::fmt::Display for Addr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Addr::Tcp(host, port) => write!(f, "{host}:{port}"),
+            Addr::Tcp(host, port) | Addr::Tls(host, port, _) => write!(f, "{host}:{port}"),
             Addr::Unix(path) => write!(f, "{}", path.display()),
         }
     }
 }
 
-/// The connection's socket: TCP (with `TCP_NODELAY`) or a Unix socket.
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
+/// The connection's socket: TCP (with `TCP_NODELAY`), TLS over it, or a Unix socket.
+trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
 
-/// Calls `$call` on the stream, whichever kind it is.
-macro_rules! on_stream {
-    ($stream:expr, |$s:ident| $call:expr) => {
-        match $stream {
-            Stream::Tcp($s) => $call,
-            Stream::Unix($s) => $call,
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Socket for T {}
+
+async fn connect(addr: &Addr) -> Result<Box<dyn Socket>, PipeError> {
+    Ok(match addr {
+        Addr::Tcp(host, port) => {
+            let stream = TcpStream::connect((host.as_str(), *port)).await?;
+            stream.set_nodelay(true)?;
+            Box::new(stream)
         }
-    };
+        Addr::Tls(host, port, insecure) => {
+            let stream = TcpStream::connect((host.as_str(), *port)).await?;
+            stream.set_nodelay(true)?;
+            let name = rustls::pki_types::ServerName::try_from(host.clone())
+                .map_err(|error| PipeError::new(format!("{host}: {error}")))?;
+            let connector = tokio_rustls::TlsConnector::from(tls_config(*insecure)?);
+            Box::new(connector.connect(name, stream).await?)
+        }
+        Addr::Unix(path) => Box::new(UnixStream::connect(path).await?),
+    })
 }
 
-impl Stream {
-    async fn connect(addr: &Addr) -> std::io::Result<Stream> {
-        Ok(match addr {
-            Addr::Tcp(host, port) => {
-                let stream = TcpStream::connect((host.as_str(), *port)).await?;
-                stream.set_nodelay(true)?;
-                Stream::Tcp(stream)
-            }
-            Addr::Unix(path) => Stream::Unix(UnixStream::connect(path).await?),
-        })
+/// TLS as redis-rs speaks it for the same URL: the system's roots, or no check of the
+/// server's certificate with `#insecure`.
+fn tls_config(insecure: bool) -> Result<Arc<rustls::ClientConfig>, PipeError> {
+    let builder = rustls::ClientConfig::builder();
+    let mut config = if insecure {
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .ok_or_else(|| PipeError::new("no crypto provider for rustls"))?;
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(
+                provider.signature_verification_algorithms,
+            )))
+            .with_no_client_auth()
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        let mut found = rustls_native_certs::load_native_certs();
+        if let Some(error) = found.errors.pop() {
+            return Err(PipeError::new(format!("the system's roots: {error}")));
+        }
+        for certificate in found.certs {
+            roots
+                .add(certificate)
+                .map_err(|error| PipeError::new(format!("the system's roots: {error}")))?;
+        }
+        builder.with_root_certificates(roots).with_no_client_auth()
+    };
+    config.enable_sni = !insecure;
+    Ok(Arc::new(config))
+}
+
+/// `#insecure`: any certificate, any signature (what redis-rs accepts for the same URL).
+#[derive(Debug)]
+struct AnyCertificate(rustls::crypto::WebPkiSupportedAlgorithms);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
     }
 
-    async fn readable(&self) -> std::io::Result<()> {
-        on_stream!(self, |s| s.readable().await)
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &rustls::pki_types::CertificateDer<'_>,
+        _dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
     }
 
-    async fn writable(&self) -> std::io::Result<()> {
-        on_stream!(self, |s| s.writable().await)
+    fn verify_tls13_signature(
+        &self,
+        _message: &[u8],
+        _cert: &rustls::pki_types::CertificateDer<'_>,
+        _dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
     }
 
-    fn try_write(&self, bytes: &[u8]) -> std::io::Result<usize> {
-        on_stream!(self, |s| s.try_write(bytes))
-    }
-
-    fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
-        on_stream!(self, |s| s.try_read_buf(buf))
-    }
-
-    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        on_stream!(self, |s| s.write_all(bytes).await)
-    }
-
-    async fn read_buf(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
-        on_stream!(self, |s| s.read_buf(buf).await)
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_schemes()
     }
 }
 
@@ -411,11 +464,18 @@ struct Call {
 }
 
 struct Conn {
-    stream: Stream,
+    stream: Box<dyn Socket>,
     out: Vec<u8>,
+    /// Written to the stream, perhaps not yet to the socket (TLS records).
+    unflushed: bool,
     input: BytesMut,
+    /// What one read takes from the stream.
+    chunk: Box<[u8]>,
     calls: VecDeque<Call>,
 }
+
+/// Bytes one read takes at most.
+const CHUNK: usize = 64 * 1024;
 
 /// One reply.
 enum Reply {
@@ -428,7 +488,7 @@ impl Conn {
     async fn open(shared: &Shared) -> Result<Conn, PipeError> {
         let target = &shared.target;
         let open = async {
-            let mut stream = Stream::connect(&target.addr).await?;
+            let mut stream = connect(&target.addr).await?;
             let mut hello = Vec::new();
             let mut expected = 0;
             if let Some(password) = &target.password {
@@ -446,10 +506,13 @@ impl Conn {
                 expected += 1;
             }
             stream.write_all(&hello).await?;
+            stream.flush().await?;
             let mut conn = Conn {
                 stream,
                 out: Vec::new(),
-                input: BytesMut::with_capacity(64 * 1024),
+                unflushed: false,
+                input: BytesMut::with_capacity(CHUNK),
+                chunk: vec![0; CHUNK].into_boxed_slice(),
                 calls: VecDeque::new(),
             };
             while expected > 0 {
@@ -478,34 +541,71 @@ impl Conn {
         }
     }
 
-    /// Writes what was gathered while calls may go, then waits for a reply, room to write,
-    /// more parts, or the oldest call's deadline.
+    /// Writes what was gathered while calls may go, then waits for replies, more parts, or
+    /// the oldest call's deadline, writing meanwhile what the socket takes.
     async fn step(&mut self, shared: &Shared) -> Result<(), PipeError> {
         while self.calls.len() < shared.settings.in_flight
             && let Some(batch) = shared.take()
         {
             self.send(shared, batch);
         }
-        self.flush()?;
         let deadline = self.calls.front().map(|call| call.deadline);
         let room = self.calls.len() < shared.settings.in_flight;
-        tokio::select! {
-            biased;
-            ready = self.stream.readable() => {
-                ready?;
-                self.read(shared)
+        let notified = shared.wake.notified();
+        let expired = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now));
+        tokio::pin!(notified, expired);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(done) = self.poll_io(cx, shared) {
+                return Poll::Ready(done);
             }
-            ready = self.stream.writable(), if !self.out.is_empty() => {
-                ready?;
-                self.flush()
+            if room && notified.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok(()));
             }
-            () = shared.wake.notified(), if room => Ok(()),
-            () = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                Err(PipeError::new(format!(
+            if deadline.is_some() && expired.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(PipeError::new(format!(
                     "Redis did not answer within {} ms",
                     shared.settings.timeout.as_millis()
-                )))
+                ))));
             }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Writes what the socket takes, then reads what has come; ready once replies were
+    /// handed out (or the connection failed), pending while there is nothing to read.
+    fn poll_io(&mut self, cx: &mut Context<'_>, shared: &Shared) -> Poll<Result<(), PipeError>> {
+        while !self.out.is_empty() {
+            match Pin::new(&mut self.stream).poll_write(cx, &self.out) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(PipeError::new("Redis closed the connection")));
+                }
+                Poll::Ready(Ok(written)) => {
+                    self.out.drain(..written);
+                    self.unflushed = true;
+                }
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error.into())),
+                Poll::Pending => break,
+            }
+        }
+        if self.unflushed && self.out.is_empty() {
+            match Pin::new(&mut self.stream).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.unflushed = false,
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error.into())),
+                Poll::Pending => {}
+            }
+        }
+        let mut read = ReadBuf::new(&mut self.chunk);
+        match Pin::new(&mut self.stream).poll_read(cx, &mut read) {
+            Poll::Ready(Ok(())) if read.filled().is_empty() => {
+                Poll::Ready(Err(PipeError::new("Redis closed the connection")))
+            }
+            Poll::Ready(Ok(())) => {
+                self.input.extend_from_slice(read.filled());
+                Poll::Ready(self.answer(shared))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error.into())),
+            Poll::Pending => Poll::Pending,
         }
     }
 
@@ -549,29 +649,8 @@ impl Conn {
         self.calls.push_back(call);
     }
 
-    fn flush(&mut self) -> Result<(), PipeError> {
-        while !self.out.is_empty() {
-            match self.stream.try_write(&self.out) {
-                Ok(written) => {
-                    self.out.drain(..written);
-                }
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(error) => return Err(error.into()),
-            }
-        }
-        Ok(())
-    }
-
-    fn read(&mut self, shared: &Shared) -> Result<(), PipeError> {
-        loop {
-            match self.stream.try_read_buf(&mut self.input) {
-                Ok(0) => return Err(PipeError::new("Redis closed the connection")),
-                Ok(_) if self.input.capacity() > self.input.len() => break,
-                Ok(_) => self.input.reserve(64 * 1024),
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(error) => return Err(error.into()),
-            }
-        }
+    /// Hands out every whole reply read so far.
+    fn answer(&mut self, shared: &Shared) -> Result<(), PipeError> {
         while let Some(reply) = parse(&mut self.input)? {
             let Some(mut call) = self.calls.pop_front() else {
                 return Err(PipeError::new("a reply to no call"));

@@ -26,7 +26,7 @@ pub struct RedisHot {
     /// The connection of [`RedisHot::interactive`] (on a cluster, `conn` again).
     interactive: Conn,
     timeout: Duration,
-    /// A single node reached over plain TCP or a Unix socket: where a
+    /// A single node (TCP, TLS or a Unix socket): where a
     /// [`ScriptPipe`](super::pipe::ScriptPipe) connects.
     target: Option<super::pipe::Target>,
 }
@@ -131,8 +131,8 @@ impl RedisHot {
         }
     }
 
-    /// The single node a [`ScriptPipe`](super::pipe::ScriptPipe) can reach over plain TCP or
-    /// a Unix socket (`None` on a cluster or a TLS address).
+    /// The single node a [`ScriptPipe`](super::pipe::ScriptPipe) connects to (`None` on a
+    /// cluster).
     pub fn pipe_target(&self) -> Option<&super::pipe::Target> {
         self.target.as_ref()
     }

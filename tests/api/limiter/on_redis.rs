@@ -218,7 +218,7 @@ async fn redis_down_auth_fails_closed_reads_fail_open_and_recover() {
     );
 }
 
-/// The script pipe the limit check's calls take, on its own, over TCP and over a Unix
+/// The script pipe the limit check's calls take, on its own, over TCP, TLS and a Unix
 /// socket: hundreds of concurrent parts each get their own slice of their call's answer; a
 /// script Redis does not know yet is sent again with its body (NOSCRIPT); an error reply
 /// fails its call only; and the pipe outlives the runtime its first task ran on (the next
@@ -238,6 +238,18 @@ fn the_script_pipe_answers_every_part_and_outlives_its_first_runtime() {
             Listen::TcpAndUnixSocket,
         ));
     pipe_round_trips(&format!("redis+unix://{}", own.socket().display()));
+    let tls = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(OwnRedis::start_with(
+            free_port(),
+            tempfile::tempdir().unwrap(),
+            Some("s3cret-pass"),
+            Listen::Tls,
+        ));
+    pipe_round_trips(&format!(
+        "rediss://:s3cret-pass@127.0.0.1:{}/#insecure",
+        tls.port
+    ));
 }
 
 fn pipe_round_trips(redis_url: &str) {
@@ -253,7 +265,7 @@ fn pipe_round_trips(redis_url: &str) {
         .into_boxed_str(),
     );
     let pipe = std::sync::Arc::new(ScriptPipe::new(
-        Target::of(&info).expect("a TCP or Unix socket address"),
+        Target::of(&info).expect("a TCP, TLS or Unix socket address"),
         body,
         Settings {
             timeout: Duration::from_secs(2),
@@ -443,8 +455,8 @@ async fn a_redis_on_a_unix_socket_keeps_the_budget() {
 }
 
 /// A Redis that takes only TLS (`rediss://`, here with `#insecure` for its self-signed
-/// certificate): checks are decided on it, and concurrent checks of one account drain its
-/// bucket exactly (each its own call: the script pipe speaks plain TCP and Unix sockets).
+/// certificate): checks are decided on it, and concurrent checks of one account, coalesced
+/// over TLS, drain its bucket exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_over_tls_keeps_the_budget() {
     if production_urls().is_none() {
@@ -467,6 +479,18 @@ async fn a_redis_over_tls_keeps_the_budget() {
     assert_eq!(response.status(), StatusCode::OK);
     assert!(!response.headers().contains_key("x-palisade-degraded"));
     forty_checks_of_one_account_drain_it_one_token_at_a_time(&app).await;
+
+    // Without `#insecure` the self-signed certificate is refused: nothing is decided on a
+    // server whose certificate the system's roots do not vouch for.
+    let unverified = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(format!("rediss://:s3cret-pass@127.0.0.1:{port}/2"));
+        settings.store.redis_timeout_ms = 500;
+    })
+    .await
+    .unwrap();
+    let auth = unverified.limit_check(&login("trent", "192.0.2.84")).await;
+    assert_eq!(auth.headers()["x-palisade-degraded"], "redis-unavailable");
+    assert_envelope(auth, StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE").await;
 }
 
 /// Against a 3-master Redis Cluster: scopes of different subjects live in different slots
