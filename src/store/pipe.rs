@@ -305,8 +305,16 @@ impl Shared {
         self.gathered().batches.pop_front()
     }
 
-    fn fail_gathered(&self, error: &PipeError) {
-        let batches = std::mem::take(&mut self.gathered().batches);
+    /// Fails every gathered part with `error`; `stopped`: the serving task is ending too
+    /// (marked in the same lock, so that a part added after it starts another task).
+    fn fail_gathered(&self, error: &PipeError, stopped: bool) {
+        let batches = {
+            let mut gathered = self.gathered();
+            if stopped {
+                gathered.running = false;
+            }
+            std::mem::take(&mut gathered.batches)
+        };
         for batch in batches {
             fail(batch.waiters, error);
         }
@@ -400,15 +408,8 @@ struct Running(Arc<Shared>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let batches = {
-            let mut gathered = self.0.gathered();
-            gathered.running = false;
-            std::mem::take(&mut gathered.batches)
-        };
-        let error = PipeError::new("the script pipe's task stopped");
-        for batch in batches {
-            fail(batch.waiters, &error);
-        }
+        self.0
+            .fail_gathered(&PipeError::new("the script pipe's task stopped"), true);
     }
 }
 
@@ -437,7 +438,7 @@ async fn serve(shared: Arc<Shared>) {
                 Err(error) => {
                     tracing::warn!(error.cause = %error, "the hot store's script connection failed");
                     shared.gathered().down = Some((Instant::now() + RETRY_AFTER, error.clone()));
-                    shared.fail_gathered(&error);
+                    shared.fail_gathered(&error, false);
                     continue;
                 }
             },
@@ -696,11 +697,18 @@ fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
+/// Redis' own bound on a bulk string (`proto-max-bulk-len`'s default): a longer length is
+/// not a reply to wait for.
+const MAX_BULK: usize = 512 * 1024 * 1024;
+
 /// The next whole reply in `input`, taken from it; `None` until one has arrived.
 fn parse(input: &mut BytesMut) -> Result<Option<Reply>, PipeError> {
     let Some(end) = input.windows(2).position(|w| w == b"\r\n") else {
         return Ok(None);
     };
+    if end == 0 {
+        return Err(PipeError::new("an empty reply line from Redis"));
+    }
     let line = &input[1..end];
     match input.first() {
         Some(b'$') => {
@@ -712,11 +720,15 @@ fn parse(input: &mut BytesMut) -> Result<Option<Reply>, PipeError> {
                 input.advance(end + 2);
                 return Ok(Some(Reply::Error("a nil reply to a script call".into())));
             }
-            let len = len as usize;
-            if input.len() < end + 2 + len + 2 {
+            let len = usize::try_from(len)
+                .ok()
+                .filter(|&len| len <= MAX_BULK)
+                .ok_or_else(|| PipeError::new("a bulk length from Redis past its own limit"))?;
+            let whole_len = end + 2 + len + 2;
+            if input.len() < whole_len {
                 return Ok(None);
             }
-            let mut whole = input.split_to(end + 2 + len + 2).freeze();
+            let mut whole = input.split_to(whole_len).freeze();
             whole.advance(end + 2);
             whole.truncate(len);
             Ok(Some(Reply::Bulk(whole)))
@@ -764,6 +776,14 @@ mod tests {
         );
         assert!(parse(&mut BytesMut::from(&b":1\r\n"[..])).is_err());
         assert!(parse(&mut BytesMut::from(&b"$x\r\n"[..])).is_err());
+        // A misbehaving server gets a clear error, never a panic or a wrapped length.
+        assert!(parse(&mut BytesMut::from(&b"\r\n+OK\r\n"[..])).is_err());
+        assert!(parse(&mut BytesMut::from(&b"$9223372036854775807\r\nab"[..])).is_err());
+        assert!(parse(&mut BytesMut::from(&b"$536870913\r\nab"[..])).is_err());
+        assert!(matches!(
+            parse(&mut BytesMut::from(&b"$536870912\r\nab"[..])),
+            Ok(None)
+        ));
     }
 
     #[test]
