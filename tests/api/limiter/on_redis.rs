@@ -369,6 +369,28 @@ async fn a_redis_that_stops_answering_bounds_every_check_and_is_recovered_from()
     }
 }
 
+/// A redis-server of the test's own asking for the password `s3cret-pass`, listening as
+/// `listen`, and an instance on it at the URL `url` makes of it.
+async fn app_on_own_redis(
+    listen: Listen,
+    url: impl FnOnce(&OwnRedis) -> String,
+) -> (OwnRedis, TestApp) {
+    let redis = OwnRedis::start_with(
+        free_port(),
+        tempfile::tempdir().unwrap(),
+        Some("s3cret-pass"),
+        listen,
+    )
+    .await;
+    let url = url(&redis);
+    let app = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(url);
+    })
+    .await
+    .unwrap();
+    (redis, app)
+}
+
 /// A Redis URL's password and database reach every connection, the limit check's own
 /// included: the buckets are written in that database; a wrong password is a clear
 /// degraded answer, not a hang.
@@ -377,19 +399,11 @@ async fn the_urls_password_and_database_reach_the_limit_checks() {
     if production_urls().is_none() {
         return;
     }
-    let redis = OwnRedis::start_with(
-        free_port(),
-        tempfile::tempdir().unwrap(),
-        Some("s3cret-pass"),
-        Listen::Tcp,
-    )
+    let (redis, app) = app_on_own_redis(Listen::Tcp, |redis| {
+        format!("redis://:s3cret-pass@127.0.0.1:{}/5", redis.port)
+    })
     .await;
     let port = redis.port;
-    let app = TestApp::spawn_with(Backend::Production, |settings| {
-        settings.redis_url = Some(format!("redis://:s3cret-pass@127.0.0.1:{port}/5"));
-    })
-    .await
-    .unwrap();
     let response = app.limit_check(&login("peggy", "192.0.2.82")).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(!response.headers().contains_key("x-palisade-degraded"));
@@ -427,22 +441,14 @@ async fn a_redis_on_a_unix_socket_keeps_the_budget() {
     if production_urls().is_none() {
         return;
     }
-    let redis = OwnRedis::start_with(
-        free_port(),
-        tempfile::tempdir().unwrap(),
-        Some("s3cret-pass"),
-        Listen::TcpAndUnixSocket,
-    )
+    let (redis, app) = app_on_own_redis(Listen::TcpAndUnixSocket, |redis| {
+        format!(
+            "redis+unix://{}?db=4&pass=s3cret-pass",
+            redis.socket().display()
+        )
+    })
     .await;
     let socket = redis.socket();
-    let app = TestApp::spawn_with(Backend::Production, |settings| {
-        settings.redis_url = Some(format!(
-            "redis+unix://{}?db=4&pass=s3cret-pass",
-            socket.display()
-        ));
-    })
-    .await
-    .unwrap();
     forty_checks_of_one_account_drain_it_one_token_at_a_time(&app).await;
     let client = redis::Client::open(format!(
         "redis+unix://{}?db=4&pass=s3cret-pass",
@@ -462,19 +468,11 @@ async fn a_redis_over_tls_keeps_the_budget() {
     if production_urls().is_none() {
         return;
     }
-    let redis = OwnRedis::start_with(
-        free_port(),
-        tempfile::tempdir().unwrap(),
-        Some("s3cret-pass"),
-        Listen::Tls,
-    )
+    let (redis, app) = app_on_own_redis(Listen::Tls, |redis| {
+        format!("rediss://:s3cret-pass@127.0.0.1:{}/2#insecure", redis.port)
+    })
     .await;
     let port = redis.port;
-    let app = TestApp::spawn_with(Backend::Production, |settings| {
-        settings.redis_url = Some(format!("rediss://:s3cret-pass@127.0.0.1:{port}/2#insecure"));
-    })
-    .await
-    .unwrap();
     let response = app.limit_check(&login("trent", "192.0.2.83")).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(!response.headers().contains_key("x-palisade-degraded"));
