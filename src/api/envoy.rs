@@ -591,12 +591,33 @@ impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
                 Ok(_) => "over_limit",
                 Err(_) => "error",
             };
-            metrics::counter!(crate::telemetry::metrics::GRPC_REQUESTS_TOTAL, "outcome" => outcome)
-                .increment(1);
-            metrics::histogram!(crate::telemetry::metrics::GRPC_REQUEST_SECONDS)
-                .record(started.elapsed().as_secs_f64());
+            grpc_metrics::record(outcome, started.elapsed().as_secs_f64());
             answer.map(tonic::Response::new)
         })
+    }
+}
+
+/// Every call's count and latency, their handles looked up once (the registry lookup of a
+/// labelled `metrics::counter!` builds and hashes its key on every call).
+mod grpc_metrics {
+    use std::sync::{LazyLock, OnceLock};
+
+    use crate::telemetry::metrics as names;
+
+    static CALLS: LazyLock<names::Handles<&'static str, metrics::Counter>> =
+        LazyLock::new(names::Handles::new);
+    static SECONDS: OnceLock<metrics::Histogram> = OnceLock::new();
+
+    /// Counts a call by its outcome and records how long it took.
+    pub(super) fn record(outcome: &'static str, seconds: f64) {
+        CALLS.with(
+            outcome,
+            || metrics::counter!(names::GRPC_REQUESTS_TOTAL, "outcome" => outcome),
+            |calls| calls.increment(1),
+        );
+        SECONDS
+            .get_or_init(|| metrics::histogram!(names::GRPC_REQUEST_SECONDS))
+            .record(seconds);
     }
 }
 

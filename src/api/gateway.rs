@@ -128,8 +128,15 @@ async fn forward_auth(
     let request = parse(&app, check)?;
     let decision = check_and_observe(&app, &request).await?;
     let outcome = if decision.allowed { "pass" } else { "block" };
-    metrics::counter!(crate::telemetry::metrics::FORWARD_AUTH_TOTAL, "outcome" => outcome)
-        .increment(1);
+    // Looked up once per outcome, not per request.
+    static OUTCOMES: std::sync::LazyLock<
+        crate::telemetry::metrics::Handles<&'static str, metrics::Counter>,
+    > = std::sync::LazyLock::new(crate::telemetry::metrics::Handles::new);
+    OUTCOMES.with(
+        outcome,
+        || metrics::counter!(crate::telemetry::metrics::FORWARD_AUTH_TOTAL, "outcome" => outcome),
+        |counter| counter.increment(1),
+    );
     match respond(&decision) {
         Ok((headers, _)) => Ok((StatusCode::OK, headers)),
         Err(blocked) if deny_status != StatusCode::TOO_MANY_REQUESTS => {

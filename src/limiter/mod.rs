@@ -110,6 +110,8 @@ struct Metrics {
     /// By class (its name's address).
     remaining: names::Handles<usize, metrics::Histogram>,
     redis_latency: std::sync::OnceLock<metrics::Histogram>,
+    /// Checks answered from the L1 cache (a hot blocked key: every request of a flood).
+    l1_hits: std::sync::OnceLock<metrics::Counter>,
 }
 
 impl Limiter {
@@ -457,7 +459,10 @@ impl Limiter {
             && request.consume
             && let Some(outcomes) = self.l1_hit(&scopes, request.cost, now_us)
         {
-            metrics::counter!(names::LIMIT_L1_HITS_TOTAL).increment(1);
+            self.metrics
+                .l1_hits
+                .get_or_init(|| metrics::counter!(names::LIMIT_L1_HITS_TOTAL))
+                .increment(1);
             return Ok(self.conclude(class_name, outcomes, now_ms, false, true));
         }
 

@@ -171,6 +171,10 @@ async fn upstreams_example_config_limits_as_upstream_does(app: TestApp) {
             r#"palisade_envoy_rule_hits_total{domain="rl",rule="rl.unspec_bulk",outcome="within_limit"}"#
         ) >= 1.0
     );
+    // Every call is counted by its outcome and timed.
+    assert!(count(r#"palisade_grpc_requests_total{outcome="ok"}"#) >= 1.0);
+    assert!(count(r#"palisade_grpc_requests_total{outcome="over_limit"}"#) >= 1.0);
+    assert!(count("palisade_grpc_request_duration_seconds_count") >= 3.0);
     // An unknown domain with no client IP is still an error (nothing to check).
     let mut unknown = rl(vec![descriptor(&[("foo", "x")])]);
     unknown.domain = "not-configured".to_owned();

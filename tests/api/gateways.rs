@@ -294,6 +294,17 @@ async fn forward_auth_passes_then_blocks_with_headers(app: TestApp) {
         forward(&app, Some(ADMIN_TOKEN), "", &other).await.status(),
         StatusCode::OK
     );
+    // Passes and blocks are counted (the registry is the process's: other tests add to it).
+    let metrics = app.get("/metrics", None).await.text().await.unwrap();
+    for outcome in ["pass", "block"] {
+        let series = format!(r#"palisade_forward_auth_total{{outcome="{outcome}"}}"#);
+        let count: f64 = metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0.0);
+        assert!(count >= 1.0, "{series} is {count}");
+    }
     // Roles, and ?token= only when configured.
     let (_, ingest) = app.create_token("ingest", "auth").await;
     let (_, limiter) = app.create_token("limiter", "edge").await;

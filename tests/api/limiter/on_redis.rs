@@ -127,6 +127,52 @@ async fn script_flush_is_survived() {
     assert_eq!(response.headers()["x-ratelimit-remaining"], "58");
 }
 
+/// A key Redis refused is answered from the L1 cache while it cannot refill (a flood on one
+/// key costs no round trip), with the same 429 and `Retry-After`, and every such answer is
+/// counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_key_is_answered_from_the_l1_and_counted() {
+    let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.limits.l1_ttl_ms = 5_000;
+    })
+    .await
+    else {
+        return;
+    };
+    let l1_hits = |metrics: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("palisade_limit_l1_hits_total "))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    for _ in 0..5 {
+        let response = app.limit_check(&login("olga", "192.0.2.65")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let refused = app.limit_check(&login("olga", "192.0.2.65")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The registry is the process's: other tests may add to it, never take from it.
+    let before = l1_hits(&app.get("/metrics", None).await.text().await.unwrap());
+    for _ in 0..3 {
+        let response = app.limit_check(&login("olga", "192.0.2.65")).await;
+        assert!(
+            response.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                >= 1
+        );
+        assert_envelope(response, StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED").await;
+    }
+    let after = l1_hits(&app.get("/metrics", None).await.text().await.unwrap());
+    assert!(
+        after - before >= 3.0,
+        "L1 hits went from {before} to {after}"
+    );
+}
+
 /// Field-guide defect: the caller's clock drove the bucket, so a caller whose clock lagged
 /// burned tokens. Two instances whose clocks disagree by a century share one bucket exactly:
 /// time comes from Redis `TIME`.
