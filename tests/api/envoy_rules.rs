@@ -6,7 +6,7 @@ use palisade::api::envoy::proto::{
 };
 
 use crate::gateways::{Envoy, descriptor, header};
-use crate::helpers::{ADMIN_TOKEN, TestApp, repo_file};
+use crate::helpers::{ADMIN_TOKEN, TestApp, metric_value, repo_file};
 use crate::on_both_backends;
 
 on_both_backends!(
@@ -155,13 +155,7 @@ async fn upstreams_example_config_limits_as_upstream_does(app: TestApp) {
     // The rule's hits are in the metrics, by its upstream stats key (the registry is the
     // process's: other tests may add to it).
     let metrics = app.get("/metrics", None).await.text().await.unwrap();
-    let count = |series: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix(series))
-            .and_then(|value| value.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
+    let count = |series: &str| metric_value(&metrics, series);
     assert!(
         count(r#"palisade_envoy_rule_hits_total{domain="rl",rule="rl.foo",outcome="over_limit"}"#)
             >= 1.0

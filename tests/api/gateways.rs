@@ -10,7 +10,7 @@ use palisade::api::envoy::proto::{
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{ADMIN_TOKEN, TestApp, assert_envelope};
+use crate::helpers::{ADMIN_TOKEN, TestApp, assert_envelope, metric_value};
 use crate::on_both_backends;
 
 on_both_backends!(
@@ -298,11 +298,7 @@ async fn forward_auth_passes_then_blocks_with_headers(app: TestApp) {
     let metrics = app.get("/metrics", None).await.text().await.unwrap();
     for outcome in ["pass", "block"] {
         let series = format!(r#"palisade_forward_auth_total{{outcome="{outcome}"}}"#);
-        let count: f64 = metrics
-            .lines()
-            .find_map(|line| line.strip_prefix(series.as_str()))
-            .and_then(|value| value.trim().parse().ok())
-            .unwrap_or(0.0);
+        let count = metric_value(&metrics, &series);
         assert!(count >= 1.0, "{series} is {count}");
     }
     // Roles, and ?token= only when configured.

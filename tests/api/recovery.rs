@@ -9,7 +9,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    ADMIN_TOKEN, Backend, OwnRedis, Process, TestApp, assert_envelope, free_port, production_urls,
+    ADMIN_TOKEN, Backend, OwnRedis, Process, TestApp, assert_envelope, free_port, metric_value,
+    production_urls,
 };
 use crate::lockout::failure;
 use crate::on_both_backends;
@@ -302,11 +303,7 @@ impl Process {
             .text()
             .await
             .unwrap();
-        text.lines()
-            .find(|l| l.starts_with("palisade_hot_rebuilds_total{outcome=\"done\"}"))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
+        metric_value(&text, r#"palisade_hot_rebuilds_total{outcome="done"}"#) as u64
     }
 }
 

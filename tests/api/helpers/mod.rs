@@ -463,6 +463,17 @@ impl TestApp {
     }
 }
 
+/// The value of one series (its name and labels exactly as exported, e.g.
+/// `palisade_forward_auth_total{outcome="pass"}`) in a `/metrics` text; 0 when it is absent.
+/// The registry is the process's, so other tests may have added to a counter.
+pub fn metric_value(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// A file of the repository (the shipped lists in `data/`, fixtures in `tests/fixtures/`).
 pub fn repo_file(relative: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)

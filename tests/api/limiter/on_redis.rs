@@ -1,7 +1,7 @@
 //! The limiter on Redis: one script call for many requests, key TTLs, SCRIPT FLUSH, instance clocks, Redis down and a cluster.
 
 use super::*;
-use crate::helpers::{Listen, OwnRedis, free_port};
+use crate::helpers::{Listen, OwnRedis, free_port, metric_value};
 
 /// Several requests in one `token_bucket.lua` call run one after another: a later request
 /// sees what an earlier one took from a shared bucket, a denied or `consume: false` request
@@ -139,13 +139,7 @@ async fn a_refused_key_is_answered_from_the_l1_and_counted() {
     else {
         return;
     };
-    let l1_hits = |metrics: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix("palisade_limit_l1_hits_total "))
-            .and_then(|value| value.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
+    let l1_hits = |metrics: &str| metric_value(metrics, "palisade_limit_l1_hits_total");
     for _ in 0..5 {
         let response = app.limit_check(&login("olga", "192.0.2.65")).await;
         assert_eq!(response.status(), StatusCode::OK);
