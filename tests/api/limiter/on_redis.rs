@@ -193,22 +193,29 @@ async fn instance_clocks_do_not_change_redis_buckets() {
     assert_eq!(admitted, 5);
 }
 
+/// An instance whose Redis is reached through a proxy the test can break or blackhole, with
+/// `timeout_ms` as the store's timeout; None without a production Redis.
+async fn app_behind_proxy(timeout_ms: u64) -> Option<(ChaosProxy, TestApp)> {
+    let (_, redis_url) = production_urls()?;
+    let proxy = ChaosProxy::start(socket_of(&redis_url)).await;
+    let proxied = proxy.proxied_url(&redis_url);
+    let app = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.redis_url = Some(proxied);
+        settings.store.redis_timeout_ms = timeout_ms;
+    })
+    .await
+    .expect("a production instance, with production URLs set");
+    Some((proxy, app))
+}
+
 /// Redis going away mid-run: the auth class fails closed (503), the read class passes with
 /// the degraded header, account statuses are 503; when Redis returns, decisions and
 /// statuses are normal again within 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_auth_fails_closed_reads_fail_open_and_recover() {
-    let Some((_, redis_url)) = production_urls() else {
+    let Some((proxy, app)) = app_behind_proxy(100).await else {
         return;
     };
-    let proxy = ChaosProxy::start(socket_of(&redis_url)).await;
-    let proxied = proxy.proxied_url(&redis_url);
-    let app = TestApp::spawn_with(Backend::Production, |settings| {
-        settings.redis_url = Some(proxied);
-        settings.store.redis_timeout_ms = 100;
-    })
-    .await
-    .unwrap();
     let read = json!({"endpoint": "/v1/feed", "ip": "192.0.2.80"});
     assert_eq!(app.limit_check(&read).await.status(), StatusCode::OK);
 
@@ -361,17 +368,9 @@ fn pipe_round_trips(redis_url: &str) {
 /// passes degraded; once Redis answers again, so do the checks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_stops_answering_bounds_every_check_and_is_recovered_from() {
-    let Some((_, redis_url)) = production_urls() else {
+    let Some((proxy, app)) = app_behind_proxy(200).await else {
         return;
     };
-    let proxy = ChaosProxy::start(socket_of(&redis_url)).await;
-    let proxied = proxy.proxied_url(&redis_url);
-    let app = TestApp::spawn_with(Backend::Production, |settings| {
-        settings.redis_url = Some(proxied);
-        settings.store.redis_timeout_ms = 200;
-    })
-    .await
-    .unwrap();
     let read = json!({"endpoint": "/v1/feed", "ip": "192.0.2.81"});
     assert_eq!(app.limit_check(&read).await.status(), StatusCode::OK);
 
