@@ -100,10 +100,57 @@ pub enum AccountIds {
     /// `Alice@Example.com`, `alice@example.com` and fullwidth `ａｌｉｃｅ@…` are one
     /// account: surrounding whitespace is trimmed, then NFKC, full Unicode case folding and
     /// NFKC again (the compatibility caseless form of UAX #15 / Unicode §3.13).
+    ///
+    /// The full stops IDNA reads as dots (U+3002 `。`, and U+FF0E and U+FF61, which NFKC
+    /// brings to `.` and `。`) become `.`: `victim@example。com` is `victim@example.com`.
     #[default]
     CaseInsensitive,
+    /// As `case_insensitive`, and accents do not count either: `víctim`, `vİctim` and
+    /// `victim` are one account. Combining marks are removed after canonical decomposition,
+    /// and letters whose stroke or bar is their accent (`ø ł đ ħ ŧ`) are read as their base
+    /// letter, as accent-insensitive collations compare them (MySQL's default
+    /// `utf8mb4_0900_ai_ci`, SQL Server's `_CI_AI`). Pick it when the auth service compares
+    /// accounts that way, or a stranger gets a fresh lockout for each accent.
+    AccentInsensitive,
     /// Opaque ids, compared byte for byte (nothing trimmed or folded).
     Exact,
+}
+
+/// NFKC, full case folding, NFKC, repeated until it holds still (for a few characters one
+/// round is not yet stable, and a canonical id must be its own canonical id); IDNA's full
+/// stops read as `.`; with `accents`, accents removed as well.
+fn fold(trimmed: &str, accents: bool) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    let mut id = trimmed.to_owned();
+    for _ in 0..3 {
+        let nfkc: String = id.nfkc().collect();
+        let folded = caseless::default_case_fold_str(&nfkc);
+        let mut next: String = folded
+            .nfkc()
+            .map(|ch| if ch == '\u{3002}' { '.' } else { ch })
+            .collect();
+        if accents {
+            next = next
+                .nfd()
+                .filter(|&ch| !unicode_normalization::char::is_combining_mark(ch))
+                .map(|ch| match ch {
+                    'ø' => 'o',
+                    'ł' => 'l',
+                    'đ' => 'd',
+                    'ħ' => 'h',
+                    'ŧ' => 't',
+                    other => other,
+                })
+                .nfc()
+                .collect();
+        }
+        let next = next.trim().to_owned();
+        if next == id {
+            break;
+        }
+        id = next;
+    }
+    id
 }
 
 /// The identifier profile: how account and device ids that enter Palisade (ingest, status,
@@ -134,6 +181,39 @@ fn check_characters(field: &'static str, id: &str) -> Result<(), InvalidId> {
     Ok(())
 }
 
+/// Free text people write and others read (reasons, token names), checked.
+///
+/// Surrounding whitespace trimmed, 1 to `max` characters, no control characters (a `\r` or
+/// `\n` forges lines in logs and exported files) and no invisible ones (bidi controls such
+/// as U+202E reorder what a reader sees; zero-width characters hide text).
+pub fn free_text(text: &str, max: usize) -> Result<&str, IdProblem> {
+    let text = text.trim();
+    let count = text.chars().count();
+    if count == 0 || count > max {
+        return Err(IdProblem::Length(max));
+    }
+    check_characters("text", text).map_err(|invalid| invalid.problem)?;
+    Ok(text)
+}
+
+/// `text` safe to write on one line of a file another program parses (a VCL comment).
+///
+/// Every control or invisible character becomes a space: for text stored before
+/// [`free_text`] refused them, and for any text that did not pass through it.
+pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    use icu_properties::props::DefaultIgnorableCodePoint;
+    let ignorable = icu_properties::CodePointSetData::new::<DefaultIgnorableCodePoint>();
+    let bad = |ch: char| ch.is_control() || (!ch.is_ascii() && ignorable.contains(ch));
+    if !text.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(
+        text.chars()
+            .map(|ch| if bad(ch) { ' ' } else { ch })
+            .collect(),
+    )
+}
+
 fn check_length(field: &'static str, id: &str, max: usize) -> Result<(), InvalidId> {
     let count = if id.is_ascii() {
         id.len()
@@ -162,31 +242,20 @@ impl Identifiers {
                 check_characters(field, raw)?;
                 Cow::Borrowed(raw)
             }
-            AccountIds::CaseInsensitive => {
-                use unicode_normalization::UnicodeNormalization;
+            AccountIds::CaseInsensitive | AccountIds::AccentInsensitive => {
                 let trimmed = raw.trim();
                 check_characters(field, trimmed)?;
                 if trimmed.is_ascii() {
-                    // NFKC leaves ASCII alone, and folding ASCII is lower-casing it (a copy
-                    // only when there is upper case: most ids arrive canonical).
+                    // NFKC leaves ASCII alone, folding ASCII is lower-casing it and it has no
+                    // accents (a copy only when there is upper case: most ids arrive
+                    // canonical).
                     if trimmed.bytes().any(|b| b.is_ascii_uppercase()) {
                         Cow::Owned(trimmed.to_ascii_lowercase())
                     } else {
                         Cow::Borrowed(trimmed)
                     }
                 } else {
-                    // NFKC, fold, NFKC; repeated until it holds still (for a few characters
-                    // one round is not yet stable), so a canonical id is its own canonical id.
-                    let mut id = trimmed.to_owned();
-                    for _ in 0..3 {
-                        let nfkc: String = id.nfkc().collect();
-                        let folded = caseless::default_case_fold_str(&nfkc);
-                        let next = folded.nfkc().collect::<String>().trim().to_owned();
-                        if next == id {
-                            break;
-                        }
-                        id = next;
-                    }
+                    let id = fold(trimmed, self.accounts == AccountIds::AccentInsensitive);
                     // Normalisation may map a visible character to an invisible one (the
                     // halfwidth Hangul filler): checked again.
                     check_characters(field, &id)?;
@@ -681,6 +750,77 @@ mod tests {
             IDS.account("account", "Jose\u{301}").unwrap(),
             IDS.account("account", "jos\u{e9}").unwrap()
         );
+    }
+
+    #[test]
+    fn idna_full_stops_are_dots_and_accents_fold_only_when_asked() {
+        for spelling in [
+            "victim@example\u{3002}com",
+            "victim@example\u{ff0e}com",
+            "victim@example\u{ff61}com",
+        ] {
+            assert_eq!(
+                IDS.account("account", spelling).unwrap(),
+                "victim@example.com",
+                "{spelling:?}"
+            );
+        }
+        // The default keeps accents: víctim is another account (as a binary-collated backend
+        // sees it).
+        assert_eq!(
+            IDS.account("account", "v\u{ed}ctim@x").unwrap(),
+            "v\u{ed}ctim@x"
+        );
+        let accents = Identifiers {
+            accounts: AccountIds::AccentInsensitive,
+            max_len: 64,
+        };
+        for spelling in [
+            "victim@example.com",
+            "V\u{ed}ctim@example.com",
+            "vi\u{301}ctim@example.com",
+            "v\u{130}ctim@example.com",
+            "v\u{ec}ct\u{ef}m@\u{e9}xample\u{3002}com",
+            "\u{ff56}ictim@example.com",
+        ] {
+            assert_eq!(
+                accents.account("account", spelling).unwrap(),
+                "victim@example.com",
+                "{spelling:?}"
+            );
+        }
+        assert_eq!(accents.account("account", "S\u{f8}ren").unwrap(), "soren");
+        assert_eq!(
+            accents.account("account", "\u{141}ukasz").unwrap(),
+            "lukasz"
+        );
+        assert_eq!(
+            accents.account("account", "Stra\u{df}e").unwrap(),
+            "strasse"
+        );
+        // Scripts without accents are kept; a canonical id is its own canonical id.
+        for id in [
+            "\u{43c}\u{430}\u{448}\u{430}",
+            "\u{5c71}\u{7530}",
+            "\u{e0}\u{1ec7}\u{31}",
+        ] {
+            let once = accents.account("account", id).unwrap();
+            assert_eq!(accents.account("account", &once).unwrap(), once, "{id:?}");
+        }
+    }
+
+    #[test]
+    fn free_text_and_one_line() {
+        assert_eq!(free_text("  why  ", 10), Ok("why"));
+        assert_eq!(free_text("", 10), Err(IdProblem::Length(10)));
+        assert_eq!(free_text("a\rb", 10), Err(IdProblem::Control));
+        assert_eq!(free_text("a\u{202e}b", 10), Err(IdProblem::Invisible));
+        assert_eq!(free_text("a\u{2067}b", 10), Err(IdProblem::Invisible));
+        assert_eq!(one_line("a\rb\nc\u{202e}d\u{7f}"), "a b c d ");
+        assert!(matches!(
+            one_line("plain \u{e9}"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 
     #[test]

@@ -5,20 +5,28 @@
 use libfuzzer_sys::fuzz_target;
 use palisade::model::{AccountIds, Identifiers};
 
-const IDS: Identifiers = Identifiers {
-    accounts: AccountIds::CaseInsensitive,
-    max_len: 256,
-};
+const PROFILES: [Identifiers; 2] = [
+    Identifiers {
+        accounts: AccountIds::CaseInsensitive,
+        max_len: 256,
+    },
+    Identifiers {
+        accounts: AccountIds::AccentInsensitive,
+        max_len: 256,
+    },
+];
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    if let Ok(id) = IDS.account("account", text) {
-        assert_eq!(IDS.account("account", &id).as_deref(), Ok(&*id), "idempotent");
-        assert!(!id.chars().any(char::is_control));
+    for ids in PROFILES {
+        if let Ok(id) = ids.account("account", text) {
+            assert_eq!(ids.account("account", &id).as_deref(), Ok(&*id), "idempotent");
+            assert!(!id.chars().any(char::is_control));
+        }
     }
-    if let Ok(device) = IDS.device(text) {
+    if let Ok(device) = PROFILES[0].device(text) {
         assert_eq!(device, device.trim());
     }
 });

@@ -136,8 +136,16 @@ pub enum Error {
     /// An active token already has this name.
     #[error("an active token named {0:?} already exists")]
     NameTaken(String),
-    /// The name is empty, too long or has control characters.
-    #[error("token name must be 1-100 printable characters")]
+    /// The bootstrap token was presented after an admin token was issued.
+    #[error(
+        "the bootstrap token was retired when the first admin token was made: use an admin token (lost every one? run palisade token create --role admin --name NAME against the database)"
+    )]
+    BootstrapRetired,
+    /// The bootstrap token was presented after `bootstrap_token_expires_at`.
+    #[error("the bootstrap token expired (bootstrap_token_expires_at): use an admin token")]
+    BootstrapExpired,
+    /// The name is empty, too long or has control or invisible characters.
+    #[error("token name must be 1-100 printable characters (no control or invisible ones)")]
     InvalidName,
     /// No token has this id.
     #[error("no token with id {0:?}")]
@@ -267,8 +275,11 @@ impl Access {
         }
     }
 
-    /// Retires the bootstrap token when an active admin token exists (run at start and
-    /// every few seconds, so a token created on another instance retires it here too).
+    /// Retires the bootstrap token once an admin token was ever issued (run at start and
+    /// every few seconds, so a token created on another instance retires it here too). The
+    /// durable store decides, so revoking that admin token or restarting never brings the
+    /// bootstrap token back: a lost admin is recovered with `palisade token create` on the
+    /// database.
     pub async fn refresh_bootstrap(&self) -> Result<(), Error> {
         let Some(bootstrap) = &self.bootstrap else {
             return Ok(());
@@ -276,15 +287,28 @@ impl Access {
         if bootstrap.retired.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        if store::active_admin_exists(&self.durable).await? {
+        if store::admin_ever_issued(&self.durable).await? {
             bootstrap
                 .retired
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(
-                "an admin token exists: the bootstrap token (PALISADE_BOOTSTRAP_TOKEN) no longer works; unset it"
+                "an admin token was issued: the bootstrap token (PALISADE_BOOTSTRAP_TOKEN) no longer works; unset it"
             );
         }
         Ok(())
+    }
+
+    /// Why the bootstrap token is refused: retired or expired.
+    fn bootstrap_refusal(&self) -> Error {
+        let retired = self
+            .bootstrap
+            .as_ref()
+            .is_some_and(|b| b.retired.load(std::sync::atomic::Ordering::Relaxed));
+        if retired {
+            Error::BootstrapRetired
+        } else {
+            Error::BootstrapExpired
+        }
     }
 
     /// Whether the presented hash is the bootstrap token's and it still works (logged
@@ -342,7 +366,7 @@ impl Access {
                     role: Role::Admin,
                 });
             }
-            Some(false) => return Err(Error::UnknownToken),
+            Some(false) => return Err(self.bootstrap_refusal()),
             None => {}
         }
         let now = self.clock.monotonic_us();
@@ -420,10 +444,7 @@ impl Access {
         name: &str,
         created_by: &str,
     ) -> Result<IssuedToken, Error> {
-        let name = name.trim();
-        if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
-            return Err(Error::InvalidName);
-        }
+        let name = crate::model::free_text(name, 100).map_err(|_| Error::InvalidName)?;
         let mut raw = [0u8; 32];
         rand::rng().fill_bytes(&mut raw);
         let secret = format!("pal_{}", hex(&raw));

@@ -14,8 +14,8 @@ const FIND_BY_ID: &str = "SELECT id, name, role, created_at, created_by, revoked
     FROM access_tokens WHERE id = $1";
 const LIST: &str = "SELECT id, name, role, created_at, created_by, revoked_at \
     FROM access_tokens ORDER BY id DESC";
-const ACTIVE_ADMIN: &str =
-    "SELECT COUNT(*) FROM access_tokens WHERE role = 'admin' AND revoked_at IS NULL";
+// Revoked ones count: tokens are never deleted, so the retirement is as durable as the table.
+const ADMIN_ISSUED: &str = "SELECT COUNT(*) FROM access_tokens WHERE role = 'admin'";
 
 #[derive(sqlx::FromRow)]
 struct InfoRow {
@@ -119,8 +119,9 @@ pub(super) async fn list(durable: &Durable) -> Result<Vec<TokenInfo>, Error> {
 }
 
 /// True when an active (not revoked) admin token exists.
-pub(super) async fn active_admin_exists(durable: &Durable) -> Result<bool, Error> {
-    let count: i64 = with_pool!(durable, |pool| sqlx::query_scalar(ACTIVE_ADMIN)
+/// True once any admin token was issued (revoked or not).
+pub(super) async fn admin_ever_issued(durable: &Durable) -> Result<bool, Error> {
+    let count: i64 = with_pool!(durable, |pool| sqlx::query_scalar(ADMIN_ISSUED)
         .fetch_one(pool)
         .await)?;
     Ok(count > 0)

@@ -280,7 +280,9 @@ impl From<crate::access::Error> for ApiError {
     fn from(err: crate::access::Error) -> Self {
         use crate::access::Error as E;
         match err {
-            E::UnknownToken => ApiError::new(ErrorCode::Unauthenticated, err.to_string()),
+            E::UnknownToken | E::BootstrapRetired | E::BootstrapExpired => {
+                ApiError::new(ErrorCode::Unauthenticated, err.to_string())
+            }
             E::NameTaken(_) | E::BootstrapNotRevocable => {
                 ApiError::new(ErrorCode::Conflict, err.to_string())
             }

@@ -329,15 +329,16 @@ pub struct ReasonQuery {
     pub reason: Option<String>,
 }
 
-/// A reason for an audited action: 1–500 characters, no control characters.
+/// A reason for an audited action: 1–500 characters, no control or invisible characters
+/// ([`crate::model::free_text`]).
 pub(super) fn parse_reason(reason: Option<&str>) -> Result<String, ApiError> {
-    let reason = reason.map(str::trim).unwrap_or("");
-    if reason.is_empty() || reason.chars().count() > 500 || reason.chars().any(char::is_control) {
-        return Err(ApiError::invalid(
+    match crate::model::free_text(reason.unwrap_or(""), 500) {
+        Ok(reason) => Ok(reason.to_owned()),
+        Err(crate::model::IdProblem::Length(_)) => Err(ApiError::invalid(
             "reason is required: 1-500 characters saying why (kept in the audit log)",
-        ));
+        )),
+        Err(problem) => Err(ApiError::invalid(format!("reason {problem}"))),
     }
-    Ok(reason.to_owned())
 }
 
 /// The one subject named by `account`, `ip` or `device_id` (a body naming none or several

@@ -48,11 +48,82 @@ fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
         .filter(|v| !v.is_empty())
 }
 
+/// The first of `names` that the proxy sent (not blank), as bytes without surrounding
+/// whitespace.
+fn raw_header<'h>(headers: &'h HeaderMap, names: &[&str]) -> Option<&'h [u8]> {
+    names.iter().find_map(|name| {
+        let value = headers.get(*name)?.as_bytes().trim_ascii();
+        (!value.is_empty()).then_some(value)
+    })
+}
+
+/// An identity header as UTF-8 text (a user id from a JWT may hold any character); a value
+/// that is not UTF-8 is a 400, not an anonymous caller.
+fn identity_header(headers: &HeaderMap, name: &str) -> Result<Option<String>, ApiError> {
+    raw_header(headers, &[name])
+        .map(|raw| {
+            std::str::from_utf8(raw)
+                .map(str::to_owned)
+                .map_err(|_| ApiError::invalid(format!("{name} is not UTF-8 text")))
+        })
+        .transpose()
+}
+
+/// The original request's method: `X-Forwarded-Method` or `X-Original-Method`. Missing or
+/// not a method token is a 400: a guess would pick a class the request may not have.
+fn original_method(headers: &HeaderMap) -> Result<String, ApiError> {
+    let names = ["x-forwarded-method", "x-original-method"];
+    let raw = raw_header(headers, &names).ok_or_else(|| {
+        ApiError::invalid(
+            "forward-auth needs the original method: X-Forwarded-Method or X-Original-Method",
+        )
+    })?;
+    axum::http::Method::from_bytes(raw)
+        .map(|method| method.as_str().to_owned())
+        .map_err(|_| ApiError::invalid("X-Forwarded-Method is not an HTTP method"))
+}
+
+/// The original request's target: `X-Forwarded-Uri` or `X-Original-URI`, read as the bytes
+/// the proxy sent. Bytes outside ASCII (nginx passes `$request_uri` raw) are
+/// percent-encoded, as a server reads them; an absolute URI keeps its path. Missing is a
+/// 400, and anything that is not a path is refused by the canonical reading (also 400):
+/// never the laxer class of `/`.
+fn original_target(headers: &HeaderMap) -> Result<String, ApiError> {
+    let names = ["x-forwarded-uri", "x-original-uri"];
+    let raw = raw_header(headers, &names).ok_or_else(|| {
+        ApiError::invalid(
+            "forward-auth needs the original target: X-Forwarded-Uri or X-Original-URI",
+        )
+    })?;
+    // The query and fragment play no part in classification.
+    let end = raw
+        .iter()
+        .position(|&b| b == b'?' || b == b'#')
+        .unwrap_or(raw.len());
+    let raw = &raw[..end];
+    let mut target = String::with_capacity(raw.len());
+    for &byte in raw {
+        if byte.is_ascii() {
+            target.push(char::from(byte));
+        } else {
+            target.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    if !target.starts_with('/')
+        && let Some((_, rest)) = target.split_once("://")
+    {
+        // An absolute URI (some proxies send one): its path, or `/` when it has none.
+        return Ok(rest.find('/').map_or("/", |at| &rest[at..]).to_owned());
+    }
+    Ok(target)
+}
+
 /// Forward-auth: may the original request pass? (role `limiter`)
 ///
 /// For nginx `auth_request`, Traefik ForwardAuth and Caddy `forward_auth`. The original
 /// request comes from `X-Forwarded-Method` / `X-Original-Method` and `X-Forwarded-Uri` /
-/// `X-Original-URI`; the client IP from `X-Forwarded-For` / `Forwarded` / `X-Real-IP`, believed
+/// `X-Original-URI` (both required; raw UTF-8 in the target is read as its escapes); the
+/// client IP from `X-Forwarded-For` / `Forwarded` / `X-Real-IP`, believed
 /// only from `trusted_proxies` (the right-most untrusted hop is the client); user and device
 /// from the configured headers (`x-user-id`, `x-device-id`). 200 passes with the rate-limit
 /// headers; a block is 429 (or `deny_status`) with `Retry-After` and the same headers.
@@ -99,29 +170,16 @@ async fn forward_auth(
         return Err(ApiError::invalid("the proxy's address is unknown"));
     };
     let client = layer::client_ip(peer.ip(), headers, &app.settings.trusted_proxies);
-    let method = header(headers, "x-forwarded-method")
-        .or_else(|| header(headers, "x-original-method"))
-        .unwrap_or("GET");
-    let original = header(headers, "x-forwarded-uri")
-        .or_else(|| header(headers, "x-original-uri"))
-        .unwrap_or("/");
-    let endpoint = original.split(['?', '#']).next().unwrap_or("/");
+    let method = original_method(headers)?;
+    let endpoint = original_target(headers)?;
     let check = LimitCheck {
-        endpoint: if endpoint.starts_with('/') {
-            endpoint.to_owned()
-        } else {
-            // An absolute URI (some proxies send one): keep its path.
-            endpoint
-                .split_once("://")
-                .and_then(|(_, rest)| rest.find('/').map(|at| rest[at..].to_owned()))
-                .unwrap_or_else(|| "/".to_owned())
-        },
-        method: Some(method.to_owned()),
+        endpoint,
+        method: Some(method),
         ip: client.to_string(),
-        user_id: header(headers, &settings.user_header).map(str::to_owned),
-        device_id: header(headers, &settings.device_header).map(str::to_owned),
-        tenant: header(headers, &settings.tenant_header).map(str::to_owned),
-        identity: header(headers, crate::access::identity::HEADER).map(str::to_owned),
+        user_id: identity_header(headers, &settings.user_header)?,
+        device_id: identity_header(headers, &settings.device_header)?,
+        tenant: identity_header(headers, &settings.tenant_header)?,
+        identity: identity_header(headers, crate::access::identity::HEADER)?,
         cost: None,
         consume: None,
     };

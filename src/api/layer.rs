@@ -148,61 +148,74 @@ pub fn denial_details(decision: &Decision) -> serde_json::Value {
 
 /// The client of a request: the peer, unless the peer is a trusted proxy.
 ///
-/// Behind trusted proxies it is the right-most address in `X-Forwarded-For` (or `Forwarded: for=`, then `X-Real-IP`) that is
-/// not a trusted proxy. A client can prepend anything to these headers, so only hops added
-/// by trusted proxies are believed.
+/// Behind trusted proxies it is the right-most address in `X-Forwarded-For` (or `Forwarded:
+/// for=`, then `X-Real-IP`) that is not a trusted proxy. A client can prepend anything to
+/// these headers, so only hops added by trusted proxies are believed: walking from the right,
+/// an entry that is not an address (`unknown`, `_hidden`, garbage, bytes that are not text)
+/// ends the walk at the trusted hop that wrote it, so nothing the client put left of it can
+/// win. IPv4-mapped IPv6 addresses (`::ffff:127.0.0.1`, a `[::]` listener's IPv4 peers)
+/// are read as the IPv4 address they are, before every trust decision.
 pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNetwork]) -> IpAddr {
+    let peer = peer.to_canonical();
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(*ip));
     if !is_trusted(&peer) {
         return peer;
     }
-    let mut hops: Vec<IpAddr> = Vec::new();
+    // Hops left to right; None for an entry that is not an address.
+    let mut hops: Vec<Option<IpAddr>> = Vec::new();
     for value in headers.get_all("x-forwarded-for") {
-        if let Ok(text) = value.to_str() {
-            hops.extend(text.split(',').filter_map(|h| parse_hop(h.trim())));
+        match value.to_str() {
+            Ok(text) => hops.extend(text.split(',').map(|h| parse_hop(h.trim()))),
+            Err(_) => hops.push(None),
         }
     }
     if hops.is_empty() {
         for value in headers.get_all(header::FORWARDED) {
-            if let Ok(text) = value.to_str() {
-                hops.extend(text.split(',').filter_map(|element| {
+            match value.to_str() {
+                Ok(text) => hops.extend(text.split(',').map(|element| {
                     element
                         .split(';')
                         .find_map(|pair| {
-                            pair.trim()
-                                .strip_prefix("for=")
-                                .or_else(|| pair.trim().strip_prefix("For="))
+                            let pair = pair.trim();
+                            pair.get(..4)
+                                .filter(|key| key.eq_ignore_ascii_case("for="))
+                                .map(|_| &pair[4..])
                         })
                         .and_then(|v| parse_hop(v.trim_matches('"')))
-                }));
+                })),
+                Err(_) => hops.push(None),
             }
         }
     }
     if hops.is_empty()
-        && let Some(real) = headers
-            .get("x-real-ip")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| parse_hop(v.trim()))
+        && let Some(real) = headers.get("x-real-ip")
     {
-        hops.push(real);
+        hops.push(real.to_str().ok().and_then(|v| parse_hop(v.trim())));
     }
-    hops.into_iter()
-        .rev()
-        .find(|ip| !is_trusted(ip))
-        .unwrap_or(peer)
+    let mut client = peer;
+    for hop in hops.into_iter().rev() {
+        match hop {
+            // Written by the trusted hop `client`, and not an address: that hop is all we know.
+            None => return client,
+            Some(ip) if is_trusted(&ip) => client = ip,
+            Some(ip) => return ip,
+        }
+    }
+    client
 }
 
 /// `1.2.3.4`, `1.2.3.4:80`, `[::1]:80`, `::1`.
 fn parse_hop(text: &str) -> Option<IpAddr> {
-    if let Ok(ip) = text.parse::<IpAddr>() {
-        return Some(ip);
-    }
-    if let Ok(addr) = text.parse::<SocketAddr>() {
-        return Some(addr.ip());
-    }
-    text.strip_prefix('[')
-        .and_then(|t| t.split(']').next())
-        .and_then(|t| t.parse().ok())
+    let ip = if let Ok(ip) = text.parse::<IpAddr>() {
+        ip
+    } else if let Ok(addr) = text.parse::<SocketAddr>() {
+        addr.ip()
+    } else {
+        text.strip_prefix('[')
+            .and_then(|t| t.split(']').next())
+            .and_then(|t| t.parse().ok())?
+    };
+    Some(ip.to_canonical())
 }
 
 /// Who the protected service says the caller is: insert it as a request extension (from
@@ -439,5 +452,61 @@ mod tests {
             "192.0.2.77".parse::<IpAddr>().unwrap()
         );
         assert_eq!(client_ip(peer, &HeaderMap::new(), &trusted()), peer);
+    }
+
+    #[test]
+    fn ipv4_mapped_peers_and_hops_are_their_ipv4_address() {
+        // A proxy on 127.0.0.1 reaching a `[::]` listener is trusted as 127.0.0.1.
+        let peer: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let headers = with("x-forwarded-for", "198.51.100.7");
+        assert_eq!(
+            client_ip(peer, &headers, &trusted()),
+            "198.51.100.7".parse::<IpAddr>().unwrap()
+        );
+        // A mapped hop is trusted as the IPv4 proxy it is, and a mapped client is IPv4.
+        let headers = with("x-forwarded-for", "::ffff:198.51.100.8, ::ffff:10.0.0.5");
+        assert_eq!(
+            client_ip(peer, &headers, &trusted()),
+            "198.51.100.8".parse::<IpAddr>().unwrap()
+        );
+        // An untrusted mapped peer is its IPv4 address too.
+        let peer: IpAddr = "::ffff:203.0.113.9".parse().unwrap();
+        assert_eq!(
+            client_ip(peer, &HeaderMap::new(), &trusted()),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn an_unreadable_hop_ends_the_walk_at_the_proxy_that_wrote_it() {
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        for forwarded in [
+            "6.6.6.6, garbage",
+            "6.6.6.6, unknown",
+            "6.6.6.6, , 10.0.0.5",
+            "6.6.6.6,",
+            "6.6.6.6, 999.1.1.1",
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-forwarded-for", HeaderValue::from_str(forwarded).unwrap());
+            let client = client_ip(peer, &headers, &trusted());
+            assert_ne!(client, "6.6.6.6".parse::<IpAddr>().unwrap(), "{forwarded}");
+        }
+        let headers = with("x-forwarded-for", "6.6.6.6, garbage, 10.0.0.5");
+        assert_eq!(
+            client_ip(peer, &headers, &trusted()),
+            "10.0.0.5".parse::<IpAddr>().unwrap(),
+            "the proxy that wrote the garbage"
+        );
+        let headers = with("forwarded", "for=6.6.6.6, for=_hidden");
+        assert_eq!(client_ip(peer, &headers, &trusted()), peer);
+        // Bytes that are not text are not an address either.
+        let mut headers = HeaderMap::new();
+        headers.append("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
+        headers.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"\xff1.2.3.4").unwrap(),
+        );
+        assert_eq!(client_ip(peer, &headers, &trusted()), peer);
     }
 }

@@ -78,9 +78,10 @@ pub struct NewEntry {
     /// RFC 3339; absent = until deleted.
     #[serde(default)]
     pub expires_at: Option<String>,
-    /// Allow an allow-list CIDR broader than /8 (IPv4) or /16 (IPv6): such an entry lifts
-    /// reputation penalties for a large part of the internet, so it is refused unless forced
-    /// (and the force is audited).
+    /// Accept a CIDR broader than /8 (IPv4) or /16 (IPv6), in either list: allowed, it lifts
+    /// reputation penalties, denied, it refuses a large part of the internet, so it is refused
+    /// unless an admin forces it (audited). A deny entry this broad is enforced but never
+    /// published to CrowdSec bouncers or edge exports.
     #[serde(default)]
     pub force: bool,
 }
@@ -90,6 +91,7 @@ impl From<Error> for ApiError {
         match err {
             Error::Invalid(_) => ApiError::invalid(err.to_string()),
             Error::NotFound(_) => ApiError::new(ErrorCode::NotFound, err.to_string()),
+            Error::Forbidden(_) => ApiError::new(ErrorCode::Forbidden, err.to_string()),
             Error::Store(store) => store.into(),
         }
     }
@@ -115,7 +117,8 @@ async fn list_entries(
     }))
 }
 
-/// Adds an entry, applied at once on every instance (role `analyst`); audited as `list.add`.
+/// Adds an entry, applied at once on every instance (role `analyst`; a CIDR broader than /8
+/// or /16 needs `force` and role `admin`); audited as `list.add`.
 #[utoipa::path(post, path = "/v1/lists/{list}", tag = "lists", security(("bearer" = [])),
     params(("list" = ListName, Path, description = "allow or deny")), request_body = NewEntry,
     responses((status = 201, body = EntryView), (status = 400, body = Envelope),

@@ -389,11 +389,8 @@ pub(super) fn parse_time(name: &str, value: Option<&str>) -> Result<Option<i64>,
 }
 
 fn release_reason(reason: &str) -> Result<&str, ApiError> {
-    let reason = reason.trim();
-    if reason.is_empty() || reason.chars().count() > 500 {
-        return Err(ApiError::invalid("reason must be 1-500 characters"));
-    }
-    Ok(reason)
+    crate::model::free_text(reason, 500)
+        .map_err(|problem| ApiError::invalid(format!("reason {problem}")))
 }
 
 /// An event that caused a lockout.

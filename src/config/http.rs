@@ -22,9 +22,12 @@ pub struct HttpSettings {
     ///
     /// TOML `http.max_key_length`, env `PALISADE_HTTP__MAX_KEY_LENGTH`; default 256.
     pub max_key_length: usize,
-    /// How account and user ids compare: `case_insensitive` (trimmed, NFKC, case-folded:
-    /// `Alice@Example.com` is `alice@example.com`) or `exact` (opaque ids, byte for byte).
-    /// Control and invisible characters are refused either way.
+    /// How account and user ids compare; pick what the auth service's own comparison does:
+    /// `case_insensitive` (trimmed, NFKC, case-folded, IDNA full stops read as dots:
+    /// `Alice@Example。com` is `alice@example.com`), `accent_insensitive` (that, and accents
+    /// removed: `víctim` is `victim`, as MySQL's default `utf8mb4_0900_ai_ci` compares) or
+    /// `exact` (opaque ids, byte for byte). Control and invisible characters are refused
+    /// in every profile.
     ///
     /// TOML `http.account_ids`, env `PALISADE_HTTP__ACCOUNT_IDS`; default `case_insensitive`.
     pub account_ids: AccountIds,

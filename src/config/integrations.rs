@@ -105,7 +105,7 @@ pub struct ForwardAuthSettings {
     ///
     /// TOML `forward_auth.identity_secret` (a list), env
     /// `PALISADE_FORWARD_AUTH__IDENTITY_SECRET` (comma-separated); default none (off).
-    #[serde(deserialize_with = "one_or_many")]
+    #[serde(deserialize_with = "secrets")]
     pub identity_secret: Vec<super::Secret>,
 }
 
@@ -128,6 +128,28 @@ fn one_or_many<'de, D: serde::Deserializer<'de>, T: From<String>>(
         .map(|item| item.trim().to_owned())
         .filter(|item| !item.is_empty())
         .map(T::from)
+        .collect())
+}
+
+/// Like [`one_or_many`], but a blank item is kept (and refused by validation): an unset
+/// `${VAR}` in a compose file gives `" , "`, and reading that as "no secrets" would switch
+/// signed identity off without a word.
+fn secrets<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<super::Secret>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let items = match OneOrMany::deserialize(deserializer)? {
+        OneOrMany::One(text) => text.split(',').map(str::to_owned).collect(),
+        OneOrMany::Many(items) => items,
+    };
+    Ok(items
+        .into_iter()
+        .map(|item| super::Secret::from(item.trim().to_owned()))
         .collect())
 }
 
@@ -175,6 +197,17 @@ pub(super) fn validate(
     forward: &ForwardAuthSettings,
     crowdsec: &CrowdsecSettings,
 ) -> Result<(), SettingError> {
+    if forward
+        .identity_secret
+        .iter()
+        .any(|secret| secret.expose().is_empty())
+    {
+        return Err(SettingError::new(
+            setting_name("forward_auth.identity_secret"),
+            "is set but blank (an unset ${VAR}?): give each secret (at least 32 characters) \
+             or remove the setting to turn signed identities off",
+        ));
+    }
     if forward
         .identity_secret
         .iter()

@@ -118,6 +118,35 @@ fn short_bootstrap_token_and_zero_limits_are_rejected() {
 }
 
 #[test]
+fn a_present_but_blank_identity_secret_is_an_error_not_off() {
+    Jail::expect_with(|jail| {
+        for blank in [" , ", "", "  ", ",", "0123456789abcdef0123456789abcdef, "] {
+            jail.set_env("PALISADE_FORWARD_AUTH__IDENTITY_SECRET", blank);
+            let err = load_in_jail(jail, None).expect_err("blank secret");
+            assert!(
+                err.to_string()
+                    .starts_with("PALISADE_FORWARD_AUTH__IDENTITY_SECRET")
+                    && err.to_string().contains("blank"),
+                "{blank:?}: {err}"
+            );
+        }
+        jail.set_env(
+            "PALISADE_FORWARD_AUTH__IDENTITY_SECRET",
+            " 0123456789abcdef0123456789abcdef , fedcba9876543210fedcba9876543210",
+        );
+        let settings = load_in_jail(jail, None).expect("two secrets");
+        assert_eq!(settings.forward_auth.identity_secret.len(), 2);
+        Ok(())
+    });
+    Jail::expect_with(|jail| {
+        let err = load_in_jail(jail, Some("[forward_auth]\nidentity_secret = [\"\"]\n"))
+            .expect_err("blank in TOML");
+        assert!(err.to_string().contains("blank"), "{err}");
+        Ok(())
+    });
+}
+
+#[test]
 fn trusted_proxies_accept_a_comma_separated_env_value() {
     Jail::expect_with(|jail| {
         jail.set_env("PALISADE_TRUSTED_PROXIES", "10.0.0.0/8, 192.168.1.1");

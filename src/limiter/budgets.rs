@@ -492,6 +492,13 @@ mod tests {
             if choices.first().is_some_and(|c| c % 2 == 1) {
                 out.push('/');
             }
+            // A tail servers strip before routing: a format suffix, dots, whitespace.
+            let tails = ["", ".json", ".", "%20", " ", ".xml.", "%C2%A0", ".JSON"];
+            out.push_str(tails[usize::from(choices.last().copied().unwrap_or(0)) % tails.len()]);
+            // Sometimes a query with raw UTF-8, which plays no part.
+            if choices.len() > 3 && choices[3].is_multiple_of(3) {
+                out.push_str("?q=\u{e9}\u{1f600}");
+            }
             out
         }
 

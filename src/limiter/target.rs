@@ -12,7 +12,10 @@
 //! 4. empty segments are dropped (repeated slashes collapse, a trailing slash is ignored) and
 //!    dot segments are resolved (§5.2.4; `..` never climbs above the root);
 //! 5. ASCII letters are lower-cased unless matching is case-sensitive
-//!    (`limits.case_insensitive_paths = false`).
+//!    (`limits.case_insensitive_paths = false`);
+//! 6. bytes outside ASCII (raw UTF-8, as nginx passes `$request_uri`) are percent-encoded
+//!    with upper-case hex, so `/café` and `/caf%c3%a9` are one path, and the canonical path
+//!    is always ASCII.
 //!
 //! Spellings that servers disagree about (an encoded `/` or `\`, a raw `\`, a double
 //! encoding such as `%256c`, a malformed escape) are **ambiguous**: [`Canonical::readings`]
@@ -20,6 +23,12 @@
 //! dropped, as servers differ in that order too), and the caller classifies every reading and
 //! keeps the strictest class. NUL and control characters (raw or encoded), and paths over
 //! [`MAX_TARGET_BYTES`], are [`Invalid`].
+//!
+//! A last segment with a **format suffix**, a trailing dot or trailing whitespace
+//! (`/login.json`, `/oauth/token.xml`, `/login.`, `/login%20`) is served as the bare route
+//! by Rails (`(.:format)`), older Spring MVC (suffix pattern matching) and servers that trim:
+//! every reading then also has its suffix-free form, so `/login.json` is classified as
+//! strictly as `/login`.
 
 use std::borrow::Cow;
 
@@ -45,10 +54,12 @@ pub enum Invalid {
 pub struct Canonical<'a> {
     /// The canonical path (RFC 3986 reading).
     pub path: Cow<'a, str>,
-    /// For an ambiguous spelling, the most-decoded readings (every escape decoded until none
-    /// is left, `\` read as `/`), canonicalised the same way: one decoded from the raw
-    /// spelling, one from the canonical path (after `;` parameters were dropped) when that
-    /// differs. Empty otherwise.
+    /// The other readings servers may give the spelling, canonicalised the same way: for an
+    /// ambiguous spelling the most-decoded ones (every escape decoded until none is left,
+    /// `\` read as `/`: one decoded from the raw spelling, one from the canonical path
+    /// after `;` parameters were dropped, when that differs), and for every reading whose
+    /// last segment has a format suffix, a trailing dot or trailing whitespace, the reading
+    /// without it. Empty otherwise.
     pub decoded: Vec<String>,
 }
 
@@ -104,10 +115,12 @@ pub fn canonical(target: &str, case_insensitive: bool) -> Result<Canonical<'_>, 
         return Err(Invalid::Control);
     }
     if is_plain(bytes, case_insensitive) {
-        return Ok(Canonical {
+        let mut target = Canonical {
             path: Cow::Borrowed(path),
             decoded: Vec::new(),
-        });
+        };
+        target.add_suffix_free_readings();
+        return Ok(target);
     }
     // First pass: RFC 3986 decoding of unreserved escapes, noting ambiguity.
     let mut text = Vec::with_capacity(bytes.len());
@@ -127,11 +140,7 @@ pub fn canonical(target: &str, case_insensitive: bool) -> Result<Canonical<'_>, 
                     // `/`, `\` and `%` itself (a double encoding) decode to something a
                     // server may act on.
                     ambiguous |= matches!(value, b'/' | b'\\' | b'%');
-                    text.extend_from_slice(&[
-                        b'%',
-                        HEX[usize::from(value >> 4)],
-                        HEX[usize::from(value & 15)],
-                    ]);
+                    text.extend_from_slice(&percent(value));
                     at += 3;
                     continue;
                 }
@@ -145,6 +154,7 @@ pub fn canonical(target: &str, case_insensitive: bool) -> Result<Canonical<'_>, 
                 ambiguous = true;
                 text.extend_from_slice(b"%5C");
             }
+            0x80.. => text.extend_from_slice(&percent(byte)),
             _ => text.push(byte),
         }
         at += 1;
@@ -161,20 +171,95 @@ pub fn canonical(target: &str, case_insensitive: bool) -> Result<Canonical<'_>, 
             }
         }
     }
-    Ok(Canonical {
+    let mut target = Canonical {
         path: Cow::Owned(path),
         decoded,
-    })
+    };
+    target.add_suffix_free_readings();
+    Ok(target)
+}
+
+impl Canonical<'_> {
+    /// Adds, for every reading so far, its form without a trailing format suffix, dot or
+    /// whitespace (when it has one and that form is not already a reading).
+    fn add_suffix_free_readings(&mut self) {
+        let mut found: Vec<String> = Vec::new();
+        for reading in self.readings() {
+            if let Some(bare) = without_suffix(reading)
+                && bare != *self.path
+                && !self.decoded.contains(&bare)
+                && !found.contains(&bare)
+            {
+                found.push(bare);
+            }
+        }
+        self.decoded.append(&mut found);
+    }
+}
+
+/// Longest format suffix (after the dot) that is read as one: `.json`, `.xml`, `.html`,
+/// `.php`, `.action`, `.jsonapi`…
+const MAX_SUFFIX: usize = 10;
+
+/// `path` without what servers strip from its end before routing: trailing whitespace (raw,
+/// `%20`, `%C2%A0`), trailing dots and a format suffix (`.` then 1 to [`MAX_SUFFIX`] ASCII
+/// letters or digits), repeatedly (`/login.json.%20` is `/login`); a last segment of only
+/// such a tail goes with its slash (`/login/%20` and `/login/.json` are `/login`). None when
+/// there is nothing to strip.
+fn without_suffix(path: &str) -> Option<String> {
+    let mut end = path.len();
+    loop {
+        let start = path[..end].rfind('/').map_or(0, |at| at + 1);
+        let segment = &path[start..end];
+        let rest = segment
+            .strip_suffix(' ')
+            .or_else(|| segment.strip_suffix("%20"))
+            .or_else(|| segment.strip_suffix("%C2%A0"))
+            .or_else(|| segment.strip_suffix("%c2%a0"))
+            .or_else(|| segment.strip_suffix('.'));
+        let cut = match rest {
+            Some(rest) => rest.len(),
+            None => match segment.rfind('.') {
+                Some(dot)
+                    if (1..=MAX_SUFFIX).contains(&(segment.len() - dot - 1))
+                        && segment[dot + 1..]
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric()) =>
+                {
+                    dot
+                }
+                _ => break,
+            },
+        };
+        if cut > 0 {
+            end = start + cut;
+        } else if start > 1 {
+            // The whole segment was such a tail: the slash before it goes too.
+            end = start - 1;
+        } else {
+            break;
+        }
+    }
+    (end < path.len()).then(|| path[..end].to_owned())
 }
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
+/// `byte` as a percent-escape with upper-case hex.
+fn percent(byte: u8) -> [u8; 3] {
+    [
+        b'%',
+        HEX[usize::from(byte >> 4)],
+        HEX[usize::from(byte & 15)],
+    ]
+}
+
 /// True when `bytes` is already canonical: no escapes, backslashes or path parameters, no
 /// empty or dot segments, no trailing slash, and no upper case when matching ignores case.
 fn is_plain(bytes: &[u8], case_insensitive: bool) -> bool {
-    let special = bytes
-        .iter()
-        .any(|&b| matches!(b, b'%' | b'\\' | b';') || (case_insensitive && b.is_ascii_uppercase()));
+    let special = bytes.iter().any(|&b| {
+        matches!(b, b'%' | b'\\' | b';' | 0x80..) || (case_insensitive && b.is_ascii_uppercase())
+    });
     if special || (bytes.len() > 1 && bytes.ends_with(b"/")) {
         return false;
     }
@@ -238,7 +323,15 @@ fn normalise(bytes: &[u8], case_insensitive: bool) -> String {
     let mut out = Vec::with_capacity(bytes.len() + 1);
     for segment in &segments {
         out.push(b'/');
-        out.extend_from_slice(segment);
+        for &byte in *segment {
+            // A most-decoded reading may hold bytes outside ASCII: escaped as the canonical
+            // path escapes them, so patterns meet both in one form.
+            if byte >= 0x80 {
+                out.extend_from_slice(&percent(byte));
+            } else {
+                out.push(byte);
+            }
+        }
     }
     if out.is_empty() {
         out.push(b'/');
@@ -246,8 +339,8 @@ fn normalise(bytes: &[u8], case_insensitive: bool) -> String {
     if case_insensitive {
         out.make_ascii_lowercase();
     }
-    // Only whole UTF-8 sequences were copied (escapes stay escaped), so this never replaces.
-    String::from_utf8_lossy(&out).into_owned()
+    // Every byte outside ASCII was escaped above.
+    String::from_utf8(out).expect("ASCII")
 }
 
 /// The forms a configured path pattern is matched in.
@@ -259,6 +352,21 @@ pub fn pattern_forms(pattern: &str, case_insensitive: bool) -> Vec<String> {
     let mut text = String::with_capacity(pattern.len());
     for ch in pattern.chars() {
         if ch == '/' && text.ends_with('/') {
+            continue;
+        }
+        if !ch.is_ascii() {
+            // Raw UTF-8 in a pattern meets requests in their escaped form.
+            let mut buf = [0u8; 4];
+            for &byte in ch.encode_utf8(&mut buf).as_bytes() {
+                let escape = percent(byte).map(char::from);
+                text.extend(escape.map(|c| {
+                    if case_insensitive {
+                        c.to_ascii_lowercase()
+                    } else {
+                        c
+                    }
+                }));
+            }
             continue;
         }
         text.push(if case_insensitive {
@@ -408,6 +516,88 @@ mod tests {
             let once = canonical(spelling, true).unwrap();
             let twice = canonical(&once.path, true).unwrap();
             assert_eq!(once.path, twice.path, "{spelling}");
+        }
+    }
+
+    #[test]
+    fn bytes_outside_ascii_are_escaped_like_their_escapes() {
+        for case_insensitive in [true, false] {
+            let raw = canonical("/caf\u{e9}/Login", case_insensitive).unwrap();
+            let escaped = canonical("/caf%C3%A9/Login", case_insensitive).unwrap();
+            assert_eq!(raw.path, escaped.path);
+            assert!(raw.path.is_ascii());
+        }
+        // A raw byte in the query is dropped with the query.
+        assert_eq!(path("/login?q=\u{e9}"), "/login");
+        assert_eq!(pattern_forms("/Caf\u{e9}", true), vec!["/caf%c3%a9"]);
+        assert_eq!(pattern_forms("/Caf\u{e9}", false), vec!["/Caf%C3%A9"]);
+        let budgets = super::super::Budgets::from_settings(&Default::default());
+        let login = budgets.classify("POST", "/login");
+        assert_eq!(budgets.classify("POST", "/login?q=\u{e9}"), login);
+        assert_eq!(budgets.classify("POST", "/login\u{a0}"), login);
+    }
+
+    #[test]
+    fn format_suffixes_dots_and_trailing_spaces_are_also_read_bare() {
+        for spelling in [
+            "/login.json",
+            "/login.JSON",
+            "/login.",
+            "/login..",
+            "/login%20",
+            "/login ",
+            "/login%c2%a0",
+            "/login.json.%20",
+            "/login.xml/",
+            "/login.json;x",
+            "/login%2ejson",
+        ] {
+            let target = canonical(spelling, true).unwrap();
+            assert!(
+                target.readings().any(|r| r == "/login"),
+                "{spelling}: {:?}",
+                target.readings().collect::<Vec<_>>()
+            );
+        }
+        assert_eq!(
+            without_suffix("/oauth/token.json").as_deref(),
+            Some("/oauth/token")
+        );
+        // Not suffixes: a dot file, a long extension, a suffix of other characters.
+        assert_eq!(without_suffix("/login/%20").as_deref(), Some("/login"));
+        assert_eq!(without_suffix("/login/%20.json").as_deref(), Some("/login"));
+        assert_eq!(without_suffix("/login/.xml.").as_deref(), Some("/login"));
+        for kept in [
+            "/.json",
+            "/.well-known",
+            "/login.abcdefghijk",
+            "/login.a-b",
+            "/",
+            "/login",
+            "/%20",
+        ] {
+            assert_eq!(without_suffix(kept), None, "{kept}");
+        }
+        // The plain path stays borrowed; the bare form is another reading.
+        let target = canonical("/static/app.js", true).unwrap();
+        assert!(matches!(target.path, Cow::Borrowed(_)));
+        assert_eq!(target.decoded, ["/static/app"]);
+        let budgets = super::super::Budgets::from_settings(&Default::default());
+        let login = budgets.classify("POST", "/login");
+        assert_ne!(
+            login,
+            budgets.classify("POST", "/logins"),
+            "a class of its own"
+        );
+        for spelling in [
+            "/login.json",
+            "/login.",
+            "/login%20",
+            "/Login.Json/",
+            "/session.json",
+            "/oauth/token.json",
+        ] {
+            assert_eq!(budgets.classify("POST", spelling), login, "{spelling}");
         }
     }
 

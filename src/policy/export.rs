@@ -290,6 +290,13 @@ fn split_deny(deny: &[Entry]) -> (Vec<(String, String)>, Vec<u32>, Vec<String>) 
     let (mut items, mut asns, mut rest) = (Vec::new(), Vec::new(), Vec::new());
     for entry in deny {
         match entry.kind {
+            EntryKind::Cidr if crate::reputation::lists::too_broad(&entry.value) => {
+                rest.push(format!(
+                    "deny entry {} ({}): broader than /8 (IPv4) or /16 (IPv6), enforced by \
+                     Palisade but never exported (an edge would refuse everyone)",
+                    entry.id, entry.value
+                ))
+            }
             EntryKind::Cidr => items.push((entry.value.clone(), entry.reason.clone())),
             EntryKind::Asn => {
                 if let Ok(asn) = entry
@@ -458,11 +465,11 @@ fn fastly(limits: &LimitSettings, deny: &[Entry]) -> String {
         match prefix {
             Some(prefix) => out.push_str(&format!(
                 "  \"{address}\"/{prefix}; # {}\n",
-                reason.replace('\n', " ")
+                crate::model::one_line(reason)
             )),
             None => out.push_str(&format!(
                 "  \"{address}\"; # {}\n",
-                reason.replace('\n', " ")
+                crate::model::one_line(reason)
             )),
         }
     }

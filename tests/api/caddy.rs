@@ -69,6 +69,44 @@ fn command(binary: &Path, dir: &tempfile::TempDir, verb: &str, file: &Path) -> C
     command
 }
 
+/// Caddy with the documented Caddyfile in front of `palisade` and `upstream`, validated and
+/// started; stopped when dropped.
+async fn start_caddy(binary: &Path, palisade: u16, upstream: u16, token: &str) -> Caddy {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("Caddyfile");
+    std::fs::write(&file, caddyfile(port, palisade, upstream, token)).unwrap();
+    let validated = command(binary, &dir, "validate", &file)
+        .output()
+        .expect("caddy validate");
+    assert!(
+        validated.status.success(),
+        "caddy validate: {}",
+        String::from_utf8_lossy(&validated.stderr)
+    );
+    let child = command(binary, &dir, "run", &file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start caddy");
+    let caddy = Caddy {
+        child,
+        port,
+        _dir: dir,
+    };
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", caddy.port)).is_ok() {
+            return caddy;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("caddy did not start on {}", caddy.port);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caddy_forward_auth_passes_then_blocks_and_never_forwards_client_identity() {
     let Some(binary) = caddy_binary() else {
@@ -82,55 +120,17 @@ async fn caddy_forward_auth_passes_then_blocks_and_never_forwards_client_identit
         let app = axum::Router::new().fallback(|| async { "upstream ok" });
         let _ = axum::serve(listener, app).await;
     });
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("Caddyfile");
     let palisade = crate::helpers::socket_of(&app.base).port();
-    std::fs::write(&file, caddyfile(port, palisade, upstream, &token)).unwrap();
-    let validated = command(&binary, &dir, "validate", &file)
-        .output()
-        .expect("caddy validate");
-    assert!(
-        validated.status.success(),
-        "caddy validate: {}",
-        String::from_utf8_lossy(&validated.stderr)
-    );
-    let child = command(&binary, &dir, "run", &file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start caddy");
-    let caddy = Caddy {
-        child,
-        port,
-        _dir: dir,
-    };
-    let mut up = false;
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", caddy.port)).is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "caddy did not start on {}", caddy.port);
+    let caddy = start_caddy(&binary, palisade, upstream, &token).await;
 
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{}/auth/login", caddy.port);
     let spoofed = |request: reqwest::RequestBuilder| {
-        request
-            .header("x-user-id", "victim")
-            .header("x-device-id", "victim-phone")
-            .header("x-forwarded-uri", "/v1/feed")
-            .header("x-forwarded-method", "GET")
-            .header("x-original-uri", "/v1/feed")
-            .header("x-forwarded-for", "192.0.2.1")
-            .header("forwarded", "for=192.0.2.2")
-            .header("x-real-ip", "192.0.2.3")
+        crate::recorder::CLIENT_CLAIMS
+            .iter()
+            .fold(request, |request, (name, value)| {
+                request.header(*name, *value)
+            })
     };
     // The auth class: 10 logins a minute per IP (unauthenticated).
     for n in 1..=10u32 {
@@ -160,4 +160,29 @@ async fn caddy_forward_auth_passes_then_blocks_and_never_forwards_client_identit
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "caddy still serves port {port}"
     );
+}
+
+/// The documented Caddyfile with a client that sends every header Palisade reads: what
+/// reaches Palisade's place holds none of the client's values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_caddyfile_passes_no_client_claim_to_palisade() {
+    let Some(binary) = caddy_binary() else {
+        return;
+    };
+    let recorder = crate::recorder::HeaderRecorder::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let app = axum::Router::new().fallback(|| async { "upstream ok" });
+        let _ = axum::serve(listener, app).await;
+    });
+    let caddy = start_caddy(&binary, recorder.port, upstream, "limiter-token").await;
+    let mut request =
+        reqwest::Client::new().post(format!("http://127.0.0.1:{}/auth/login", caddy.port));
+    for (name, value) in crate::recorder::CLIENT_CLAIMS {
+        request = request.header(name, value);
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    recorder.assert_no_client_claims("docs/gateways/Caddyfile");
 }

@@ -594,3 +594,55 @@ async fn the_documented_envoy_config_works_with_palisade(app: TestApp) {
     );
     assert_eq!(answer.statuses[3].limit_remaining, 99);
 }
+
+/// Envoy reads identity into descriptors from request headers: in the documented config,
+/// every header a rate limit action reads (other than pseudo-headers) is removed from the
+/// client's request by a header mutation placed before the rate limit filter, so only what
+/// the gateway's own authentication sets afterwards reaches Palisade.
+#[test]
+fn the_documented_envoy_config_removes_client_identity_headers_first() {
+    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo_file("docs/gateways/envoy.yaml")).unwrap(),
+    )
+    .unwrap();
+    let manager = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+    let filters = manager["http_filters"].as_sequence().unwrap();
+    let ratelimit = filters
+        .iter()
+        .position(|f| f["name"] == "envoy.filters.http.ratelimit")
+        .expect("the rate limit filter");
+    let removed: Vec<String> = filters[..ratelimit]
+        .iter()
+        .filter(|f| f["name"] == "envoy.filters.http.header_mutation")
+        .flat_map(|f| {
+            f["typed_config"]["mutations"]["request_mutations"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|m| m["remove"].as_str().map(str::to_ascii_lowercase))
+        .collect();
+    let rate_limits =
+        &manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["rate_limits"];
+    let mut read = Vec::new();
+    for limit in rate_limits.as_sequence().unwrap() {
+        for action in limit["actions"].as_sequence().unwrap() {
+            if let Some(name) = action["request_headers"]["header_name"].as_str()
+                && !name.starts_with(':')
+            {
+                read.push(name.to_ascii_lowercase());
+            }
+        }
+    }
+    assert!(!read.is_empty(), "the config reads identity headers");
+    let defaults = palisade::config::ForwardAuthSettings::default();
+    for name in read.iter().map(String::as_str).chain([
+        defaults.tenant_header.as_str(),
+        palisade::access::identity::HEADER,
+    ]) {
+        assert!(
+            removed.iter().any(|r| r == name),
+            "envoy.yaml passes the client's own {name} (removed: {removed:?})"
+        );
+    }
+}

@@ -26,6 +26,7 @@ mod lists;
 mod lockout;
 mod nginx;
 mod policy;
+mod recorder;
 mod recovery;
 mod reputation;
 mod scaleout;

@@ -409,3 +409,60 @@ async fn nginx_signs_the_identity_it_authenticated_with_njs() {
     );
     drop(nginx);
 }
+
+/// Every documented nginx configuration, with a client that sends every header Palisade
+/// reads (identity, tenant, signed identity, original request, addresses): what reaches
+/// Palisade's place holds none of the client's values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_documented_nginx_config_passes_a_client_claim_to_palisade() {
+    let Some(binary) = nginx_binary() else {
+        return;
+    };
+    let module = Path::new("/usr/lib/nginx/modules/ngx_http_js_module.so");
+    let js = crate::helpers::repo_file("docs/gateways/palisade_identity.js");
+    let mut variants = vec![(Variant::plain(), Vec::new())];
+    if module.is_file() {
+        variants.push((
+            Variant {
+                snippet: "docs/gateways/nginx-identity.conf",
+                main: format!(
+                    "load_module {};\nenv PALISADE_IDENTITY_SECRET;",
+                    module.display()
+                ),
+                http: format!(
+                    "    js_path {};\n    js_import palisade from palisade_identity.js;\n    js_set $palisade_identity palisade.identity;",
+                    js.parent().unwrap().display()
+                ),
+                edits: Vec::new(),
+            },
+            vec![("PALISADE_IDENTITY_SECRET", "a-secret-of-at-least-32-characters-long")],
+        ));
+    } else {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI=true but nginx's JavaScript module is not installed"
+        );
+    }
+    let upstream = start_upstream().await;
+    for (variant, env) in variants {
+        let recorder = crate::recorder::HeaderRecorder::start().await;
+        let nginx = start_nginx(
+            &binary,
+            upstream,
+            recorder.port,
+            "limiter-token",
+            &variant,
+            &env,
+        )
+        .await;
+        let mut request = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}/auth/login", nginx.port))
+            .basic_auth("alice", Some("wonderland"));
+        for (name, value) in crate::recorder::CLIENT_CLAIMS {
+            request = request.header(name, value);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{}", variant.snippet);
+        recorder.assert_no_client_claims(variant.snippet);
+    }
+}

@@ -117,12 +117,16 @@ pub struct NewEntry {
     pub reason: String,
     /// Unix ms; None = until deleted.
     pub expires_at_ms: Option<i64>,
-    /// Accept an allow-list CIDR broader than /8 (IPv4) or /16 (IPv6).
+    /// Accept a CIDR broader than /8 (IPv4) or /16 (IPv6), in either list (an admin's only).
     pub force: bool,
 }
 
 /// True for a normalised CIDR broader than /8 (IPv4) or /16 (IPv6).
-fn too_broad(cidr: &str) -> bool {
+///
+/// Allowing such a range lifts penalties, denying it refuses, for a large part of the
+/// internet: it needs `force` from an admin, and a deny entry this broad is never published
+/// to bouncers or edge exports (a firewall would drop everyone).
+pub fn too_broad(cidr: &str) -> bool {
     let Some((ip, len)) = cidr.split_once('/') else {
         return false;
     };
@@ -145,6 +149,9 @@ pub enum Error {
     /// No live entry with this id in this list.
     #[error("no entry with id {0:?} in this list")]
     NotFound(String),
+    /// Allowed to an admin only.
+    #[error("{0}")]
+    Forbidden(String),
     /// A store failed.
     #[error(transparent)]
     Store(#[from] crate::store::Error),
@@ -330,19 +337,27 @@ impl Lists {
             expires_at_ms,
             force,
         } = new;
-        let reason = reason.as_str();
         let (kind, value) = self.normalize(&value, kind)?;
-        let broad = list == ListName::Allow && kind == EntryKind::Cidr && too_broad(&value);
-        if broad && !force {
-            return Err(Error::Invalid(format!(
-                "{value} is broader than /8 (IPv4) or /16 (IPv6): allowing it lifts reputation \
-                 penalties for a large part of the internet; send force = true if that is meant"
-            )));
+        let broad = kind == EntryKind::Cidr && too_broad(&value);
+        if broad {
+            let effect = match list {
+                ListName::Allow => "allowing it lifts reputation penalties for",
+                ListName::Deny => "denying it refuses every request from",
+            };
+            if !force {
+                return Err(Error::Invalid(format!(
+                    "{value} is broader than /8 (IPv4) or /16 (IPv6): {effect} a large part of \
+                     the internet; an admin may send force = true if that is meant"
+                )));
+            }
+            if actor.role != crate::access::Role::Admin.as_str() {
+                return Err(Error::Forbidden(format!(
+                    "{value} is broader than /8 (IPv4) or /16 (IPv6): only an admin may force it"
+                )));
+            }
         }
-        let reason = reason.trim();
-        if reason.is_empty() || reason.chars().count() > 500 {
-            return Err(Error::Invalid("reason must be 1-500 characters".to_owned()));
-        }
+        let reason = crate::model::free_text(&reason, 500)
+            .map_err(|problem| Error::Invalid(format!("reason {problem}")))?;
         let now = self.clock.now_ms();
         // The lookup index numbers entries with u16; more would be silently ignored.
         if self.live.load().entries.len() >= usize::from(u16::MAX) {
@@ -483,7 +498,7 @@ impl Lists {
 
     /// IP bans for firewall-style enforcers: deny entries of kind `cidr` that became live
     /// after `since_ms` (every live one when None), and those deleted or expired in
-    /// `(since_ms, now_ms]`. Read from the durable store, so every instance answers alike.
+    /// `(since_ms, now_ms]`; never one broader than /8 or /16 ([`too_broad`]). Read from the durable store, so every instance answers alike.
     pub async fn ip_bans_since(
         &self,
         since_ms: Option<i64>,
@@ -496,8 +511,13 @@ impl Lists {
                 .bind(now_ms)
                 .fetch_all(pool)
                 .await)?;
+            // A ban this broad would make a firewall drop everyone: enforced here, never
+            // published.
             Ok::<_, crate::store::Error>(
-                rows.into_iter().filter_map(Row::entry).collect::<Vec<_>>(),
+                rows.into_iter()
+                    .filter_map(Row::entry)
+                    .filter(|entry| !too_broad(&entry.value))
+                    .collect::<Vec<_>>(),
             )
         };
         let new = fetch(BANS_NEW).await?;

@@ -13,6 +13,7 @@ on_both_backends!(
     request_spellings_share_one_auth_budget,
     forward_auth_canonicalises_the_original_uri,
     account_spellings_are_one_account_everywhere,
+    accent_variants_are_one_account_when_the_backend_ignores_accents,
     invisible_and_control_characters_in_ids_are_refused,
     a_stranger_cannot_lock_the_owner_out_at_the_limiter,
     the_quick_login_signal_cannot_be_dodged,
@@ -40,6 +41,15 @@ async fn request_spellings_share_one_auth_budget(app: TestApp) {
         "/auth%2f..%2f..%2flogin",
         "/%256cogin",
         "/x\\..\\login",
+        // Format suffixes, dots and spaces Rails and Spring route as /login.
+        "/login.json",
+        "/Login.JSON",
+        "/login.",
+        "/login%20",
+        "/login.xml/",
+        // Bytes outside ASCII, in the query and in the path's tail.
+        "/login?q=\u{e9}",
+        "/login\u{a0}",
     ];
     let mut allowed = 0;
     for spelling in spellings {
@@ -92,40 +102,92 @@ async fn request_spellings_share_one_auth_budget(app: TestApp) {
     }
 }
 
-/// The same rotation through a gateway: forward-auth reads the original URI the proxy saw.
+/// The same rotation through a gateway: forward-auth reads the original URI the proxy saw,
+/// as the bytes the proxy sent (nginx passes raw UTF-8 from `$request_uri`). A target or
+/// method it cannot read, or none at all, is a 400: never the laxer class of `/`.
 async fn forward_auth_canonicalises_the_original_uri(app: TestApp) {
-    let mut allowed = 0;
-    for spelling in [
-        "/Login",
-        "//login/",
-        "/%6Cogin;x=1",
-        "/a/../login",
-        "/LOGIN",
-        "/login",
-    ] {
-        let response = app
+    let forward = |uri: Option<&[u8]>, method: Option<&[u8]>, user: &[u8]| {
+        let mut request = app
             .client
             .get(app.url("/v1/forward-auth"))
             .bearer_auth(ADMIN_TOKEN)
-            .header("x-forwarded-method", "POST")
-            .header("x-forwarded-uri", spelling)
             .header("x-forwarded-for", "198.51.100.77")
-            .header("x-user-id", "gatekept")
-            .send()
-            .await
-            .unwrap();
-        if response.status() == StatusCode::OK {
-            allowed += 1;
-            assert_eq!(response.headers()["x-ratelimit-limit"], "5", "{spelling}");
-        } else {
-            assert_eq!(
-                response.status(),
-                StatusCode::TOO_MANY_REQUESTS,
-                "{spelling}"
+            .header(
+                "x-user-id",
+                reqwest::header::HeaderValue::from_bytes(user).unwrap(),
+            );
+        if let Some(uri) = uri {
+            request = request.header(
+                "x-forwarded-uri",
+                reqwest::header::HeaderValue::from_bytes(uri).unwrap(),
             );
         }
+        if let Some(method) = method {
+            request = request.header(
+                "x-forwarded-method",
+                reqwest::header::HeaderValue::from_bytes(method).unwrap(),
+            );
+        }
+        request.send()
+    };
+    let spellings: [&[u8]; 12] = [
+        b"/Login",
+        b"//login/",
+        b"/%6Cogin;x=1",
+        b"/a/../login",
+        b"/LOGIN",
+        b"/login",
+        b"/login?q=\xc3\xa9",
+        b"/login?q=\xff",
+        b"/login.json",
+        b"/login%20",
+        b"/login.",
+        b"http://app.example/login.json?x=\xc3\xa9",
+    ];
+    let mut allowed = 0;
+    for spelling in spellings {
+        let response = forward(Some(spelling), Some(b"POST"), b"gatekept")
+            .await
+            .unwrap();
+        let shown = String::from_utf8_lossy(spelling);
+        if response.status() == StatusCode::OK {
+            allowed += 1;
+            assert_eq!(response.headers()["x-ratelimit-limit"], "5", "{shown}");
+        } else {
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{shown}");
+        }
     }
-    assert_eq!(allowed, 5);
+    assert_eq!(allowed, 5, "one auth budget for every spelling");
+    // What cannot be read is refused, never read as `/`.
+    for (uri, method, user) in [
+        (None, Some(&b"POST"[..]), &b"gatekept"[..]),
+        (Some(&b"/login"[..]), None, &b"gatekept"[..]),
+        (Some(&b"login"[..]), Some(&b"POST"[..]), &b"gatekept"[..]),
+        (Some(&b"/log\tin"[..]), Some(&b"POST"[..]), &b"gatekept"[..]),
+        (
+            Some(&b"/login"[..]),
+            Some(&b"P\xc3\x96ST"[..]),
+            &b"gatekept"[..],
+        ),
+        (
+            Some(&b"/login"[..]),
+            Some(&b"POST"[..]),
+            &b"gate\xffkept"[..],
+        ),
+    ] {
+        let response = forward(uri, method, user).await.unwrap();
+        assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+    }
+    // A user id in UTF-8 (from a JWT) is that user, not an anonymous caller.
+    let response = forward(Some(b"/login"), Some(b"POST"), "v\u{ed}ctor".as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["x-ratelimit-limit"],
+        "5",
+        "the account's budget"
+    );
 }
 
 async fn post_events(app: &TestApp, events: Value) -> reqwest::Response {
@@ -141,6 +203,48 @@ async fn post_events(app: &TestApp, events: Value) -> reqwest::Response {
 /// letters and surrounding spaces to reset its failure counter. They are one account: it
 /// locks at its tenth failure, whatever the spellings, and an analyst searching any spelling
 /// finds it, with the spelling each event arrived in.
+/// An auth service on an accent-insensitive collation (MySQL's `utf8mb4_0900_ai_ci`) signs
+/// `víctim@` in as `victim@`: with `http.account_ids = accent_insensitive` every accent
+/// variant, and IDNA's ideographic full stop, draws on one account's lockout. The default
+/// profile reads the full stop as a dot too.
+async fn accent_variants_are_one_account_when_the_backend_ignores_accents(app: TestApp) {
+    let backend = app.backend;
+    drop(app);
+    let app = TestApp::spawn_with(backend, |s| {
+        s.http.account_ids = palisade::model::AccountIds::AccentInsensitive;
+    })
+    .await
+    .unwrap();
+    let spellings = [
+        "victim@example.com",
+        "v\u{ed}ctim@example.com",
+        "v\u{130}ctim@example.com",
+        "victim@example\u{3002}com",
+        "VI\u{301}CTIM@\u{c9}XAMPLE.COM",
+    ];
+    let events: Vec<Value> = (0..10)
+        .map(|i| {
+            json!({"event_id": format!("ai-{i}"), "type": "login_failure",
+                   "account": spellings[i % spellings.len()], "ip": "203.0.113.51"})
+        })
+        .collect();
+    let response = post_events(&app, Value::Array(events)).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: Value = response.json().await.unwrap();
+    let decisions = body["decisions"].as_array().unwrap();
+    assert_eq!(decisions.len(), 1, "one account: {body}");
+    assert_eq!(decisions[0]["account"], "victim@example.com");
+    assert_eq!(decisions[0]["action"], "lockout");
+    let blocked = app
+        .limit_check(&check(
+            "/login",
+            "v\u{ee}ctim@example\u{ff61}com",
+            "198.51.100.1",
+        ))
+        .await;
+    assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
 async fn account_spellings_are_one_account_everywhere(app: TestApp) {
     let spellings = [
         "alice@example.com",
