@@ -104,8 +104,10 @@ async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
 }
 
-/// Readiness: both stores answer. 503 `UNAVAILABLE` (with each store's state in `details`)
-/// while one does not.
+/// Readiness: both stores answer, and the hot store answers the limit checks' own commands
+/// (three failures in a row make it unready until the next answer). 503 `UNAVAILABLE` (with
+/// each store's state in `details`) while one does not: whenever a fail-closed class would
+/// answer 503.
 #[utoipa::path(get, path = "/readyz", tag = "operations", responses(
     (status = 200, body = Readiness),
     (status = 503, body = super::error::Envelope),
@@ -117,6 +119,20 @@ async fn readyz(State(app): State<AppState>) -> Result<Json<Readiness>, ApiError
         ok: result.is_ok(),
         error: result.err().map(|err| err.to_string()),
     };
+    // A cluster answers PING from its other nodes while one slot's master is gone and every
+    // check on that slot times out: enforcement's own outcomes count too.
+    let hot = hot.and_then(|()| {
+        if app.stores.hot.answers() {
+            Ok(())
+        } else {
+            Err(crate::store::Error::Unavailable {
+                store: "hot",
+                source:
+                    "the last commands of the limit checks failed (fail-closed classes answer 503)"
+                        .into(),
+            })
+        }
+    });
     let durable = state(app.stores.durable.kind(), durable);
     let hot = state(app.stores.hot.kind(), hot);
     for (name, store) in [("durable", &durable), ("hot", &hot)] {

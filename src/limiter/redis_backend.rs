@@ -80,7 +80,9 @@ pub(super) async fn evaluate(
         let mut part = Part::with_capacity(key_bytes, 3 * 8 + scopes.len() * 4 * 16);
         write_keys(&mut part, scopes);
         write_args(&mut part, scopes, request.cost, request.consume);
-        let reply = pipe.call(part, reply_len(scopes.len())).await?;
+        let reply = redis
+            .health()
+            .record(pipe.call(part, reply_len(scopes.len())).await)?;
         return Ok(parse(&reply, scopes.len())?.1);
     }
     if !redis.is_cluster() {

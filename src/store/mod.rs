@@ -5,6 +5,7 @@
 //! `<domain>/store.rs` and runs it through [`with_pool!`](crate::store::with_pool).
 
 pub mod epoch;
+pub mod health;
 pub mod keys;
 mod memory;
 pub mod pipe;
@@ -341,6 +342,15 @@ impl Hot {
         match self {
             Hot::Redis(redis) => redis.ping().await,
             Hot::Memory(_) => Ok(()),
+        }
+    }
+
+    /// False while enforcement's own commands keep failing ([`health::Health`]): a cluster
+    /// may answer `PING` while one slot's master is gone.
+    pub fn answers(&self) -> bool {
+        match self {
+            Hot::Redis(redis) => redis.health().healthy(),
+            Hot::Memory(_) => true,
         }
     }
 

@@ -1,7 +1,17 @@
 //! The Redis hot store: single node behind a reconnecting connection manager, or Redis
-//! Cluster; every command is bounded by the configured timeout.
+//! Cluster; every command is bounded by the configured timeout, and its outcome feeds the
+//! store's [`Health`].
+//!
+//! A cluster connection that keeps failing is rebuilt from the seed nodes: after a master's
+//! failover under load, the client's own slot refresh can stall with every command timing
+//! out although the cluster has healed (seen with redis-rs 1.8; only a new connection
+//! recovered). [`Supervisor`] watches the command outcomes and replaces the connection while
+//! commands keep failing, at most once per [`REBUILD_EVERY`].
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -10,12 +20,29 @@ use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 
 use super::Error;
+use super::health::Health;
 
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Arc<ClusterConn>),
 }
+
+/// A cluster connection that can be replaced under its users.
+struct ClusterConn {
+    current: ArcSwap<ClusterConnection>,
+    client: redis::cluster::ClusterClient,
+}
+
+impl Conn {
+    /// The connection to send a command on now.
+    fn cluster(conn: &ClusterConn) -> ClusterConnection {
+        (**conn.current.load()).clone()
+    }
+}
+
+/// How often a failing cluster connection may be rebuilt.
+pub const REBUILD_EVERY: Duration = Duration::from_secs(2);
 
 /// Redis or Redis Cluster. Cloning is cheap and shares the connection (commands are
 /// pipelined on it, so concurrent requests share round trips); a second connection serves
@@ -29,6 +56,8 @@ pub struct RedisHot {
     /// A single node (TCP, TLS or a Unix socket): where a
     /// [`ScriptPipe`](super::pipe::ScriptPipe) connects.
     target: Option<super::pipe::Target>,
+    /// The outcomes of this store's commands (shared by every clone).
+    health: Arc<Health>,
 }
 
 impl std::fmt::Debug for RedisHot {
@@ -51,15 +80,31 @@ fn unavailable(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> E
 /// the command timeout; a timeout is [`Error::Unavailable`].
 macro_rules! bounded {
     ($self:expr, |$conn:ident| $call:expr) => {{
+        let result = unrecorded!($self, |$conn| $call);
+        $self.health.record(result)
+    }};
+}
+
+/// [`bounded!`] without recording the outcome (probes that must not heal the health).
+macro_rules! unrecorded {
+    ($self:expr, |$conn:ident| $call:expr) => {{
         let run = async {
-            match $self.conn.clone() {
-                Conn::Single(mut $conn) => $call.await,
-                Conn::Cluster(mut $conn) => $call.await,
+            match &$self.conn {
+                Conn::Single($conn) => {
+                    let mut $conn = $conn.clone();
+                    $call.await
+                }
+                Conn::Cluster(cluster) => {
+                    let mut $conn = Conn::cluster(cluster);
+                    $call.await
+                }
             }
         };
-        Ok(tokio::time::timeout($self.timeout, run)
-            .await
-            .map_err(unavailable)??)
+        match tokio::time::timeout($self.timeout, run).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(Error::from(error)),
+            Err(elapsed) => Err(unavailable(elapsed)),
+        }
     }};
 }
 
@@ -89,12 +134,19 @@ impl RedisHot {
                 .response_timeout(timeout)
                 .build()?;
             let conn = client.get_async_connection().await?;
-            return Ok(RedisHot {
+            let conn = Arc::new(ClusterConn {
+                current: ArcSwap::from_pointee(conn),
+                client,
+            });
+            let hot = RedisHot {
                 conn: Conn::Cluster(conn.clone()),
                 interactive: Conn::Cluster(conn),
                 timeout,
                 target: None,
-            });
+                health: Arc::new(Health::new("redis-cluster")),
+            };
+            Supervisor::start(&hot);
+            return Ok(hot);
         }
         let info = url.into_connection_info()?;
         let target = super::pipe::Target::of(&info);
@@ -111,6 +163,7 @@ impl RedisHot {
             interactive: Conn::Single(interactive),
             timeout,
             target,
+            health: Arc::new(Health::new("redis")),
         })
     }
 
@@ -128,7 +181,13 @@ impl RedisHot {
             interactive: self.interactive.clone(),
             timeout: self.timeout,
             target: self.target.clone(),
+            health: self.health.clone(),
         }
+    }
+
+    /// The outcomes of this store's commands.
+    pub fn health(&self) -> &Health {
+        &self.health
     }
 
     /// The single node a [`ScriptPipe`](super::pipe::ScriptPipe) connects to (`None` on a
@@ -152,15 +211,7 @@ impl RedisHot {
         &self,
         pipe: &redis::Pipeline,
     ) -> Result<T, Error> {
-        let run = async {
-            match self.conn.clone() {
-                Conn::Single(mut conn) => pipe.query_async(&mut conn).await,
-                Conn::Cluster(mut conn) => pipe.query_async(&mut conn).await,
-            }
-        };
-        Ok(tokio::time::timeout(self.timeout, run)
-            .await
-            .map_err(unavailable)??)
+        bounded!(self, |conn| pipe.query_async(&mut conn))
     }
 
     /// Runs a Lua script by EVALSHA (loading it on NOSCRIPT), bounded by the timeout.
@@ -219,14 +270,32 @@ impl RedisHot {
         })
     }
 
-    /// `PING`, bounded by the command timeout.
+    /// `PING`, bounded by the command timeout (every node on a cluster). A probe: its answer
+    /// does not count as enforcement's ([`Health`]).
     pub async fn ping(&self) -> Result<(), Error> {
-        let answer: String = self.query(&redis::cmd("PING")).await?;
+        let answer: String = unrecorded!(self, |conn| redis::cmd("PING").query_async(&mut conn))?;
         if answer == "PONG" {
             Ok(())
         } else {
             Err(unavailable(format!("unexpected PING answer {answer:?}")))
         }
+    }
+
+    /// Replaces a cluster connection with a new one from the seed nodes (a fresh slot map);
+    /// a no-op on a single node, whose connection manager reconnects by itself.
+    pub async fn rebuild(&self) -> Result<(), Error> {
+        let Conn::Cluster(cluster) = &self.conn else {
+            return Ok(());
+        };
+        let fresh = tokio::time::timeout(
+            self.timeout.saturating_mul(8),
+            cluster.client.get_async_connection(),
+        )
+        .await
+        .map_err(unavailable)??;
+        cluster.current.store(Arc::new(fresh));
+        metrics::counter!(crate::telemetry::metrics::HOT_STORE_RECONNECTS_TOTAL).increment(1);
+        Ok(())
     }
 
     /// True when connected to a Redis Cluster.
@@ -241,5 +310,51 @@ impl RedisHot {
         } else {
             "redis"
         }
+    }
+}
+
+/// Rebuilds a cluster connection whose commands keep failing ([`RedisHot::rebuild`]), at
+/// most once per [`REBUILD_EVERY`]; stops when the store is dropped.
+struct Supervisor;
+
+impl Supervisor {
+    fn start(hot: &RedisHot) {
+        let Conn::Cluster(cluster) = &hot.conn else {
+            return;
+        };
+        let (conn, health) = (Arc::downgrade(cluster), Arc::downgrade(&hot.health));
+        let timeout = hot.timeout;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REBUILD_EVERY / 4);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_rebuild = tokio::time::Instant::now();
+            loop {
+                tick.tick().await;
+                let (Some(conn), Some(health)) = (conn.upgrade(), health.upgrade()) else {
+                    return;
+                };
+                if health.healthy() || last_rebuild.elapsed() < REBUILD_EVERY {
+                    continue;
+                }
+                last_rebuild = tokio::time::Instant::now();
+                let hot = RedisHot {
+                    conn: Conn::Cluster(conn.clone()),
+                    interactive: Conn::Cluster(conn),
+                    timeout,
+                    target: None,
+                    health,
+                };
+                match hot.rebuild().await {
+                    Ok(()) => tracing::warn!(
+                        failures = hot.health.failures(),
+                        "redis cluster commands kept failing: connection rebuilt from the seed nodes"
+                    ),
+                    Err(error) => tracing::warn!(
+                        error.cause = %error,
+                        "redis cluster commands keep failing and no seed node answers yet"
+                    ),
+                }
+            }
+        });
     }
 }

@@ -10,6 +10,11 @@ pub const HTTP_REQUESTS_TOTAL: &str = "palisade_http_requests_total";
 pub const HTTP_REQUEST_DURATION_SECONDS: &str = "palisade_http_request_duration_seconds";
 /// Store readiness checks that failed, by `store` (`durable` or `hot`).
 pub const STORE_UNAVAILABLE_TOTAL: &str = "palisade_store_unavailable_total";
+/// 1 while the hot store answers enforcement's commands, 0 after three failures in a row
+/// (until the next answer); `/readyz` is 503 while it is 0.
+pub const HOT_STORE_HEALTHY: &str = "palisade_hot_store_healthy";
+/// Redis Cluster connections rebuilt from the seed nodes because commands kept failing.
+pub const HOT_STORE_RECONNECTS_TOTAL: &str = "palisade_hot_store_reconnects_total";
 /// API-token authentications, by `outcome` (`ok`, `unknown`, `forbidden`).
 pub const ACCESS_CHECKS_TOTAL: &str = "palisade_access_checks_total";
 /// Uses of the bootstrap token, by outcome (`accepted`, `refused`: retired or expired).
@@ -114,6 +119,8 @@ pub const ALL: &[&str] = &[
     HTTP_REQUESTS_TOTAL,
     HTTP_REQUEST_DURATION_SECONDS,
     STORE_UNAVAILABLE_TOTAL,
+    HOT_STORE_HEALTHY,
+    HOT_STORE_RECONNECTS_TOTAL,
     ACCESS_CHECKS_TOTAL,
     ACCESS_STALE_TOTAL,
     BOOTSTRAP_USES_TOTAL,
@@ -244,6 +251,14 @@ fn describe() {
     metrics::describe_counter!(
         STORE_UNAVAILABLE_TOTAL,
         "Readiness checks that found a store unreachable"
+    );
+    metrics::describe_gauge!(
+        HOT_STORE_HEALTHY,
+        "1 while the hot store answers enforcement's commands, 0 after three failures in a row"
+    );
+    metrics::describe_counter!(
+        HOT_STORE_RECONNECTS_TOTAL,
+        "Redis Cluster connections rebuilt from the seed nodes because commands kept failing"
     );
     metrics::describe_counter!(ACCESS_CHECKS_TOTAL, "API-token authentications by outcome");
     metrics::describe_counter!(

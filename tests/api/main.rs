@@ -16,6 +16,7 @@ mod docs;
 mod edge;
 mod envoy_rules;
 mod export;
+mod failover;
 mod fairness;
 mod faults;
 mod foundation;

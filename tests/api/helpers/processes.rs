@@ -105,13 +105,19 @@ pub fn socket_of(url: &str) -> SocketAddr {
     format!("{host}:{port}").parse().expect("socket address")
 }
 
-/// A local 3-master Redis Cluster on free loopback ports, stopped (by PID) when dropped.
+/// A local 3-master Redis Cluster on free loopback ports (with a replica for each master
+/// when asked), stopped (by PID) when dropped.
 ///
 /// Needs `redis-server` and `redis-cli` on PATH; without them the test is skipped locally and
 /// fails in CI.
 pub struct RedisCluster {
-    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,…` (every node, as an operator lists them).
     pub url: String,
+    /// Each node's port, in the order of `children`.
+    pub ports: Vec<u16>,
+    /// `cluster-node-timeout` of every node, ms: how long a master may be silent before
+    /// its replica is promoted.
+    pub node_timeout_ms: u64,
     children: Vec<std::process::Child>,
     _dir: tempfile::TempDir,
 }
@@ -131,8 +137,14 @@ fn port_pair_free(port: u16) -> bool {
 }
 
 impl RedisCluster {
-    /// Starts the cluster and waits until it reports `cluster_state:ok`.
+    /// Starts a 3-master cluster and waits until it reports `cluster_state:ok`.
     pub async fn start() -> Option<RedisCluster> {
+        Self::start_with(0, 15_000).await
+    }
+
+    /// Three masters with `replicas` replicas each and `node_timeout_ms` as
+    /// `cluster-node-timeout`; waits until every node reports `cluster_state:ok`.
+    pub async fn start_with(replicas: usize, node_timeout_ms: u64) -> Option<RedisCluster> {
         let available = std::process::Command::new("redis-server")
             .arg("--version")
             .output()
@@ -155,12 +167,13 @@ impl RedisCluster {
         let mut candidate = 10_000 + (std::process::id() % 60) as u16 * 200 + nth * 50;
         let mut ports = Vec::new();
         let mut children = Vec::new();
-        while ports.len() < 3 {
+        let count = 3 * (1 + replicas);
+        while ports.len() < count {
             if !port_pair_free(candidate) {
                 candidate += 1;
                 continue;
             }
-            let mut child = spawn_cluster_node(candidate, dir.path());
+            let mut child = spawn_cluster_node(candidate, dir.path(), node_timeout_ms);
             if wait_for_ping(candidate, &mut child).await {
                 ports.push(candidate);
                 children.push(child);
@@ -176,6 +189,8 @@ impl RedisCluster {
                     .collect::<Vec<_>>()
                     .join(",")
             ),
+            ports: ports.clone(),
+            node_timeout_ms,
             children,
             _dir: dir,
         };
@@ -183,7 +198,7 @@ impl RedisCluster {
         let created = std::process::Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&nodes)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
         assert!(
@@ -208,14 +223,109 @@ impl RedisCluster {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         }
+        // A replica can take over only once it has synced with its master.
+        for port in &ports {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while Self::role(*port).as_deref() == Some("slave") {
+                let info = std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "info", "replication"])
+                    .output()
+                    .expect("info replication");
+                if String::from_utf8_lossy(&info.stdout).contains("master_link_status:up") {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "replica {port} did not sync"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
         cluster.children.shrink_to_fit();
         Some(cluster)
     }
+
+    /// The node's role (`master` or `slave`) as it reports it, or None when it does not answer.
+    pub fn role(port: u16) -> Option<String> {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "role"])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .map(str::to_owned)
+            .filter(|line| !line.is_empty())
+    }
+
+    /// Kills one master with SIGKILL (a crash, not a shutdown) and returns its port.
+    pub fn kill_a_master(&mut self) -> u16 {
+        let at = self
+            .ports
+            .iter()
+            .position(|&port| Self::role(port).as_deref() == Some("master"))
+            .expect("a master");
+        let _ = self.children[at].kill();
+        let _ = self.children[at].wait();
+        self.ports[at]
+    }
+
+    /// Each node's port, role and `cluster_state`, for a failure message.
+    pub fn describe(&self) -> String {
+        self.ports
+            .iter()
+            .map(|port| {
+                let info = std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "cluster", "info"])
+                    .output()
+                    .map(|out| String::from_utf8_lossy(&out.stdout).to_string())
+                    .unwrap_or_default();
+                let state = info
+                    .lines()
+                    .find(|line| line.starts_with("cluster_state"))
+                    .unwrap_or("down")
+                    .trim()
+                    .to_owned();
+                format!("{port}: {:?} {state}", Self::role(*port))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// True when every node still running reports `cluster_state:ok` and three masters.
+    pub fn healthy(&self) -> bool {
+        let running: Vec<u16> = self
+            .ports
+            .iter()
+            .copied()
+            .filter(|&port| Self::role(port).is_some())
+            .collect();
+        let masters = running
+            .iter()
+            .filter(|&&port| Self::role(port).as_deref() == Some("master"))
+            .count();
+        masters == 3
+            && running.iter().all(|port| {
+                std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "cluster", "info"])
+                    .output()
+                    .is_ok_and(|out| {
+                        String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok")
+                    })
+            })
+    }
 }
 
-fn spawn_cluster_node(port: u16, dir: &std::path::Path) -> std::process::Child {
+fn spawn_cluster_node(
+    port: u16,
+    dir: &std::path::Path,
+    node_timeout_ms: u64,
+) -> std::process::Child {
     std::process::Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--cluster-node-timeout", &node_timeout_ms.to_string()])
+        // A replica syncs at once (the default waits 5 s for more replicas to share a sync).
+        .args(["--repl-diskless-sync-delay", "0"])
         .args(["--cluster-enabled", "yes"])
         .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
         .args(["--save", "", "--appendonly", "no"])
