@@ -63,8 +63,10 @@ pub struct Settings {
     /// Hot store URL: `redis://…`, `rediss://…` (TLS, the server's certificate checked
     /// against the system's roots; `#insecure` at the end skips the check),
     /// `redis+unix:///PATH` (a Unix socket; `?db=N&pass=…` for its database and password) or
-    /// `redis+cluster://h1:p1,h2:p2`. Unset or empty means in-process buckets and counters
-    /// (single node).
+    /// `redis+cluster://h1:p1,h2:p2` (seed nodes: list several), or
+    /// `redis+sentinel://[user:password@]s1:p1,s2:p2/PRIMARY_NAME[/DB]` (the Sentinels; the
+    /// credentials and database are the primary's). Unset or empty means in-process buckets
+    /// and counters (single node).
     ///
     /// TOML `redis_url`, env `PALISADE_REDIS_URL`; default unset.
     pub redis_url: Option<String>,
@@ -352,12 +354,13 @@ impl Settings {
             && !(url.starts_with("redis://")
                 || url.starts_with("rediss://")
                 || url.starts_with("redis+unix://")
-                || url.starts_with("redis+cluster://"))
+                || url.starts_with("redis+cluster://")
+                || url.starts_with("redis+sentinel://"))
         {
             return Err(SettingError::new(
                 setting_name("redis_url"),
                 format!(
-                    "{:?} is not a supported URL (expected redis://HOST:PORT, rediss://…, redis+unix:///PATH or redis+cluster://H1:P1,H2:P2; unset for in-process)",
+                    "{:?} is not a supported URL (expected redis://HOST:PORT, rediss://…, redis+unix:///PATH, redis+cluster://H1:P1,H2:P2 or redis+sentinel://S1:P1,S2:P2/NAME; unset for in-process)",
                     redact_url(url)
                 ),
             ));

@@ -318,6 +318,7 @@ fn redis_urls_of_every_supported_kind_load_and_others_are_named_without_their_pa
         "rediss://cache.example:6380",
         "redis+unix:///run/redis/redis.sock?db=3&pass=secret",
         "redis+cluster://10.0.0.1:7000,10.0.0.2:7000",
+        "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/palisade",
     ] {
         Jail::expect_with(|jail| {
             jail.set_env("PALISADE_REDIS_URL", url);

@@ -46,7 +46,7 @@ impl Coalescer {
             .filter(|_| enabled)
             .and_then(|redis| Some((redis.pipe_target()?.clone(), redis.timeout())))
             .map(|(target, timeout)| {
-                ScriptPipe::new(
+                ScriptPipe::following(
                     target,
                     TOKEN_BUCKET_SOURCE,
                     PipeSettings {

@@ -92,6 +92,11 @@ impl Health {
         self.healthy.load(Relaxed)
     }
 
+    /// The store's kind, as logs and `/readyz` name it.
+    pub fn store(&self) -> &'static str {
+        self.store
+    }
+
     /// Failures in the current window.
     pub fn failures(&self) -> u32 {
         self.failures.load(Relaxed)

@@ -57,7 +57,7 @@ fn unavailable(error: PipeError) -> Error {
 }
 
 /// Where and as whom to connect.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     addr: Addr,
     db: i64,
@@ -91,7 +91,43 @@ impl Target {
     }
 }
 
-#[derive(Debug, Clone)]
+/// Where a pipe connects, replaceable: a Sentinel failover promotes another node.
+///
+/// A pipe connected to an earlier target drops that connection (failing its calls in
+/// flight) and connects to the current one.
+#[derive(Debug)]
+pub struct TargetCell {
+    current: arc_swap::ArcSwap<Target>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl TargetCell {
+    /// A cell holding `target`.
+    pub fn new(target: Target) -> Arc<Self> {
+        Arc::new(Self {
+            current: arc_swap::ArcSwap::from_pointee(target),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// The target to connect to now.
+    pub fn get(&self) -> Arc<Target> {
+        self.current.load_full()
+    }
+
+    /// Replaces the target; pipes reconnect.
+    pub fn set(&self, target: Target) {
+        self.current.store(Arc::new(target));
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Addr {
     Tcp(String, u16),
     /// Host, port, and whether to skip checking the server's certificate (`#insecure`).
@@ -288,7 +324,7 @@ struct Gathered {
 
 #[derive(Debug)]
 struct Shared {
-    target: Target,
+    target: Arc<TargetCell>,
     settings: Settings,
     sha: String,
     body: &'static str,
@@ -347,6 +383,11 @@ const RETRY_AFTER: Duration = Duration::from_millis(500);
 impl ScriptPipe {
     /// A pipe to `target` for the batched script `body`. Connects on the first call.
     pub fn new(target: Target, body: &'static str, settings: Settings) -> Self {
+        Self::following(TargetCell::new(target), body, settings)
+    }
+
+    /// A pipe to whatever `target` holds when it connects.
+    pub fn following(target: Arc<TargetCell>, body: &'static str, settings: Settings) -> Self {
         let sha = redis::Script::new(body).get_hash().to_owned();
         Self {
             shared: Arc::new(Shared {
@@ -431,6 +472,15 @@ async fn serve(shared: Arc<Shared>) {
             shared.wake.notified().await;
             continue;
         }
+        if conn
+            .as_ref()
+            .is_some_and(|current| current.generation != shared.target.generation())
+            && let Some(moved) = conn.take()
+        {
+            tracing::warn!("the hot store's primary moved: the script connection follows it");
+            moved.fail_all(&PipeError::new("the hot store's primary moved"));
+            continue;
+        }
         let current = match &mut conn {
             Some(current) => current,
             None => match Conn::open(&shared).await {
@@ -473,6 +523,8 @@ struct Conn {
     /// What one read takes from the stream.
     chunk: Box<[u8]>,
     calls: VecDeque<Call>,
+    /// The [`TargetCell`] generation it connected to.
+    generation: u64,
 }
 
 /// Bytes one read takes at most.
@@ -487,7 +539,8 @@ enum Reply {
 
 impl Conn {
     async fn open(shared: &Shared) -> Result<Conn, PipeError> {
-        let target = &shared.target;
+        let generation = shared.target.generation();
+        let target = &*shared.target.get();
         let open = async {
             let mut stream = connect(&target.addr).await?;
             let mut hello = Vec::new();
@@ -515,6 +568,7 @@ impl Conn {
                 input: BytesMut::with_capacity(CHUNK),
                 chunk: vec![0; CHUNK].into_boxed_slice(),
                 calls: VecDeque::new(),
+                generation,
             };
             while expected > 0 {
                 match parse(&mut conn.input)? {

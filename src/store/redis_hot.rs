@@ -21,10 +21,12 @@ use redis::io::tcp::TcpSettings;
 
 use super::Error;
 use super::health::Health;
+use super::pipe::{Target, TargetCell};
 
 #[derive(Clone)]
 enum Conn {
-    Single(ConnectionManager),
+    /// One node; replaceable when a Sentinel names another primary.
+    Single(Arc<ArcSwap<ConnectionManager>>),
     Cluster(Arc<ClusterConn>),
 }
 
@@ -55,7 +57,7 @@ pub struct RedisHot {
     timeout: Duration,
     /// A single node (TCP, TLS or a Unix socket): where a
     /// [`ScriptPipe`](super::pipe::ScriptPipe) connects.
-    target: Option<super::pipe::Target>,
+    target: Option<Arc<TargetCell>>,
     /// The outcomes of this store's commands (shared by every clone).
     health: Arc<Health>,
 }
@@ -90,8 +92,8 @@ macro_rules! unrecorded {
     ($self:expr, |$conn:ident| $call:expr) => {{
         let run = async {
             match &$self.conn {
-                Conn::Single($conn) => {
-                    let mut $conn = $conn.clone();
+                Conn::Single(single) => {
+                    let mut $conn = (**single.load()).clone();
                     $call.await
                 }
                 Conn::Cluster(cluster) => {
@@ -106,6 +108,22 @@ macro_rules! unrecorded {
             Err(elapsed) => Err(unavailable(elapsed)),
         }
     }};
+}
+
+/// The two connection managers of a single node (shared commands, interactive reads).
+fn managers(
+    info: redis::ConnectionInfo,
+    timeout: Duration,
+) -> Result<(ConnectionManager, ConnectionManager), Error> {
+    let client = redis::Client::open(info.set_tcp_settings(no_delay()))?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(500));
+    let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+    let interactive = ConnectionManager::new_lazy_with_config(client, config)?;
+    Ok((conn, interactive))
 }
 
 /// TCP_NODELAY on every Redis connection. Commands share one pipelined connection: with
@@ -148,22 +166,27 @@ impl RedisHot {
             Supervisor::start(&hot);
             return Ok(hot);
         }
+        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            return Sentinel::connect(rest, timeout).await;
+        }
         let info = url.into_connection_info()?;
-        let target = super::pipe::Target::of(&info);
-        let client = redis::Client::open(info.set_tcp_settings(no_delay()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
-        let interactive = ConnectionManager::new_lazy_with_config(client, config)?;
+        Self::single(info, timeout, "redis")
+    }
+
+    /// A single node at `info`, connected lazily.
+    fn single(
+        info: redis::ConnectionInfo,
+        timeout: Duration,
+        kind: &'static str,
+    ) -> Result<RedisHot, Error> {
+        let target = Target::of(&info).map(TargetCell::new);
+        let (conn, interactive) = managers(info, timeout)?;
         Ok(RedisHot {
-            conn: Conn::Single(conn),
-            interactive: Conn::Single(interactive),
+            conn: Conn::Single(Arc::new(ArcSwap::from_pointee(conn))),
+            interactive: Conn::Single(Arc::new(ArcSwap::from_pointee(interactive))),
             timeout,
             target,
-            health: Arc::new(Health::new("redis")),
+            health: Arc::new(Health::new(kind)),
         })
     }
 
@@ -191,8 +214,8 @@ impl RedisHot {
     }
 
     /// The single node a [`ScriptPipe`](super::pipe::ScriptPipe) connects to (`None` on a
-    /// cluster).
-    pub fn pipe_target(&self) -> Option<&super::pipe::Target> {
+    /// cluster); it follows a Sentinel's failover.
+    pub fn pipe_target(&self) -> Option<&Arc<TargetCell>> {
         self.target.as_ref()
     }
 
@@ -303,13 +326,9 @@ impl RedisHot {
         matches!(self.conn, Conn::Cluster(_))
     }
 
-    /// `redis` or `redis-cluster`.
+    /// `redis`, `redis-sentinel` or `redis-cluster`.
     pub fn kind(&self) -> &'static str {
-        if self.is_cluster() {
-            "redis-cluster"
-        } else {
-            "redis"
-        }
+        self.health.store()
     }
 }
 
@@ -353,6 +372,156 @@ impl Supervisor {
                         error.cause = %error,
                         "redis cluster commands keep failing and no seed node answers yet"
                     ),
+                }
+            }
+        });
+    }
+}
+
+/// A primary named by Redis Sentinel (`redis+sentinel://S1:P1,S2:P2/NAME`, the shape of most
+/// managed Redis): connected as a single node, and asked again while commands keep failing.
+/// When the Sentinels name another primary, every connection (the shared one, the
+/// interactive one and the limit check's script pipe) moves to it.
+struct Sentinel {
+    client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
+    primary: std::sync::Mutex<redis::ConnectionInfo>,
+}
+
+impl Sentinel {
+    /// `rest` is what follows `redis+sentinel://`: `[user:password@]host:port,…/NAME[/DB]`;
+    /// the credentials and database are the primary's.
+    async fn connect(rest: &str, timeout: Duration) -> Result<RedisHot, Error> {
+        let invalid = |why: &str| {
+            Error::from(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "invalid redis+sentinel:// URL",
+                why.to_owned(),
+            )))
+        };
+        let (credentials, rest) = match rest.rsplit_once('@') {
+            Some((credentials, rest)) => (Some(credentials), rest),
+            None => (None, rest),
+        };
+        let (hosts, path) = rest
+            .split_once('/')
+            .ok_or_else(|| invalid("expected redis+sentinel://HOST:PORT,…/PRIMARY_NAME"))?;
+        let mut path = path.split('/');
+        let name = path
+            .next()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| invalid("no primary name"))?;
+        let db: i64 = match path.next() {
+            Some(db) if !db.is_empty() => db
+                .parse()
+                .map_err(|_| invalid("the database is not a number"))?,
+            _ => 0,
+        };
+        let sentinels: Vec<String> = hosts
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("redis://{h}"))
+            .collect();
+        let mut node = redis::RedisConnectionInfo::default().set_db(db);
+        if let Some(credentials) = credentials {
+            let (user, password) = credentials.split_once(':').unwrap_or(("", credentials));
+            if !user.is_empty() {
+                node = node.set_username(user);
+            }
+            node = node.set_password(password);
+        }
+        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(node)
+            .set_tcp_settings(no_delay());
+        let mut client = redis::sentinel::SentinelClient::build(
+            sentinels,
+            name,
+            Some(node),
+            redis::sentinel::SentinelServerType::Master,
+        )?;
+        let primary = tokio::time::timeout(timeout.saturating_mul(8), client.async_get_client())
+            .await
+            .map_err(unavailable)??
+            .get_connection_info()
+            .clone();
+        let hot = RedisHot::single(primary.clone(), timeout, "redis-sentinel")?;
+        let sentinel = Arc::new(Sentinel {
+            client: tokio::sync::Mutex::new(client),
+            primary: std::sync::Mutex::new(primary),
+        });
+        sentinel.supervise(&hot);
+        Ok(hot)
+    }
+
+    /// Asks the Sentinels for the primary while commands keep failing (at most every
+    /// [`REBUILD_EVERY`]) and moves every connection when they name another one.
+    fn supervise(self: Arc<Self>, hot: &RedisHot) {
+        let (Conn::Single(conn), Conn::Single(interactive)) = (&hot.conn, &hot.interactive) else {
+            return;
+        };
+        let (conn, interactive) = (Arc::downgrade(conn), Arc::downgrade(interactive));
+        let health = Arc::downgrade(&hot.health);
+        let target = hot.target.as_ref().map(Arc::downgrade);
+        let timeout = hot.timeout;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REBUILD_EVERY / 4);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_ask = tokio::time::Instant::now();
+            loop {
+                tick.tick().await;
+                let (Some(conn), Some(interactive), Some(health)) =
+                    (conn.upgrade(), interactive.upgrade(), health.upgrade())
+                else {
+                    return;
+                };
+                if health.healthy() || last_ask.elapsed() < REBUILD_EVERY {
+                    continue;
+                }
+                last_ask = tokio::time::Instant::now();
+                let asked = {
+                    let mut client = self.client.lock().await;
+                    tokio::time::timeout(timeout.saturating_mul(8), client.async_get_client()).await
+                };
+                let primary = match asked {
+                    Ok(Ok(client)) => client.get_connection_info().clone(),
+                    Ok(Err(error)) => {
+                        tracing::warn!(error.cause = %error, "no Sentinel names a primary yet");
+                        continue;
+                    }
+                    Err(_) => {
+                        tracing::warn!("no Sentinel answered within the bound");
+                        continue;
+                    }
+                };
+                let moved = {
+                    let mut current = self
+                        .primary
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let moved = current.addr() != primary.addr();
+                    *current = primary.clone();
+                    moved
+                };
+                if !moved {
+                    continue;
+                }
+                match managers(primary.clone(), timeout) {
+                    Ok((shared, reads)) => {
+                        conn.store(Arc::new(shared));
+                        interactive.store(Arc::new(reads));
+                        if let (Some(cell), Some(target)) = (
+                            target.as_ref().and_then(std::sync::Weak::upgrade),
+                            Target::of(&primary),
+                        ) {
+                            cell.set(target);
+                        }
+                        metrics::counter!(crate::telemetry::metrics::HOT_STORE_RECONNECTS_TOTAL)
+                            .increment(1);
+                        tracing::warn!(primary = %primary.addr(), "the Sentinels name another primary: every connection moved to it");
+                    }
+                    Err(error) => {
+                        tracing::warn!(error.cause = %error, "the new primary's connection could not be made");
+                    }
                 }
             }
         });

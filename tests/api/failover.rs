@@ -1,9 +1,10 @@
-//! Outgrowing one machine, tried as an operator would: a Redis Cluster of three masters with
-//! a replica each, two Palisade instances under a load of limit checks and auth-event
-//! batches, and one master killed with SIGKILL in the middle of it. The replica is promoted
-//! within `cluster-node-timeout`; the instances must answer normally again within that plus
-//! 5 s with no restart, lose no acknowledged event, and say "not ready" while the auth class
-//! fails closed.
+//! Outgrowing one machine, tried as an operator would: two Palisade instances under a load
+//! of limit checks and auth-event batches, and the Redis primary under them killed with
+//! SIGKILL in the middle of it: a master of a Redis Cluster with a replica each, or a
+//! primary watched by Redis Sentinel. The replica is promoted (within `cluster-node-timeout`,
+//! or `down-after-milliseconds` and an election); the instances must answer normally again
+//! within that plus 5 s with no restart, lose no acknowledged event, and say "not ready"
+//! while the auth class fails closed.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use crate::helpers::{ADMIN_TOKEN, Backend, RedisCluster, TestApp};
+use crate::helpers::{ADMIN_TOKEN, Backend, RedisCluster, RedisSentinels, TestApp};
 
 /// One limit check's answer: when it was sent (since the start), its status (0: no answer)
 /// and how long it took.
@@ -55,13 +56,47 @@ async fn a_cluster_master_killed_under_load_recovers_without_a_restart() {
     let Some(mut cluster) = RedisCluster::start_with(1, NODE_TIMEOUT_MS).await else {
         return;
     };
+    let goal = Duration::from_millis(NODE_TIMEOUT_MS) + Duration::from_secs(5);
     let url = cluster.url.clone();
+    let killed = fail_over_under_load("cluster", url, goal, || cluster.kill_a_master()).await;
+    assert!(
+        cluster.healthy(),
+        "the replica of {killed} was promoted: {}",
+        cluster.describe()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sentinel_primary_killed_under_load_recovers_without_a_restart() {
+    const DOWN_AFTER_MS: u64 = 1_000;
+    let Some(mut sentinels) = RedisSentinels::start(DOWN_AFTER_MS).await else {
+        return;
+    };
+    // Sentinel's failover: down after 1 s, then an election and the promotion.
+    let goal = Duration::from_millis(DOWN_AFTER_MS) + Duration::from_secs(5);
+    let url = sentinels.url.clone();
+    let killed = fail_over_under_load("sentinel", url, goal, || sentinels.kill_the_primary()).await;
+    assert!(
+        sentinels.has_a_primary(),
+        "the replica of {killed} was promoted"
+    );
+}
+
+/// Two instances on `redis_url` under load; `kill` kills the primary (returning its port)
+/// three seconds in; the answers must be normal again within `goal`.
+async fn fail_over_under_load(
+    topology: &str,
+    redis_url: String,
+    goal: Duration,
+    kill: impl FnOnce() -> u16,
+) -> u16 {
+    let url = redis_url;
     let Some(first) = TestApp::spawn_with(Backend::Production, move |settings| {
         settings.redis_url = Some(url);
     })
     .await
     else {
-        return;
+        panic!("the production backend is needed beside the Redis under test");
     };
     let second = first.another_instance().await;
     let instances = Arc::new([first, second]);
@@ -160,20 +195,14 @@ async fn a_cluster_master_killed_under_load_recovers_without_a_restart() {
     }
 
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let killed = cluster.kill_a_master();
+    let killed = kill();
     let killed_at = start.elapsed();
     // Load goes on through the failover and well past the goal.
-    let goal = Duration::from_millis(NODE_TIMEOUT_MS) + Duration::from_secs(5);
     tokio::time::sleep(goal + Duration::from_secs(6)).await;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.unwrap();
     }
-    assert!(
-        cluster.healthy(),
-        "the replica of {killed} was promoted: {}",
-        cluster.describe()
-    );
 
     let answers = answers.lock().await.clone();
     let before: Vec<&Answer> = answers.iter().filter(|a| a.at < killed_at).collect();
@@ -207,7 +236,7 @@ async fn a_cluster_master_killed_under_load_recovers_without_a_restart() {
         .filter(|a| a.status == 503 || a.status == 0)
         .count();
     eprintln!(
-        "failover under load: master :{killed} killed at {killed_at:?}; normal again {recovered_after:?} \
+        "{topology} failover under load: primary :{killed} killed at {killed_at:?}; normal again {recovered_after:?} \
          later (goal {goal:?}); {} checks in all, {failed} failed closed or unanswered; \
          {normal_tail} normal answers after; windows {:?}",
         answers.len(),
@@ -267,7 +296,8 @@ async fn a_cluster_master_killed_under_load_recovers_without_a_restart() {
         acknowledged.len()
     );
     eprintln!(
-        "failover under load: {} events acknowledged, all stored",
+        "{topology} failover under load: {} events acknowledged, all stored",
         acknowledged.len()
     );
+    killed
 }

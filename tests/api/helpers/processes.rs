@@ -532,3 +532,175 @@ impl OwnRedis {
         OwnRedis::start(port, tempfile::tempdir().unwrap()).await
     }
 }
+
+/// A Redis primary with one replica, watched by three Sentinels (quorum 2), on free loopback
+/// ports; every process stopped (by PID) when dropped.
+pub struct RedisSentinels {
+    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/palisade`.
+    pub url: String,
+    /// The primary's and the replica's ports, in the order of the first two children.
+    pub ports: [u16; 2],
+    /// `down-after-milliseconds`: how long the primary may be silent before a failover.
+    pub down_after_ms: u64,
+    children: Vec<std::process::Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for RedisSentinels {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl RedisSentinels {
+    /// Starts them and waits until the replica has synced and every Sentinel knows the
+    /// primary, its replica and the other Sentinels.
+    pub async fn start(down_after_ms: u64) -> Option<RedisSentinels> {
+        if std::process::Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "CI=true but redis-server is not installed"
+            );
+            eprintln!("SKIPPED (no redis-server): install Redis to run the Sentinel tests");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut candidate = 25_000 + (std::process::id() % 60) as u16 * 100;
+        let mut next_port = || loop {
+            candidate += 1;
+            if std::net::TcpListener::bind(("127.0.0.1", candidate)).is_ok() {
+                return candidate;
+            }
+        };
+        let mut children = Vec::new();
+        let mut ports = [0u16; 2];
+        for (at, port) in ports.iter_mut().enumerate() {
+            loop {
+                let candidate = next_port();
+                let mut command = std::process::Command::new("redis-server");
+                command
+                    .args(["--port", &candidate.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .args(["--repl-diskless-sync-delay", "0"])
+                    .args(["--dir", dir.path().to_str().expect("utf-8 temp dir")])
+                    .stdout(std::process::Stdio::null());
+                if at == 1 {
+                    command.args(["--replicaof", "127.0.0.1", &ports_first(&children)]);
+                }
+                let mut child = command.spawn().expect("start redis-server");
+                if wait_for_ping(candidate, &mut child).await {
+                    *port = candidate;
+                    children.push((candidate, child));
+                    break;
+                }
+            }
+        }
+        let mut sentinels = Vec::new();
+        while sentinels.len() < 3 {
+            let port = next_port();
+            let conf = dir.path().join(format!("sentinel-{port}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor palisade 127.0.0.1 {} 2\n\
+                     sentinel down-after-milliseconds palisade {down_after_ms}\n\
+                     sentinel failover-timeout palisade 10000\n\
+                     sentinel parallel-syncs palisade 1\n",
+                    dir.path().display(),
+                    ports[0]
+                ),
+            )
+            .expect("sentinel.conf");
+            let mut child = std::process::Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("start redis-sentinel");
+            if wait_for_ping(port, &mut child).await {
+                sentinels.push(port);
+                children.push((port, child));
+            }
+        }
+        let sentinels_ready = || {
+            sentinels.iter().all(|port| {
+                std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "sentinel", "master", "palisade"])
+                    .output()
+                    .is_ok_and(|out| {
+                        let text = String::from_utf8_lossy(&out.stdout).to_string();
+                        let field = |name: &str| {
+                            let lines: Vec<&str> = text.lines().collect();
+                            lines
+                                .iter()
+                                .position(|line| *line == name)
+                                .and_then(|at| lines.get(at + 1))
+                                .and_then(|v| v.parse::<u32>().ok())
+                                .unwrap_or(0)
+                        };
+                        field("num-slaves") >= 1 && field("num-other-sentinels") >= 2
+                    })
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !(sentinels_ready() && replica_synced(ports[1])) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the Sentinels did not find the primary, its replica and each other"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        Some(RedisSentinels {
+            url: format!(
+                "redis+sentinel://{}/palisade",
+                sentinels
+                    .iter()
+                    .map(|p| format!("127.0.0.1:{p}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            ports,
+            down_after_ms,
+            children: children.into_iter().map(|(_, child)| child).collect(),
+            _dir: dir,
+        })
+    }
+
+    /// Kills the current primary with SIGKILL and returns its port.
+    pub fn kill_the_primary(&mut self) -> u16 {
+        let at = self
+            .ports
+            .iter()
+            .position(|&port| RedisCluster::role(port).as_deref() == Some("master"))
+            .expect("a primary");
+        let _ = self.children[at].kill();
+        let _ = self.children[at].wait();
+        self.ports[at]
+    }
+
+    /// True when a node still running is the primary.
+    pub fn has_a_primary(&self) -> bool {
+        self.ports
+            .iter()
+            .any(|&port| RedisCluster::role(port).as_deref() == Some("master"))
+    }
+}
+
+fn ports_first(children: &[(u16, std::process::Child)]) -> String {
+    children.first().expect("the primary first").0.to_string()
+}
+
+fn replica_synced(port: u16) -> bool {
+    std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "replication"])
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("master_link_status:up"))
+}
