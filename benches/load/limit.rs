@@ -97,22 +97,55 @@ pub(crate) fn limiter_direct(
     seconds: u64,
     coalesce: bool,
 ) -> (f64, f64, f64) {
+    let stats = format!("redis://127.0.0.1:{redis_port}");
+    limiter_direct_on(
+        &stats.clone(),
+        Some(&stats),
+        &format!("direct-{coalesce}"),
+        concurrency,
+        seconds,
+        coalesce,
+    )
+}
+
+/// [`limiter_direct`] on any hot store URL (a cluster's too); the script counts are read
+/// from `stats` (a single node) when given, else reported as 0.
+pub(crate) fn limiter_direct_on(
+    redis_url: &str,
+    stats: Option<&str>,
+    prefix: &str,
+    concurrency: u64,
+    seconds: u64,
+    coalesce: bool,
+) -> (f64, f64, f64) {
     let runtime = two_workers();
     let dir = tempfile::tempdir().unwrap();
     let mut settings = Settings {
         database_url: format!("sqlite://{}", dir.path().join("bench.db").display()),
-        redis_url: Some(format!("redis://127.0.0.1:{redis_port}")),
+        redis_url: Some(redis_url.to_owned()),
         ..Settings::default()
     };
     settings.limits.coalesce = coalesce;
     settings.limits.coalesce_in_flight = env_or("LOAD_COALESCE_IN_FLIGHT", 4) as u8;
-    settings.store.redis_key_prefix = format!("direct-{coalesce}");
+    settings.store.redis_key_prefix = prefix.to_owned();
     let settings = settings.validate().unwrap();
+    let stats = stats.map(str::to_owned);
     runtime.block_on(async move {
         let app = App::build(settings).await.unwrap().into_state();
-        let client = redis::Client::open(format!("redis://127.0.0.1:{redis_port}")).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let calls_before = evalsha_calls(&mut conn).await;
+        let mut conn = match stats {
+            Some(url) => Some(
+                redis::Client::open(url)
+                    .unwrap()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap(),
+            ),
+            None => None,
+        };
+        let calls_before = match &mut conn {
+            Some(conn) => evalsha_calls(conn).await,
+            None => (0, 0),
+        };
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
@@ -152,7 +185,10 @@ pub(crate) fn limiter_direct(
             checks += done.unwrap();
         }
         let rate = checks as f64 / started.elapsed().as_secs_f64();
-        let (calls, usec) = evalsha_calls(&mut conn).await;
+        let Some(conn) = &mut conn else {
+            return (rate, 0.0, 0.0);
+        };
+        let (calls, usec) = evalsha_calls(conn).await;
         let calls = (calls - calls_before.0).max(1);
         (
             rate,
@@ -405,4 +441,52 @@ pub(crate) fn hot_key_section(server: &Server, redis_port: u16, concurrency: u64
             run.rps() / base
         );
     }
+}
+
+/// Cluster against one Redis (`LOAD_ONLY=cluster`): the limiter library's 4-scope checks/s
+/// on a local 3-master Redis Cluster and on one Redis, each with its defaults, the same
+/// requests and `concurrency` tasks, measured A B B A in this run.
+pub(crate) fn cluster_section(redis_port: u16, concurrency: u64, seconds: u64) {
+    let cluster = start_cluster();
+    let single_url = format!("redis://127.0.0.1:{redis_port}");
+    let mut single = Vec::new();
+    let mut clustered = Vec::new();
+    for (round, on_cluster) in [false, true, true, false].into_iter().enumerate() {
+        let url = if on_cluster {
+            &cluster.url
+        } else {
+            &single_url
+        };
+        let (rate, _, _) = limiter_direct_on(
+            url,
+            None,
+            &format!("cluster-bench-{round}"),
+            concurrency,
+            seconds,
+            true,
+        );
+        if on_cluster {
+            clustered.push(rate);
+        } else {
+            single.push(rate);
+        }
+    }
+    let mean = |rates: &[f64]| rates.iter().sum::<f64>() / rates.len() as f64;
+    println!(
+        "\n## Redis Cluster against one Redis: `Limiter::check`, {concurrency} tasks, 4 scopes, A B B A\n"
+    );
+    println!("| hot store | checks/s (each run) | mean | ratio |\n|---|---|---|---|");
+    println!(
+        "| one Redis (`redis://`, coalesced script pipe) | {:.0}, {:.0} | {:.0} | 1.00 |",
+        single[0],
+        single[1],
+        mean(&single)
+    );
+    println!(
+        "| 3-master cluster (`redis+cluster://`) | {:.0}, {:.0} | {:.0} | {:.2} |",
+        clustered[0],
+        clustered[1],
+        mean(&clustered),
+        mean(&clustered) / mean(&single)
+    );
 }

@@ -38,7 +38,9 @@
 //!    as Envoy's gRPC `ShouldRateLimit`: decisions/s and the service threads' CPU per
 //!    decision, against the 4-scope and one-scope EVALSHA, with `GET /healthz` through the
 //!    same server as the floor of any HTTP request, and of a bare axum server on the same
-//!    runtime as the floor without Palisade's own stack.
+//!    runtime as the floor without Palisade's own stack;
+//! 8. cluster (`LOAD_ONLY=cluster` alone): `Limiter::check` on a local 3-master Redis Cluster
+//!    against one Redis, A B B A.
 //!
 //! Everything shares the machine's cores (server, load generator, Redis), as the baselines do.
 
@@ -103,6 +105,7 @@ fn main() {
         Ok("coalesce") => return coalesce_section(redis.port, concurrency, seconds),
         Ok("rebuild") => return rebuild_section(redis.port),
         Ok("paths") => return paths_section(redis.port, concurrency, seconds),
+        Ok("cluster") => return cluster_section(redis.port, concurrency, seconds),
         Ok("limit") => {
             // A latency curve: each concurrency against the raw script at the same one.
             let levels: Vec<u64> = match std::env::var("LOAD_CONCURRENCY") {

@@ -269,3 +269,78 @@ pub(crate) fn redis_benchmark(
     // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
     (fields[0], fields[5])
 }
+
+/// A local 3-master Redis Cluster (no replicas), stopped when dropped.
+pub(crate) struct Cluster {
+    children: Vec<std::process::Child>,
+    /// `redis+cluster://…` of every node.
+    pub url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub(crate) fn start_cluster() -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ports = Vec::new();
+    let mut children = Vec::new();
+    let mut candidate = 21_000u16;
+    while ports.len() < 3 {
+        candidate += 1;
+        let free = std::net::TcpListener::bind(("127.0.0.1", candidate)).is_ok()
+            && std::net::TcpListener::bind(("127.0.0.1", candidate + 10_000)).is_ok();
+        if !free {
+            continue;
+        }
+        let child = Command::new("redis-server")
+            .args(["--port", &candidate.to_string(), "--bind", "127.0.0.1"])
+            .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-config-file", &format!("nodes-{candidate}.conf")])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--dir", dir.path().to_str().unwrap()])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", candidate)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        ports.push(candidate);
+        children.push(child);
+    }
+    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let created = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&nodes)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .expect("redis-cli");
+    assert!(created.status.success(), "cluster create");
+    for port in &ports {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info = Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "cluster", "info"])
+                .output()
+                .unwrap();
+            if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Cluster {
+        children,
+        url: format!("redis+cluster://{}", nodes.join(",")),
+        _dir: dir,
+    }
+}

@@ -97,18 +97,29 @@ pub(super) async fn evaluate(
     }
     let mut outcomes: Vec<Option<RawOutcome>> = vec![None; scopes.len()];
     let single = groups.len() == 1;
+    // Every slot's group is checked at once (one round trip for all, each on its node's
+    // multiplexed connection), then, if all admit, consumed at once.
+    let checked = futures_util::future::try_join_all(
+        groups
+            .values()
+            .map(|(_, group)| run(redis, group, request.cost, request.consume && single)),
+    )
+    .await?;
     let mut admitted = true;
-    for (indices, group) in groups.values() {
-        let (group_admitted, raw) =
-            run(redis, group, request.cost, request.consume && single).await?;
+    for ((indices, _), (group_admitted, raw)) in groups.values().zip(checked) {
         admitted &= group_admitted;
         for (&i, outcome) in indices.iter().zip(raw) {
             outcomes[i] = Some(outcome);
         }
     }
     if admitted && request.consume && !single {
-        for (indices, group) in groups.values() {
-            let (_, raw) = run(redis, group, request.cost, true).await?;
+        let consumed = futures_util::future::try_join_all(
+            groups
+                .values()
+                .map(|(_, group)| run(redis, group, request.cost, true)),
+        )
+        .await?;
+        for ((indices, _), (_, raw)) in groups.values().zip(consumed) {
             for (&i, outcome) in indices.iter().zip(raw) {
                 outcomes[i] = Some(outcome);
             }
