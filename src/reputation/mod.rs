@@ -5,6 +5,7 @@
 //! [`Reputation::lookup`] first. A broken file is named with its line, and the old
 //! snapshot stays in force.
 
+pub mod dates;
 pub mod lists;
 pub mod parse;
 pub mod signal;
@@ -44,9 +45,15 @@ pub struct Source {
     pub class: String,
     /// Ranges (or ASNs) read.
     pub entries: usize,
-    /// When the file was last written, Unix ms (its age is reported at start and reload).
+    /// When the file was last written, Unix ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub modified_ms: Option<i64>,
+    /// The data's own date, Unix ms (its age is reported at start and reload): the
+    /// publisher's timestamp, the snapshot in `SOURCES.md`, else the modification time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dated_ms: Option<i64>,
+    /// Where `dated_ms` came from.
+    pub dated_by: dates::DatedBy,
 }
 
 /// A source older than this is reported as stale.
@@ -108,7 +115,7 @@ impl Snapshot {
         for source in &self.sources {
             let age = std::time::Duration::from_millis(
                 source
-                    .modified_ms
+                    .dated_ms
                     .and_then(|m| u64::try_from(now_ms.saturating_sub(m)).ok())
                     .unwrap_or(0),
             );
@@ -116,8 +123,15 @@ impl Snapshot {
             lines.push((
                 false,
                 format!(
-                    "reputation source {} ({}): {} entries, {days} days old",
-                    source.file, source.class, source.entries
+                    "reputation source {} ({}): {} entries, {days} days old ({})",
+                    source.file,
+                    source.class,
+                    source.entries,
+                    match source.dated_by {
+                        dates::DatedBy::Published => "dated by its publisher",
+                        dates::DatedBy::SourcesMd => "dated by SOURCES.md",
+                        dates::DatedBy::Modified => "dated by the file's modification time",
+                    }
                 ),
             ));
             if age > STALE_AFTER {
@@ -230,8 +244,10 @@ pub fn load_with(
 ) -> Result<Snapshot, LoadError> {
     let mut snapshot = Snapshot::default();
     let mut triples = Vec::new();
+    let listed = dates::listed(dir);
     let add_source = |snapshot: &mut Snapshot,
                       path: &Path,
+                      text: &str,
                       class: String,
                       entries: usize|
      -> Result<u16, LoadError> {
@@ -241,6 +257,11 @@ pub fn load_with(
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .and_then(|d| i64::try_from(d.as_millis()).ok());
+        let (dated_ms, dated_by) = match (dates::published(text), listed.get(&file)) {
+            (Some(at), _) => (Some(at), dates::DatedBy::Published),
+            (None, Some(&at)) => (Some(at), dates::DatedBy::SourcesMd),
+            (None, None) => (modified_ms, dates::DatedBy::Modified),
+        };
         let id = u16::try_from(snapshot.sources.len()).map_err(|_| LoadError {
             file: file.clone(),
             line: 0,
@@ -251,6 +272,8 @@ pub fn load_with(
             class,
             entries,
             modified_ms,
+            dated_ms,
+            dated_by,
         });
         Ok(id)
     };
@@ -279,7 +302,7 @@ pub fn load_with(
                 line: e.line,
                 reason: e.reason,
             })?;
-            let id = add_source(&mut snapshot, &path, class.clone(), ranges.len())?;
+            let id = add_source(&mut snapshot, &path, &text, class.clone(), ranges.len())?;
             snapshot.ranges += ranges.len();
             triples.extend(ranges.into_iter().map(|(s, e)| (s, e, id)));
         }
@@ -303,7 +326,7 @@ pub fn load_with(
             line: e.line,
             reason: e.reason,
         })?;
-        let id = add_source(&mut snapshot, &path, class, asns.len())?;
+        let id = add_source(&mut snapshot, &path, &text, class, asns.len())?;
         for asn in asns {
             let entry = snapshot.asn_classes.entry(asn).or_default();
             if !entry.contains(&id) {
@@ -588,7 +611,7 @@ mod report_tests {
         };
         assert!(
             text(false).contains(
-                &"reputation source ranges/datacenter/list.txt (datacenter): 1 entries, 0 days old"
+                &"reputation source ranges/datacenter/list.txt (datacenter): 1 entries, 0 days old (dated by the file's modification time)"
             ),
             "{report:?}"
         );
@@ -615,8 +638,28 @@ mod report_tests {
                 .iter()
                 .any(|l| l.contains("class datacenter") || l.contains("class tor"))
         );
-        // The shipped data fills every expected class.
+        // The shipped data fills every expected class, and its ages are the data's: the
+        // Tor list of 2024-02 is stale whatever the files' modification times say, AWS's
+        // ranges carry their publisher's date.
         let shipped = load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data")).unwrap();
+        let today = chrono::NaiveDate::from_ymd_opt(2026, 12, 6)
+            .unwrap()
+            .and_hms_opt(0, 0, 0)
+            .unwrap()
+            .and_utc()
+            .timestamp_millis();
+        let shipped_report = shipped.report(today);
+        assert!(
+            shipped_report.iter().any(|(warning, line)| *warning
+                && line.contains("ranges/tor/tor-exit-nodes-2024-02.lst.gz is 1013 days old")),
+            "{shipped_report:?}"
+        );
+        let aws = shipped
+            .sources()
+            .iter()
+            .find(|s| s.file.ends_with("aws-ip-ranges.json.gz"))
+            .unwrap();
+        assert_eq!(aws.dated_by, dates::DatedBy::Published);
         let gaps: Vec<String> = shipped
             .report(now_ms)
             .into_iter()
