@@ -624,7 +624,7 @@ impl Limiter {
             allowed: raw.allowed,
             limit: raw.limit,
             remaining: raw.remaining,
-            reset_ms: raw.reset_ms,
+            reset_ms: raw.reported_reset_ms(),
             retry_after_ms: raw.reported_retry_after_ms(),
             multiplier: raw.multiplier,
             shared_ceiling: scope.scale > 1.0,
@@ -829,6 +829,19 @@ impl RawOutcome {
                 .multiplier_ttl_ms
                 .filter(|&ms| ms > 0)
                 .unwrap_or(BLOCKED_RETRY_MS),
+        }
+    }
+
+    /// `reset_ms` as reported: for a denied scope never before it lets a request through. A
+    /// bucket blocked by its multiplier (a lockout, a deny entry) refills at the rate times
+    /// zero: whatever the bucket's own arithmetic says, it is full again no sooner than the
+    /// multiplier lifts, so `Retry-After`, `RateLimit` `t`, `X-RateLimit-Reset` and the body's
+    /// `reset` name one instant or later ones, never an earlier one.
+    fn reported_reset_ms(&self) -> u64 {
+        if self.allowed {
+            self.reset_ms
+        } else {
+            self.reset_ms.max(self.reported_retry_after_ms())
         }
     }
 

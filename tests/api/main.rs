@@ -29,6 +29,7 @@ mod nginx;
 mod policy;
 mod recorder;
 mod recovery;
+mod refusals;
 mod reputation;
 mod scaleout;
 mod scenarios;
