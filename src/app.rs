@@ -164,6 +164,19 @@ impl crate::limiter::Exemptions for LockoutRule {
         })
     }
 
+    fn known_device<'a>(
+        &'a self,
+        request: &'a crate::limiter::LimitRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>> {
+        Box::pin(async move {
+            let Some(account) = &request.user else {
+                return Ok(false);
+            };
+            let context = login_context(account, request);
+            self.0.knows_device(&context).await.map_err(hot_error)
+        })
+    }
+
     fn refused_unknown<'a>(
         &'a self,
         request: &'a crate::limiter::LimitRequest,

@@ -201,8 +201,9 @@ pub struct SharedIpSettings {
     /// How long an address stays shared after it last qualified, seconds. TOML
     /// `limits.shared_ip.remember_s`; default 604800 (7 days).
     pub remember_s: u64,
-    /// The IP-wide bucket of a shared address holds this many times each IP budget. TOML
-    /// `limits.shared_ip.ceiling`; default 50 (accepted 1–10000).
+    /// The IP-wide bucket of a shared address holds this many times each IP budget; it binds
+    /// logins from devices their account does not know (a known or attested device is not
+    /// refused by it). TOML `limits.shared_ip.ceiling`; default 50 (accepted 1–10000).
     pub ceiling: f64,
     /// Spraying and IP-failure thresholds are this many times higher on a shared address.
     /// TOML `limits.shared_ip.spray_factor`; default 5 (accepted 1–100).

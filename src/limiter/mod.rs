@@ -483,10 +483,11 @@ impl Limiter {
             }
         };
         // The lockout-DoS rule: a block it may lift is re-checked without it.
-        let challenge = self
+        let lifted = self
             .lift(&class_name, request, &mut scopes, &outcomes)
             .await;
-        if challenge.is_some() {
+        let challenge = lifted.clone().flatten();
+        if lifted.is_some() {
             outcomes = match self.evaluate(&scopes, request, now_us).await {
                 Ok(outcomes) => outcomes,
                 Err(source) => {
@@ -501,10 +502,12 @@ impl Limiter {
             let shared = Arc::new(outcomes.clone());
             for (scope, outcome) in scopes.iter().zip(&outcomes) {
                 // A user blocked by a multiplier may be a locked account whose owner, in a
-                // context the account knows, must get through: never answered from cache.
+                // context the account knows, must get through, and a shared address's ceiling
+                // lets known devices by: never answered from cache.
                 let contextual = self.exemptions.get().is_some()
                     && ((is_user_scope(scope) && outcome.multiplier <= 0.0)
-                        || scope.network_blocked);
+                        || scope.network_blocked
+                        || (scope.scale > 1.0 && is_ip_scope(scope)));
                 if outcome.enforced && !outcome.allowed && !contextual {
                     self.l1.remember(
                         &scope.bucket_key,
@@ -526,22 +529,42 @@ impl Limiter {
     /// (or deny) refused it and the account knows the context, the user scopes get the
     /// multiplier without the lock; when only its network's block refused it and the
     /// account knows the context, the block is taken off its IP scopes. Either way the
-    /// scopes are changed here and the challenge returned; None: the refusal stands.
+    /// scopes are changed here and the challenge returned. When only a shared address's
+    /// ceiling refused it (a carrier NAT's crowd spent it) and the account knows the
+    /// device (or it is attested; the shared address itself proves nothing), the ceiling is
+    /// left out: other people's traffic never shuts a known login
+    /// out (`Some(None)`: re-checked, no challenge). None: the refusal stands.
     async fn lift(
         &self,
         class_name: &str,
         request: &LimitRequest,
-        scopes: &mut [Scope],
+        scopes: &mut Vec<Scope>,
         outcomes: &[RawOutcome],
-    ) -> Option<Challenge> {
+    ) -> Option<Option<Challenge>> {
         let exemptions = self.exemptions.get()?;
+        if request.user.is_some()
+            && request.device.is_some()
+            && blocked_only_by_shared_ceiling(scopes, outcomes)
+        {
+            match exemptions.known_device(request).await {
+                Ok(true) => {
+                    scopes.retain(|s| !(s.scale > 1.0 && is_ip_scope(s)));
+                    return Some(None);
+                }
+                Ok(false) => return None,
+                Err(err) => {
+                    tracing::warn!(error.cause = %err, "known context unknown; the shared address's ceiling stands");
+                    return None;
+                }
+            }
+        }
         if blocked_only_by_user_multiplier(scopes, outcomes) {
             match exemptions.exemption(class_name, request).await {
                 Ok(Some(exempt)) => {
                     for scope in scopes.iter_mut().filter(|s| is_user_scope(s)) {
                         scope.multiplier_override = Some(sanitized(exempt.multiplier));
                     }
-                    return Some(exempt);
+                    return Some(Some(exempt));
                 }
                 Ok(None) => {}
                 // The lockout stands: without the rule's answer the request is a stranger's.
@@ -561,11 +584,11 @@ impl Limiter {
                     } else {
                         "the network is blocked, but the account knows this context: ask for a step-up"
                     };
-                    return Some(Challenge {
+                    return Some(Some(Challenge {
                         multiplier: 1.0,
                         reason: crate::model::Reason::new("known_context", message),
                         lockout_id: None,
-                    });
+                    }));
                 }
                 Ok(false) => {
                     if let Err(err) = exemptions.refused_unknown(request).await {
@@ -798,6 +821,21 @@ fn blocked_only_by_user_multiplier(scopes: &[Scope], outcomes: &[RawOutcome]) ->
 
 /// True when the request was refused only by its network's block (the scopes it forced
 /// to 0): the case an account's known context may lift.
+/// True when every enforced scope that refused is a shared address's IP-wide ceiling.
+fn blocked_only_by_shared_ceiling(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
+    let mut blocking = scopes
+        .iter()
+        .zip(outcomes)
+        .filter(|(s, o)| s.enforced && !o.allowed)
+        .peekable();
+    blocking.peek().is_some()
+        && blocking.all(|(s, o)| s.scale > 1.0 && is_ip_scope(s) && o.multiplier > 0.0)
+}
+
+fn is_ip_scope(scope: &Scope) -> bool {
+    matches!(scope.kind, ScopeKind::Ip | ScopeKind::EndpointIp)
+}
+
 fn blocked_only_by_network(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
     let mut blocking = scopes
         .iter()

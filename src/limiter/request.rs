@@ -78,6 +78,13 @@ pub trait Exemptions: Send + Sync + std::fmt::Debug {
         request: &'a LimitRequest,
     ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>>;
 
+    /// True when the request's account knows its device, or the device is attested (asked
+    /// only for a request refused by a shared address's ceiling alone).
+    fn known_device<'a>(
+        &'a self,
+        request: &'a LimitRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>>;
+
     /// Notes a login the network's block or the login guard refused from a context its
     /// account does not know: evidence that the attack goes on while it is stopped.
     fn refused_unknown<'a>(

@@ -18,12 +18,25 @@ impl Lockouts {
         contexts: &[&LoginContext],
         now: i64,
     ) -> Result<Vec<bool>, Error> {
+        self.known_by(hot, contexts, now, true).await
+    }
+
+    /// [`Lockouts::known`], by the device alone when `by_address` is false.
+    async fn known_by(
+        &self,
+        hot: &Hot,
+        contexts: &[&LoginContext],
+        now: i64,
+        by_address: bool,
+    ) -> Result<Vec<bool>, Error> {
         let mut steps = Vec::new();
         let mut spans = Vec::with_capacity(contexts.len());
         for context in contexts {
             let start = steps.len();
-            let members = [context.ip_key.to_string(), context.ip.network_text()]
+            let addresses = [context.ip_key.to_string(), context.ip.network_text()];
+            let members = addresses
                 .into_iter()
+                .filter(|_| by_address)
                 .chain(context.device.as_ref().map(ToString::to_string));
             for member in members {
                 steps.push(self.known_step(&context.account, &member, now, WindowAction::Contains));
@@ -84,6 +97,19 @@ impl Lockouts {
     pub async fn knows(&self, context: &LoginContext) -> Result<bool, Error> {
         let now = self.clock.now_ms();
         Ok(self.known(&self.status_hot, &[context], now).await?[0])
+    }
+
+    /// True when the account knows the context's device (a success from it within
+    /// `known_for_days`) or the device is attested; the address does not count (behind a
+    /// carrier NAT every customer shares it).
+    pub async fn knows_device(&self, context: &LoginContext) -> Result<bool, Error> {
+        if context.device.is_none() {
+            return Ok(false);
+        }
+        let now = self.clock.now_ms();
+        Ok(self
+            .known_by(&self.status_hot, &[context], now, false)
+            .await?[0])
     }
 
     /// What the auth service must do for a login attempt in this context, from the hot store

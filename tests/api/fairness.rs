@@ -10,6 +10,7 @@ use crate::on_both_backends;
 on_both_backends!(
     many_accounts_logging_in_make_an_address_shared_and_each_device_gets_its_own_budget,
     a_shared_address_has_an_ip_wide_ceiling,
+    a_crowd_of_known_phones_behind_one_address_is_not_refused_by_its_ceiling,
     a_configured_range_is_shared_from_the_first_request,
     an_ip_device_budget_counts_each_device_on_each_address,
     spraying_from_a_shared_address_needs_more_evidence,
@@ -125,6 +126,54 @@ async fn a_shared_address_has_an_ip_wide_ceiling(app: TestApp) {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(body["error"]["details"]["reason"], "ip_shared_limit");
     assert_eq!(body["error"]["details"]["limit"], 20);
+}
+
+/// A push notification reaches a carrier's customers behind one address: every one logs in
+/// with the phone they signed in with before, within seconds. Other people's traffic filled
+/// the address-wide ceiling, but a login from a device its account knows is never refused by
+/// it; the ceiling still binds strangers and known accounts on unknown devices.
+async fn a_crowd_of_known_phones_behind_one_address_is_not_refused_by_its_ceiling(app: TestApp) {
+    let app = TestApp::spawn_with(app.backend, |settings| {
+        settings.limits.shared_ip.ceiling = 2.0;
+    })
+    .await
+    .unwrap();
+    // 60 customers signed in from the address before, each with their phone.
+    successes(&app, NAT, 60).await;
+    // Strangers spend the ceiling (2 × 10 a minute) first, and meet it.
+    let mut strangers = Vec::new();
+    for i in 0..30 {
+        let (status, _) = status_of(
+            &app,
+            &login(&format!("new{i}"), NAT, Some(&format!("new-phone{i}"))),
+        )
+        .await;
+        strangers.push(status.as_u16());
+    }
+    assert_eq!(
+        strangers.iter().filter(|s| **s == 200).count(),
+        20,
+        "{strangers:?}"
+    );
+    let mut refused = Vec::new();
+    for i in 0..60 {
+        let (status, body) = status_of(
+            &app,
+            &login(&format!("user{i}"), NAT, Some(&format!("phone{i}"))),
+        )
+        .await;
+        if status != StatusCode::OK {
+            refused.push((i, body["error"]["details"]["reason"].clone()));
+        }
+    }
+    assert!(refused.is_empty(), "known phones refused: {refused:?}");
+    // The ceiling (2 × 10 a minute) is spent for everyone else.
+    let (status, body) = status_of(&app, &login("newcomer", NAT, Some("new-phone"))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["details"]["reason"], "ip_shared_limit");
+    let (status, body) = status_of(&app, &login("user1", NAT, Some("someone-elses-phone"))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["details"]["reason"], "ip_shared_limit");
 }
 
 async fn a_configured_range_is_shared_from_the_first_request(app: TestApp) {
