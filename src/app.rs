@@ -228,7 +228,7 @@ impl App {
     ) -> Result<App, BuildError> {
         let stores = Stores::open(&settings).await?;
         let reputation = Arc::new(Reputation::open(
-            &settings.data_dir,
+            &Reputation::locate(&settings.data_dir),
             settings.reputation.clone(),
         )?);
         let access = Access::new(

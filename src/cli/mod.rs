@@ -337,6 +337,7 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Token {
             action: TokenCommand::Create { role, name, reason },
         } => {
+            let store = stored_in(&settings.database_url);
             let app = App::build(settings)
                 .await
                 .context("cannot open the stores")?;
@@ -356,13 +357,34 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
                 )
                 .await?;
             println!(
-                "id:    {}\nrole:  {}\ntoken: {}",
+                "id:    {}\nrole:  {}\ntoken: {}\nstore: {store}",
                 issued.info.id,
                 role.as_str(),
                 issued.secret
             );
             Ok(())
         }
+    }
+}
+
+/// Where a durable store URL points, said so that no one mistakes it: a SQLite file as its
+/// absolute path (run in another folder, `sqlite://palisade.db` is another database), any
+/// other URL without its password.
+fn stored_in(database_url: &str) -> String {
+    match database_url.strip_prefix("sqlite://") {
+        Some(path) => {
+            let path = path.split('?').next().unwrap_or(path);
+            let absolute = std::path::Path::new(path);
+            let absolute = if absolute.is_absolute() {
+                absolute.to_path_buf()
+            } else {
+                std::env::current_dir()
+                    .map(|dir| dir.join(absolute))
+                    .unwrap_or_else(|_| absolute.to_path_buf())
+            };
+            format!("sqlite://{}", absolute.display())
+        }
+        None => crate::config::redact_url(database_url),
     }
 }
 

@@ -70,7 +70,10 @@ pub struct Settings {
     ///
     /// TOML `redis_url`, env `PALISADE_REDIS_URL`; default unset.
     pub redis_url: Option<String>,
-    /// Folder with range files and ASN databases (its layout: `data/README.md`).
+    /// Folder with range files and ASN databases (its layout: `data/README.md`). When the
+    /// default `data` is absent (started outside the checkout), the shipped data is looked
+    /// for beside the binary, in `/usr/local/share/palisade/data`,
+    /// `/usr/share/palisade/data` and the source tree it was built from; the log says which.
     ///
     /// TOML `data_dir`, env `PALISADE_DATA_DIR`; default `data`.
     pub data_dir: PathBuf,
@@ -408,12 +411,13 @@ impl Settings {
 
 /// The environment provider: `PALISADE_X` → `x`, `PALISADE_A__B` → `a.b`.
 ///
-/// `PALISADE_TEST_*` (test suites) and `PALISADE_CONFIG` (the `--config` flag) are not
-/// settings and are skipped, so they are not reported as unknown.
+/// `PALISADE_TEST_*` (test suites), `PALISADE_CONFIG` (the `--config` flag) and the command
+/// line's own `PALISADE_URL` and `PALISADE_TOKEN` (which instance a remote command asks, and
+/// as whom) are not settings and are skipped, so they are not reported as unknown.
 fn env_provider() -> Env {
     Env::prefixed(ENV_PREFIX).split("__").filter(|key| {
         let key = key.as_str().to_ascii_lowercase();
-        !(key.starts_with("test_") || key == "config")
+        !(key.starts_with("test_") || matches!(key.as_str(), "config" | "url" | "token"))
     })
 }
 
@@ -497,7 +501,7 @@ fn figment_error(err: &figment::Error) -> SettingError {
 }
 
 /// Hides a password in a URL for messages.
-fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
             let userinfo = &url[scheme_end + 3..at];

@@ -83,6 +83,26 @@ fn migrate_and_token_create_work_on_a_fresh_sqlite_file() {
         stdout.lines().any(|l| l.starts_with("token: pal_")),
         "{stdout}"
     );
+    // It says which database it wrote to, as an absolute path.
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == format!("store: sqlite://{}", dir.path().join("p.db").display())),
+        "{stdout}"
+    );
+    let relative = palisade()
+        .current_dir(dir.path())
+        .env("PALISADE_DATABASE_URL", "sqlite://q.db")
+        .args(["token", "create", "--role", "analyst", "--name", "bob"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(relative.stdout).unwrap();
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == format!("store: sqlite://{}", dir.path().join("q.db").display())),
+        "{stdout}"
+    );
     let output = palisade()
         .current_dir(dir.path())
         .env("PALISADE_DATABASE_URL", &db)
@@ -447,5 +467,93 @@ async fn remote_commands_list_and_change_lockouts_lists_and_tokens() {
     assert!(
         err.contains("401") && err.contains("UNAUTHENTICATED"),
         "{err}"
+    );
+}
+
+/// `PALISADE_URL` and `PALISADE_TOKEN`, as the README and `--help` name them, work in place
+/// of `--url` and `--token` for every remote command (they are the command line's own
+/// variables, not service settings).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_commands_take_the_url_and_token_from_the_environment() {
+    let app = crate::helpers::TestApp::spawn(crate::helpers::Backend::Embedded)
+        .await
+        .unwrap();
+    let base = app.base.clone();
+    for command in [
+        "lockouts list",
+        "lists list deny",
+        "tokens list",
+        "overrides list",
+        "export cloudflare",
+    ] {
+        let base = base.clone();
+        let output = tokio::task::spawn_blocking(move || {
+            palisade()
+                .args(command.split(' '))
+                .env("PALISADE_URL", &base)
+                .env("PALISADE_TOKEN", crate::helpers::ADMIN_TOKEN)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{command}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// Started outside its checkout (no `./data`), the binary finds the shipped range lists and
+/// says where they came from; it never starts silently with empty reputation classes.
+#[test]
+fn started_elsewhere_it_finds_the_shipped_data_and_says_where() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = palisade()
+        .current_dir(dir.path())
+        .env("PALISADE_LISTEN", "127.0.0.1:0")
+        .env("PALISADE_GRPC_LISTEN", "127.0.0.1:0")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let found = loop {
+        match rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            Ok(line) => {
+                if line.contains("reputation data from the shipped folder") {
+                    break Some(line);
+                }
+                seen.push(line);
+            }
+            Err(_) if std::time::Instant::now() > deadline => break None,
+            Err(_) => {}
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = found.unwrap_or_else(|| panic!("no word on the data folder: {seen:#?}"));
+    assert!(line.contains("/data"), "{line}");
+    assert!(
+        !seen
+            .iter()
+            .any(|l| l.contains("reputation class tor is empty")),
+        "{seen:#?}"
     );
 }
