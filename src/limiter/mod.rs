@@ -558,11 +558,17 @@ impl Limiter {
                 }
             }
         }
-        if blocked_only_by_user_multiplier(scopes, outcomes) {
+        let by_lock_and_network = blocked_by_lock_and_network(scopes, outcomes);
+        if blocked_only_by_user_multiplier(scopes, outcomes) || by_lock_and_network {
             match exemptions.exemption(class_name, request).await {
                 Ok(Some(exempt)) => {
                     for scope in scopes.iter_mut().filter(|s| is_user_scope(s)) {
                         scope.multiplier_override = Some(sanitized(exempt.multiplier));
+                    }
+                    // The login guard or a network block refused the same known context:
+                    // one rule answers both, as `/status` does.
+                    for scope in scopes.iter_mut().filter(|s| s.network_blocked) {
+                        scope.multiplier_override = None;
                     }
                     return Some(Some(exempt));
                 }
@@ -819,8 +825,20 @@ fn blocked_only_by_user_multiplier(scopes: &[Scope], outcomes: &[RawOutcome]) ->
         && blocking.all(|(s, o)| is_user_scope(s) && o.retry_after_ms.is_none())
 }
 
-/// True when the request was refused only by its network's block (the scopes it forced
-/// to 0): the case an account's known context may lift.
+/// True when the refusal is an account's lock (a user scope blocked by its multiplier)
+/// together with the network's block or the login guard, and nothing else.
+fn blocked_by_lock_and_network(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
+    let blocking: smallvec::SmallVec<[(&Scope, &RawOutcome); 8]> = scopes
+        .iter()
+        .zip(outcomes)
+        .filter(|(s, o)| s.enforced && !o.allowed)
+        .collect();
+    let lock = |(s, o): &(&Scope, &RawOutcome)| is_user_scope(s) && o.retry_after_ms.is_none();
+    blocking.iter().any(lock)
+        && blocking.iter().any(|(s, _)| s.network_blocked)
+        && blocking.iter().all(|b| lock(b) || b.0.network_blocked)
+}
+
 /// True when every enforced scope that refused is a shared address's IP-wide ceiling.
 fn blocked_only_by_shared_ceiling(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
     let mut blocking = scopes
@@ -836,6 +854,8 @@ fn is_ip_scope(scope: &Scope) -> bool {
     matches!(scope.kind, ScopeKind::Ip | ScopeKind::EndpointIp)
 }
 
+/// True when the request was refused only by its network's block (the scopes it forced
+/// to 0): the case an account's known context may lift.
 fn blocked_only_by_network(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
     let mut blocking = scopes
         .iter()

@@ -449,6 +449,45 @@ async fn stuffing_spread_over_many_networks_turns_the_login_guard_on(app: TestAp
     // A member from a network it never used is a stranger now.
     let (status, _) = status_of(&app, &login("member3", "192.0.2.82", None)).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // A member whose account a stranger locked meanwhile: from home, every decision point
+    // gives the owner the same step-up, not the lock's 429.
+    let lock: Vec<Value> = (0..10)
+        .map(|i| {
+            json!({"event_id": format!("lock-{i}"), "type": "login_failure",
+                        "account": "member4", "ip": format!("203.0.113.{}", 100 + i)})
+        })
+        .collect();
+    app.post_auth(lock).await;
+    let status_view = app
+        .admin_json("/v1/accounts/member4/status?ip=198.18.0.201")
+        .await;
+    assert_eq!(status_view["action"], "challenge", "{status_view}");
+    let (status, body) = status_of(&app, &login("member4", "198.18.0.201", None)).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the owner at home, guard on and locked: {body}"
+    );
+    assert_eq!(body["challenge"]["code"], "known_context", "{body}");
+    let through_gateway = app
+        .client
+        .get(app.url("/v1/forward-auth"))
+        .bearer_auth(crate::helpers::ADMIN_TOKEN)
+        .header("x-forwarded-method", "POST")
+        .header("x-forwarded-uri", "/auth/login")
+        .header("x-forwarded-for", "198.18.0.201")
+        .header("x-user-id", "member4")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(through_gateway.status(), StatusCode::OK);
+    assert_eq!(
+        through_gateway.headers()["x-palisade-challenge"],
+        "known_context"
+    );
+    // A stranger on the locked account is still refused.
+    let (status, _) = status_of(&app, &login("member4", "192.0.2.87", None)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     // Other classes, and auth requests naming no account, are not guarded.
     let read = json!({"endpoint": "/feed", "method": "GET", "ip": "192.0.2.83", "user_id": "x"});
     assert_eq!(app.limit_check(&read).await.status(), StatusCode::OK);
