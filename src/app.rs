@@ -155,26 +155,14 @@ impl crate::limiter::Exemptions for LockoutRule {
         &'a self,
         request: &'a crate::limiter::LimitRequest,
     ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>> {
-        Box::pin(async move {
-            let Some(account) = &request.user else {
-                return Ok(false);
-            };
-            let context = login_context(account, request);
-            self.0.knows(&context).await.map_err(hot_error)
-        })
+        Box::pin(self.knows(request, true))
     }
 
     fn known_device<'a>(
         &'a self,
         request: &'a crate::limiter::LimitRequest,
     ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>> {
-        Box::pin(async move {
-            let Some(account) = &request.user else {
-                return Ok(false);
-            };
-            let context = login_context(account, request);
-            self.0.knows_device(&context).await.map_err(hot_error)
-        })
+        Box::pin(self.knows(request, false))
     }
 
     fn refused_unknown<'a>(
@@ -188,6 +176,27 @@ impl crate::limiter::Exemptions for LockoutRule {
             let context = login_context(account, request);
             self.0.refused_unknown(&context).await.map_err(hot_error)
         })
+    }
+}
+
+impl LockoutRule {
+    /// Whether the request's account knows its context (`by_address`: its address and
+    /// network count too; else its device alone, or an attested one).
+    async fn knows(
+        &self,
+        request: &crate::limiter::LimitRequest,
+        by_address: bool,
+    ) -> Result<bool, crate::store::Error> {
+        let Some(account) = &request.user else {
+            return Ok(false);
+        };
+        let context = login_context(account, request);
+        let known = if by_address {
+            self.0.knows(&context).await
+        } else {
+            self.0.knows_device(&context).await
+        };
+        known.map_err(hot_error)
     }
 }
 

@@ -109,10 +109,9 @@ pub struct ForwardAuthSettings {
     pub identity_secret: Vec<super::Secret>,
 }
 
-/// A list, or one comma-separated string (as an environment variable gives it).
-fn one_or_many<'de, D: serde::Deserializer<'de>, T: From<String>>(
-    deserializer: D,
-) -> Result<Vec<T>, D::Error> {
+/// The items of a list, or of one comma-separated string (as an environment variable gives
+/// it), trimmed; blank ones kept.
+fn items<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum OneOrMany {
@@ -126,6 +125,15 @@ fn one_or_many<'de, D: serde::Deserializer<'de>, T: From<String>>(
     Ok(items
         .into_iter()
         .map(|item| item.trim().to_owned())
+        .collect())
+}
+
+/// A list, or one comma-separated string; blank items dropped.
+fn one_or_many<'de, D: serde::Deserializer<'de>, T: From<String>>(
+    deserializer: D,
+) -> Result<Vec<T>, D::Error> {
+    Ok(items(deserializer)?
+        .into_iter()
         .filter(|item| !item.is_empty())
         .map(T::from)
         .collect())
@@ -137,19 +145,9 @@ fn one_or_many<'de, D: serde::Deserializer<'de>, T: From<String>>(
 fn secrets<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Vec<super::Secret>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
-    }
-    let items = match OneOrMany::deserialize(deserializer)? {
-        OneOrMany::One(text) => text.split(',').map(str::to_owned).collect(),
-        OneOrMany::Many(items) => items,
-    };
-    Ok(items
+    Ok(items(deserializer)?
         .into_iter()
-        .map(|item| super::Secret::from(item.trim().to_owned()))
+        .map(super::Secret::from)
         .collect())
 }
 

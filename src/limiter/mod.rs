@@ -816,38 +816,47 @@ fn is_user_scope(scope: &Scope) -> bool {
 /// (a lockout, a deny entry): the case the lockout-DoS rule may lift. Any other blocking
 /// scope (an IP's budget, a user's spent budget) refuses the request whatever the rule says.
 fn blocked_only_by_user_multiplier(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
+    refused_only_by(scopes, outcomes, is_lock)
+}
+
+/// A user scope blocked by its multiplier (a lockout, a deny entry).
+fn is_lock(scope: &Scope, outcome: &RawOutcome) -> bool {
+    is_user_scope(scope) && outcome.retry_after_ms.is_none()
+}
+
+/// True when some enforced scope refused and every one that did passes `blocks`.
+fn refused_only_by(
+    scopes: &[Scope],
+    outcomes: &[RawOutcome],
+    blocks: impl Fn(&Scope, &RawOutcome) -> bool,
+) -> bool {
     let mut blocking = scopes
         .iter()
         .zip(outcomes)
         .filter(|(s, o)| s.enforced && !o.allowed)
         .peekable();
-    blocking.peek().is_some()
-        && blocking.all(|(s, o)| is_user_scope(s) && o.retry_after_ms.is_none())
+    blocking.peek().is_some() && blocking.all(|(s, o)| blocks(s, o))
 }
 
 /// True when the refusal is an account's lock (a user scope blocked by its multiplier)
 /// together with the network's block or the login guard, and nothing else.
 fn blocked_by_lock_and_network(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
-    let blocking: smallvec::SmallVec<[(&Scope, &RawOutcome); 8]> = scopes
-        .iter()
-        .zip(outcomes)
-        .filter(|(s, o)| s.enforced && !o.allowed)
-        .collect();
-    let lock = |(s, o): &(&Scope, &RawOutcome)| is_user_scope(s) && o.retry_after_ms.is_none();
-    blocking.iter().any(lock)
-        && blocking.iter().any(|(s, _)| s.network_blocked)
-        && blocking.iter().all(|b| lock(b) || b.0.network_blocked)
+    let refused = |pick: fn(&Scope, &RawOutcome) -> bool| {
+        scopes
+            .iter()
+            .zip(outcomes)
+            .any(|(s, o)| s.enforced && !o.allowed && pick(s, o))
+    };
+    refused(is_lock)
+        && refused(|s, _| s.network_blocked)
+        && refused_only_by(scopes, outcomes, |s, o| is_lock(s, o) || s.network_blocked)
 }
 
 /// True when every enforced scope that refused is a shared address's IP-wide ceiling.
 fn blocked_only_by_shared_ceiling(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
-    let mut blocking = scopes
-        .iter()
-        .zip(outcomes)
-        .filter(|(s, o)| s.enforced && !o.allowed)
-        .peekable();
-    blocking.peek().is_some()
-        && blocking.all(|(s, o)| s.scale > 1.0 && is_ip_scope(s) && o.multiplier > 0.0)
+    refused_only_by(scopes, outcomes, |s, o| {
+        s.scale > 1.0 && is_ip_scope(s) && o.multiplier > 0.0
+    })
 }
 
 fn is_ip_scope(scope: &Scope) -> bool {
@@ -857,12 +866,7 @@ fn is_ip_scope(scope: &Scope) -> bool {
 /// True when the request was refused only by its network's block (the scopes it forced
 /// to 0): the case an account's known context may lift.
 fn blocked_only_by_network(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
-    let mut blocking = scopes
-        .iter()
-        .zip(outcomes)
-        .filter(|(s, o)| s.enforced && !o.allowed)
-        .peekable();
-    blocking.peek().is_some() && blocking.all(|(s, _)| s.network_blocked)
+    refused_only_by(scopes, outcomes, |s, _| s.network_blocked)
 }
 
 /// A multiplier as the bucket can use it: finite and not negative (NaN blocks).

@@ -86,6 +86,24 @@ impl Variant {
             edits: Vec::new(),
         }
     }
+
+    /// The signed-identity snippet with nginx's JavaScript `module` loaded and
+    /// `palisade_identity.js` imported.
+    fn signed(module: &Path, edits: Vec<(&'static str, &'static str)>) -> Self {
+        let js = crate::helpers::repo_file("docs/gateways/palisade_identity.js");
+        Variant {
+            snippet: "docs/gateways/nginx-identity.conf",
+            main: format!(
+                "load_module {};\nenv PALISADE_IDENTITY_SECRET;",
+                module.display()
+            ),
+            http: format!(
+                "    js_path {};\n    js_import palisade from palisade_identity.js;\n    js_set $palisade_identity palisade.identity;",
+                js.parent().unwrap().display()
+            ),
+            edits,
+        }
+    }
 }
 
 /// A documented snippet in a server of this test's ports.
@@ -316,23 +334,14 @@ async fn nginx_signs_the_identity_it_authenticated_with_njs() {
     let (_, token) = app.create_token("limiter", "nginx").await;
     let palisade_port = crate::helpers::socket_of(&app.base).port();
     let upstream = start_upstream().await;
-    let js = crate::helpers::repo_file("docs/gateways/palisade_identity.js");
-    let variant = Variant {
-        snippet: "docs/gateways/nginx-identity.conf",
-        main: format!(
-            "load_module {};\nenv PALISADE_IDENTITY_SECRET;",
-            module.display()
-        ),
-        http: format!(
-            "    js_path {};\n    js_import palisade from palisade_identity.js;\n    js_set $palisade_identity palisade.identity;",
-            js.parent().unwrap().display()
-        ),
-        // This site knows each user's app: the tenant is signed too (a v2 identity).
-        edits: vec![(
+    // This site knows each user's app: the tenant is signed too (a v2 identity).
+    let variant = Variant::signed(
+        module,
+        vec![(
             r#"set $palisade_tenant "";"#,
             r#"set $palisade_tenant "$remote_user-app";"#,
         )],
-    };
+    );
     let nginx = start_nginx(
         &binary,
         upstream,
@@ -419,23 +428,14 @@ async fn no_documented_nginx_config_passes_a_client_claim_to_palisade() {
         return;
     };
     let module = Path::new("/usr/lib/nginx/modules/ngx_http_js_module.so");
-    let js = crate::helpers::repo_file("docs/gateways/palisade_identity.js");
     let mut variants = vec![(Variant::plain(), Vec::new())];
     if module.is_file() {
         variants.push((
-            Variant {
-                snippet: "docs/gateways/nginx-identity.conf",
-                main: format!(
-                    "load_module {};\nenv PALISADE_IDENTITY_SECRET;",
-                    module.display()
-                ),
-                http: format!(
-                    "    js_path {};\n    js_import palisade from palisade_identity.js;\n    js_set $palisade_identity palisade.identity;",
-                    js.parent().unwrap().display()
-                ),
-                edits: Vec::new(),
-            },
-            vec![("PALISADE_IDENTITY_SECRET", "a-secret-of-at-least-32-characters-long")],
+            Variant::signed(module, Vec::new()),
+            vec![(
+                "PALISADE_IDENTITY_SECRET",
+                "a-secret-of-at-least-32-characters-long",
+            )],
         ));
     } else {
         assert!(

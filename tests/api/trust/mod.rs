@@ -222,19 +222,7 @@ async fn accent_variants_are_one_account_when_the_backend_ignores_accents(app: T
         "victim@example\u{3002}com",
         "VI\u{301}CTIM@\u{c9}XAMPLE.COM",
     ];
-    let events: Vec<Value> = (0..10)
-        .map(|i| {
-            json!({"event_id": format!("ai-{i}"), "type": "login_failure",
-                   "account": spellings[i % spellings.len()], "ip": "203.0.113.51"})
-        })
-        .collect();
-    let response = post_events(&app, Value::Array(events)).await;
-    assert_eq!(response.status(), StatusCode::OK);
-    let body: Value = response.json().await.unwrap();
-    let decisions = body["decisions"].as_array().unwrap();
-    assert_eq!(decisions.len(), 1, "one account: {body}");
-    assert_eq!(decisions[0]["account"], "victim@example.com");
-    assert_eq!(decisions[0]["action"], "lockout");
+    ten_failures_lock_one_account(&app, &spellings, "ai", "victim@example.com").await;
     let blocked = app
         .limit_check(&check(
             "/login",
@@ -245,6 +233,28 @@ async fn accent_variants_are_one_account_when_the_backend_ignores_accents(app: T
     assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
+/// Ten failed logins spelled in turn as `spellings` lock exactly one account, `canonical`.
+async fn ten_failures_lock_one_account(
+    app: &TestApp,
+    spellings: &[&str],
+    ids: &str,
+    canonical: &str,
+) {
+    let events: Vec<Value> = (0..10)
+        .map(|i| {
+            json!({"event_id": format!("{ids}-{i}"), "type": "login_failure",
+                   "account": spellings[i % spellings.len()], "ip": "203.0.113.50"})
+        })
+        .collect();
+    let response = post_events(app, Value::Array(events)).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: Value = response.json().await.unwrap();
+    let decisions = body["decisions"].as_array().unwrap();
+    assert_eq!(decisions.len(), 1, "one account: {body}");
+    assert_eq!(decisions[0]["account"], canonical);
+    assert_eq!(decisions[0]["action"], "lockout");
+}
+
 async fn account_spellings_are_one_account_everywhere(app: TestApp) {
     let spellings = [
         "alice@example.com",
@@ -253,19 +263,7 @@ async fn account_spellings_are_one_account_everywhere(app: TestApp) {
         " alice@example.com ",
         "\u{ff41}\u{ff4c}\u{ff49}\u{ff43}\u{ff45}@example.com",
     ];
-    let events: Vec<Value> = (0..10)
-        .map(|i| {
-            json!({"event_id": format!("sp-{i}"), "type": "login_failure",
-                   "account": spellings[i % spellings.len()], "ip": "203.0.113.50"})
-        })
-        .collect();
-    let response = post_events(&app, Value::Array(events)).await;
-    assert_eq!(response.status(), StatusCode::OK);
-    let body: Value = response.json().await.unwrap();
-    let decisions = body["decisions"].as_array().unwrap();
-    assert_eq!(decisions.len(), 1, "one account: {body}");
-    assert_eq!(decisions[0]["account"], "alice@example.com");
-    assert_eq!(decisions[0]["action"], "lockout");
+    ten_failures_lock_one_account(&app, &spellings, "sp", "alice@example.com").await;
     // The status of any spelling is the lockout.
     for spelling in ["ALICE@example.com", "%EF%BD%81lice@example.com"] {
         let status: Value = app
