@@ -412,6 +412,9 @@ pub fn render(handle: &PrometheusHandle) -> String {
 /// shows 0, not "no data", for a class that has not limited anything yet.
 pub fn zero(settings: &crate::config::Settings) {
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    // Healthy until the hot store's commands fail (store::health).
+    metrics::gauge!(HOT_STORE_HEALTHY).set(1.0);
+    metrics::counter!(HOT_STORE_RECONNECTS_TOTAL).increment(0);
     let budgets = crate::limiter::Budgets::from_settings(&settings.limits);
     for class in &budgets.classes {
         let name = class.name.to_string();
