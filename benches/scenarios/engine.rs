@@ -754,6 +754,49 @@ pub fn flash_crowd(size: Size) -> Scenario {
     }
 }
 
+/// A push notification reaches a carrier's customers behind one address: every user logs in
+/// within 5 s of 60 s with the phone they signed in with there before, then reads. More
+/// logins than the address-wide ceiling holds; none of them from a stranger.
+pub fn carrier_flash_crowd(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(9);
+    let nat = "198.51.100.20";
+    let mut requests = Vec::new();
+    let mut history = Vec::new();
+    for user in 0..size.users {
+        let account = format!("customer{user}");
+        let device = format!("customer-phone{user}");
+        history.push(
+            json!({"event_id": format!("crowd-history-{user}"), "type": "login_success",
+                            "account": account, "ip": nat, "device_id": device}),
+        );
+        let login_at = 60_000 + rng.random_range(0..5_000);
+        let base = Request {
+            at_ms: login_at,
+            side: Side::Honest,
+            user,
+            kind: Kind::Login,
+            account: Some(account),
+            ip: nat.to_owned(),
+            device: Some(device),
+        };
+        requests.push(base.clone());
+        for k in 0..3 {
+            requests.push(Request {
+                at_ms: login_at + 1_000 + k * 2_000,
+                kind: Kind::Read,
+                ..base.clone()
+            });
+        }
+    }
+    Scenario {
+        name: "carrier_flash_crowd",
+        what: "a push notification behind one carrier NAT: every customer logs in within 5 s with the phone it used there before",
+        requests,
+        history,
+        data: false,
+    }
+}
+
 /// Every scenario at `size`.
 pub fn all(size: Size) -> Vec<Scenario> {
     vec![
@@ -766,5 +809,6 @@ pub fn all(size: Size) -> Vec<Scenario> {
         tor_brute_force(size),
         stolen_device(size),
         flash_crowd(size),
+        carrier_flash_crowd(size),
     ]
 }

@@ -10,6 +10,7 @@ use crate::on_both_backends;
 
 on_both_backends!(
     carrier_nat_hurts_no_honest_user_and_stops_both_attackers,
+    a_crowd_behind_one_carrier_address_is_not_refused,
     stuffing_over_many_networks_is_stopped_once_the_login_guard_is_on,
 );
 
@@ -59,4 +60,21 @@ async fn stuffing_over_many_networks_is_stopped_once_the_login_guard_is_on(app: 
     );
     // Only the users signing in for the first time (1 in 20) can be refused.
     assert!(engine::Report::pct(report.users) <= 5.0, "{report:?}");
+}
+
+/// 600 customers of one carrier address log in within 5 s with the phones they used there
+/// before: more logins than the address-wide ceiling holds (500), every one let through.
+async fn a_crowd_behind_one_carrier_address_is_not_refused(app: TestApp) {
+    let app = TestApp::spawn_with(app.backend, |settings| {
+        engine::scale_settings(settings, SCALE)
+    })
+    .await
+    .unwrap();
+    let size = engine::Size {
+        users: 600,
+        duration_s: 120,
+    };
+    let report = engine::run(&app, &engine::carrier_flash_crowd(size), SCALE).await;
+    // Goal: at most 0.5 % of honest users see any 429.
+    assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
 }
