@@ -407,7 +407,8 @@ impl App {
             recovery,
             settings: {
                 crate::telemetry::metrics::handle();
-                crate::telemetry::metrics::zero(&settings);
+                crate::telemetry::metrics::zero();
+                crate::limiter::Budgets::from_settings(&settings.limits).zero_metrics();
                 Arc::new(settings)
             },
             stores,

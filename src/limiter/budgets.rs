@@ -384,6 +384,36 @@ fn trim_float(value: f64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
+impl Budgets {
+    /// Every decision series of every class at zero from the start (a dashboard shows 0, not
+    /// "no data", for a class that has not limited anything yet).
+    pub fn zero_metrics(&self) {
+        use crate::telemetry::metrics::{FAIL_OPEN_TOTAL, LIMIT_DECISIONS_TOTAL};
+        for class in &self.classes {
+            let name = class.name.to_string();
+            let mut scopes: Vec<&'static str> = class
+                .budgets
+                .iter()
+                .map(|&i| self.budgets[i].scope.as_str())
+                .collect();
+            scopes.sort_unstable();
+            scopes.dedup();
+            for scope in scopes {
+                for outcome in ["allowed", "limited", "shadow_limited", "fail_open"] {
+                    metrics::counter!(LIMIT_DECISIONS_TOTAL, "class" => name.clone(), "scope" => scope, "outcome" => outcome)
+                        .increment(0);
+                }
+            }
+            let outcome = match class.fail {
+                crate::config::FailMode::Open => "fail_open",
+                crate::config::FailMode::Closed => "fail_closed",
+            };
+            metrics::counter!(FAIL_OPEN_TOTAL, "class" => name.clone(), "outcome" => outcome)
+                .increment(0);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

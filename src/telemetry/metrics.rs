@@ -408,36 +408,14 @@ pub fn render(handle: &PrometheusHandle) -> String {
     handle.render()
 }
 
-/// Every series whose labels are known at start exists from then on, at zero: a dashboard
-/// shows 0, not "no data", for a class that has not limited anything yet.
-pub fn zero(settings: &crate::config::Settings) {
+/// Every series whose labels are known without the settings exists from then on, at zero:
+/// a dashboard shows 0, not "no data" (the classes' own series:
+/// `limiter::Budgets::zero_metrics`).
+pub fn zero() {
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     // Healthy until the hot store's commands fail (store::health).
     metrics::gauge!(HOT_STORE_HEALTHY).set(1.0);
     metrics::counter!(HOT_STORE_RECONNECTS_TOTAL).increment(0);
-    let budgets = crate::limiter::Budgets::from_settings(&settings.limits);
-    for class in &budgets.classes {
-        let name = class.name.to_string();
-        let mut scopes: Vec<&'static str> = class
-            .budgets
-            .iter()
-            .map(|&i| budgets.budgets[i].scope.as_str())
-            .collect();
-        scopes.sort_unstable();
-        scopes.dedup();
-        for scope in scopes {
-            for outcome in ["allowed", "limited", "shadow_limited", "fail_open"] {
-                metrics::counter!(LIMIT_DECISIONS_TOTAL, "class" => name.clone(), "scope" => scope, "outcome" => outcome)
-                    .increment(0);
-            }
-        }
-        let outcome = match class.fail {
-            crate::config::FailMode::Open => "fail_open",
-            crate::config::FailMode::Closed => "fail_closed",
-        };
-        metrics::counter!(FAIL_OPEN_TOTAL, "class" => name.clone(), "outcome" => outcome)
-            .increment(0);
-    }
     let labelled: [(&'static str, &'static str, &[&'static str]); 12] = [
         (STORE_UNAVAILABLE_TOTAL, "store", &["durable", "hot"]),
         (
