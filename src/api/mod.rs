@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod analyst;
 pub mod attestations;
+mod automatic;
 mod console;
 mod context;
 pub mod envoy;
@@ -220,6 +221,7 @@ pub async fn serve(
     use tower::ServiceExt;
 
     let header_timeout = Duration::from_millis(state.settings.http.header_read_timeout_ms);
+    let clock = state.clock.clone();
     let app = router(state);
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -262,7 +264,10 @@ pub async fn serve(
                 app.clone().oneshot(request.map(axum::body::Body::new))
             });
         let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .serve_connection_with_upgrades(
+                TokioIo::new(automatic::Enveloped::new(stream, clock.clone())),
+                service,
+            )
             .into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

@@ -146,6 +146,35 @@ async fn errors_below_the_routes_use_the_envelope() {
         "NOT_FOUND",
     )
     .await;
+    // What hyper refuses itself, before any handler: a target over its 64 KB, more headers
+    // than it parses, a request line that is not HTTP. The envelope all the same.
+    let huge = format!(
+        "GET /healthz?{} HTTP/1.1\r\nHost: x\r\n\r\n",
+        "q".repeat(70_000)
+    );
+    let many: String = (0..300).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let many = format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{many}\r\n");
+    for (request, status) in [
+        (huge, "HTTP/1.1 414 URI Too Long\r\n"),
+        (many, "HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+        (
+            "GET /healthz HTTP/1.1\r\nHost x\r\n\r\n".to_owned(),
+            "HTTP/1.1 400 Bad Request\r\n",
+        ),
+    ] {
+        let mut stream = connect(&app).await;
+        tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+            .await
+            .unwrap();
+        let (received, _) = until_closed(&mut stream).await;
+        assert!(received.starts_with(status), "{received}");
+        let (head, body) = received.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["error"]["code"], "INVALID_ARGUMENT", "{received}");
+        let id = body["error"]["request_id"].as_str().unwrap();
+        assert!(head.contains(&format!("x-request-id: {id}")), "{head}");
+    }
     // Still serving.
     assert_eq!(app.get("/healthz", None).await.status(), StatusCode::OK);
 }
