@@ -726,9 +726,8 @@ pub fn flash_crowd(size: Size) -> Scenario {
     let mut requests = Vec::new();
     for user in 0..size.users * 2 {
         let ip = format!("10.{}.{}.{}", user / 65_536, user / 256 % 256, user % 256);
-        let login_at = 60_000 + rng.random_range(0..20_000);
-        let base = Request {
-            at_ms: login_at,
+        let login = Request {
+            at_ms: 60_000 + rng.random_range(0..20_000),
             side: Side::Honest,
             user,
             kind: Kind::Login,
@@ -736,14 +735,10 @@ pub fn flash_crowd(size: Size) -> Scenario {
             ip,
             device: Some(format!("fan-phone{user}")),
         };
-        requests.push(base.clone());
-        for k in 0..10 {
-            requests.push(Request {
-                at_ms: login_at + 1_000 + k * rng.random_range(500..3_000),
-                kind: Kind::Read,
-                ..base.clone()
-            });
-        }
+        let reads: Vec<u64> = (0..10)
+            .map(|k| 1_000 + k * rng.random_range(500..3_000))
+            .collect();
+        login_then_reads(&mut requests, login, &reads);
     }
     Scenario {
         name: "flash_crowd",
@@ -769,9 +764,8 @@ pub fn carrier_flash_crowd(size: Size) -> Scenario {
             json!({"event_id": format!("crowd-history-{user}"), "type": "login_success",
                             "account": account, "ip": nat, "device_id": device}),
         );
-        let login_at = 60_000 + rng.random_range(0..5_000);
-        let base = Request {
-            at_ms: login_at,
+        let login = Request {
+            at_ms: 60_000 + rng.random_range(0..5_000),
             side: Side::Honest,
             user,
             kind: Kind::Login,
@@ -779,14 +773,8 @@ pub fn carrier_flash_crowd(size: Size) -> Scenario {
             ip: nat.to_owned(),
             device: Some(device),
         };
-        requests.push(base.clone());
-        for k in 0..3 {
-            requests.push(Request {
-                at_ms: login_at + 1_000 + k * 2_000,
-                kind: Kind::Read,
-                ..base.clone()
-            });
-        }
+        let reads: Vec<u64> = (0..3).map(|k| 1_000 + k * 2_000).collect();
+        login_then_reads(&mut requests, login, &reads);
     }
     Scenario {
         name: "carrier_flash_crowd",
@@ -795,6 +783,18 @@ pub fn carrier_flash_crowd(size: Size) -> Scenario {
         history,
         data: false,
     }
+}
+
+/// `login`, then a read `after` each of the given milliseconds past it.
+fn login_then_reads(requests: &mut Vec<Request>, login: Request, after: &[u64]) {
+    for &ms in after {
+        requests.push(Request {
+            at_ms: login.at_ms + ms,
+            kind: Kind::Read,
+            ..login.clone()
+        });
+    }
+    requests.push(login);
 }
 
 /// Every scenario at `size`.

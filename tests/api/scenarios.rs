@@ -20,13 +20,22 @@ const SCALE: u64 = 20;
 /// Runs a scenario of 200 users over 120 simulated seconds on an app of `app`'s backend
 /// with every period divided by [`SCALE`].
 async fn run_small(app: TestApp, scenario: fn(engine::Size) -> engine::Scenario) -> engine::Report {
+    run_users(app, scenario, 200).await
+}
+
+/// [`run_small`] with `users` users.
+async fn run_users(
+    app: TestApp,
+    scenario: fn(engine::Size) -> engine::Scenario,
+    users: u32,
+) -> engine::Report {
     let app = TestApp::spawn_with(app.backend, |settings| {
         engine::scale_settings(settings, SCALE)
     })
     .await
     .unwrap();
     let size = engine::Size {
-        users: 200,
+        users,
         duration_s: 120,
     };
     engine::run(&app, &scenario(size), SCALE).await
@@ -65,16 +74,7 @@ async fn stuffing_over_many_networks_is_stopped_once_the_login_guard_is_on(app: 
 /// 600 customers of one carrier address log in within 5 s with the phones they used there
 /// before: more logins than the address-wide ceiling holds (500), every one let through.
 async fn a_crowd_behind_one_carrier_address_is_not_refused(app: TestApp) {
-    let app = TestApp::spawn_with(app.backend, |settings| {
-        engine::scale_settings(settings, SCALE)
-    })
-    .await
-    .unwrap();
-    let size = engine::Size {
-        users: 600,
-        duration_s: 120,
-    };
-    let report = engine::run(&app, &engine::carrier_flash_crowd(size), SCALE).await;
+    let report = run_users(app, engine::carrier_flash_crowd, 600).await;
     // Goal: at most 0.5 % of honest users see any 429.
     assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
 }
