@@ -237,7 +237,7 @@ impl App {
     ) -> Result<App, BuildError> {
         let stores = Stores::open(&settings).await?;
         let reputation = Arc::new(Reputation::open(
-            &Reputation::locate(&settings.data_dir),
+            &crate::reputation::locate(&settings.data_dir),
             settings.reputation.clone(),
         )?);
         let access = Access::new(

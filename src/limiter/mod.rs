@@ -10,6 +10,7 @@ pub mod bucket;
 pub mod budgets;
 mod degraded;
 mod l1;
+mod lift;
 mod memory_backend;
 mod multipliers;
 pub mod rates;
@@ -507,7 +508,7 @@ impl Limiter {
                 let contextual = self.exemptions.get().is_some()
                     && ((is_user_scope(scope) && outcome.multiplier <= 0.0)
                         || scope.network_blocked
-                        || (scope.scale > 1.0 && is_ip_scope(scope)));
+                        || (scope.scale > 1.0 && lift::is_ip_scope(scope)));
                 if outcome.enforced && !outcome.allowed && !contextual {
                     self.l1.remember(
                         &scope.bucket_key,
@@ -523,90 +524,6 @@ impl Limiter {
         decision.login_guard = !decision.allowed && scopes.iter().any(|s| s.guarded);
         decision.challenge = challenge;
         Ok(decision)
-    }
-
-    /// What the lockout-DoS rule makes of a refused request: when only its account's lock
-    /// (or deny) refused it and the account knows the context, the user scopes get the
-    /// multiplier without the lock; when only its network's block refused it and the
-    /// account knows the context, the block is taken off its IP scopes. Either way the
-    /// scopes are changed here and the challenge returned. When only a shared address's
-    /// ceiling refused it (a carrier NAT's crowd spent it) and the account knows the
-    /// device (or it is attested; the shared address itself proves nothing), the ceiling is
-    /// left out: other people's traffic never shuts a known login
-    /// out (`Some(None)`: re-checked, no challenge). None: the refusal stands.
-    async fn lift(
-        &self,
-        class_name: &str,
-        request: &LimitRequest,
-        scopes: &mut Vec<Scope>,
-        outcomes: &[RawOutcome],
-    ) -> Option<Option<Challenge>> {
-        let exemptions = self.exemptions.get()?;
-        if request.user.is_some()
-            && request.device.is_some()
-            && blocked_only_by_shared_ceiling(scopes, outcomes)
-        {
-            match exemptions.known_device(request).await {
-                Ok(true) => {
-                    scopes.retain(|s| !(s.scale > 1.0 && is_ip_scope(s)));
-                    return Some(None);
-                }
-                Ok(false) => return None,
-                Err(err) => {
-                    tracing::warn!(error.cause = %err, "known context unknown; the shared address's ceiling stands");
-                    return None;
-                }
-            }
-        }
-        let by_lock_and_network = blocked_by_lock_and_network(scopes, outcomes);
-        if blocked_only_by_user_multiplier(scopes, outcomes) || by_lock_and_network {
-            match exemptions.exemption(class_name, request).await {
-                Ok(Some(exempt)) => {
-                    for scope in scopes.iter_mut().filter(|s| is_user_scope(s)) {
-                        scope.multiplier_override = Some(sanitized(exempt.multiplier));
-                    }
-                    // The login guard or a network block refused the same known context:
-                    // one rule answers both, as `/status` does.
-                    for scope in scopes.iter_mut().filter(|s| s.network_blocked) {
-                        scope.multiplier_override = None;
-                    }
-                    return Some(Some(exempt));
-                }
-                Ok(None) => {}
-                // The lockout stands: without the rule's answer the request is a stranger's.
-                Err(err) => {
-                    tracing::warn!(error.cause = %err, "lockout exemption unknown; the block stands");
-                }
-            }
-        } else if request.user.is_some() && blocked_only_by_network(scopes, outcomes) {
-            match exemptions.known_context(request).await {
-                Ok(true) => {
-                    let guarded = scopes.iter().any(|s| s.guarded);
-                    for scope in scopes.iter_mut().filter(|s| s.network_blocked) {
-                        scope.multiplier_override = None;
-                    }
-                    let message = if guarded {
-                        "logins are guarded against credential stuffing, but the account knows this context: ask for a step-up"
-                    } else {
-                        "the network is blocked, but the account knows this context: ask for a step-up"
-                    };
-                    return Some(Some(Challenge {
-                        multiplier: 1.0,
-                        reason: crate::model::Reason::new("known_context", message),
-                        lockout_id: None,
-                    }));
-                }
-                Ok(false) => {
-                    if let Err(err) = exemptions.refused_unknown(request).await {
-                        tracing::warn!(error.cause = %err, "a refused login could not be counted");
-                    }
-                }
-                Err(err) => {
-                    tracing::warn!(error.cause = %err, "known context unknown; the network's block stands");
-                }
-            }
-        }
-        None
     }
 
     /// The raw outcome of every scope, from the hot store.
@@ -810,63 +727,6 @@ impl Scope {
 /// A scope keyed by the request's user (or account).
 fn is_user_scope(scope: &Scope) -> bool {
     matches!(scope.kind, ScopeKind::User | ScopeKind::EndpointUser)
-}
-
-/// True when the request was refused only by user scopes whose multiplier allows nothing
-/// (a lockout, a deny entry): the case the lockout-DoS rule may lift. Any other blocking
-/// scope (an IP's budget, a user's spent budget) refuses the request whatever the rule says.
-fn blocked_only_by_user_multiplier(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
-    refused_only_by(scopes, outcomes, is_lock)
-}
-
-/// A user scope blocked by its multiplier (a lockout, a deny entry).
-fn is_lock(scope: &Scope, outcome: &RawOutcome) -> bool {
-    is_user_scope(scope) && outcome.retry_after_ms.is_none()
-}
-
-/// True when some enforced scope refused and every one that did passes `blocks`.
-fn refused_only_by(
-    scopes: &[Scope],
-    outcomes: &[RawOutcome],
-    blocks: impl Fn(&Scope, &RawOutcome) -> bool,
-) -> bool {
-    let mut blocking = scopes
-        .iter()
-        .zip(outcomes)
-        .filter(|(s, o)| s.enforced && !o.allowed)
-        .peekable();
-    blocking.peek().is_some() && blocking.all(|(s, o)| blocks(s, o))
-}
-
-/// True when the refusal is an account's lock (a user scope blocked by its multiplier)
-/// together with the network's block or the login guard, and nothing else.
-fn blocked_by_lock_and_network(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
-    let refused = |pick: fn(&Scope, &RawOutcome) -> bool| {
-        scopes
-            .iter()
-            .zip(outcomes)
-            .any(|(s, o)| s.enforced && !o.allowed && pick(s, o))
-    };
-    refused(is_lock)
-        && refused(|s, _| s.network_blocked)
-        && refused_only_by(scopes, outcomes, |s, o| is_lock(s, o) || s.network_blocked)
-}
-
-/// True when every enforced scope that refused is a shared address's IP-wide ceiling.
-fn blocked_only_by_shared_ceiling(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
-    refused_only_by(scopes, outcomes, |s, o| {
-        s.scale > 1.0 && is_ip_scope(s) && o.multiplier > 0.0
-    })
-}
-
-fn is_ip_scope(scope: &Scope) -> bool {
-    matches!(scope.kind, ScopeKind::Ip | ScopeKind::EndpointIp)
-}
-
-/// True when the request was refused only by its network's block (the scopes it forced
-/// to 0): the case an account's known context may lift.
-fn blocked_only_by_network(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
-    refused_only_by(scopes, outcomes, |s, _| s.network_blocked)
 }
 
 /// A multiplier as the bucket can use it: finite and not negative (NaN blocks).
