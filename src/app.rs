@@ -147,6 +147,7 @@ impl crate::limiter::Exemptions for LockoutRule {
                     "the account is locked, but it knows this context: ask for a step-up",
                 ),
                 lockout_id: Some(e.lockout_id),
+                id: None,
             }))
         })
     }
@@ -165,16 +166,16 @@ impl crate::limiter::Exemptions for LockoutRule {
         Box::pin(self.knows(request, false))
     }
 
-    fn refused_unknown<'a>(
+    fn unknown_context<'a>(
         &'a self,
         request: &'a crate::limiter::LimitRequest,
-    ) -> futures_util::future::BoxFuture<'a, Result<(), crate::store::Error>> {
+    ) -> futures_util::future::BoxFuture<'a, Result<Option<String>, crate::store::Error>> {
         Box::pin(async move {
             let Some(account) = &request.user else {
-                return Ok(());
+                return Ok(None);
             };
             let context = login_context(account, request);
-            self.0.refused_unknown(&context).await.map_err(hot_error)
+            self.0.unknown_context(&context).await.map_err(hot_error)
         })
     }
 }

@@ -140,7 +140,7 @@ where
 pub struct AuthEvent {
     /// Unique per event: retries of a batch are recognised by it.
     pub event_id: String,
-    /// `login_failure` or `login_success`.
+    /// `login_failure`, `login_success`, or `challenge_passed` (with `challenge_id`).
     #[serde(rename = "type")]
     pub kind: String,
     /// The account tried.
@@ -156,6 +156,10 @@ pub struct AuthEvent {
     /// RFC 3339; absent = time of receipt.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ts: Option<String>,
+    /// The login challenge the person passed (`challenge_passed` only): the id the limit
+    /// check answered with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub challenge_id: Option<String>,
 }
 
 /// What an account must do now.

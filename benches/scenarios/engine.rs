@@ -6,6 +6,8 @@
 //! `POST /v1/events/auth` as the auth service would (a success, or a failure for a wrong
 //! password), in one batch per simulated second. Honest users' mistyped passwords are
 //! failures followed by a success. Nothing retries a refusal: every 429 is counted once.
+//! A login challenge is passed by honest users (reported as `challenge_passed` before the
+//! login) and never by the attacker ([`Report`]).
 //!
 //! Time runs `scale` times faster than in production, with every period of the policy
 //! (budgets, lockout and spraying windows, block and lockout lengths, the shared-address
@@ -85,20 +87,33 @@ pub struct Scenario {
 }
 
 /// What a scenario did.
+///
+/// A login challenge (`login_guard`, `network_blocked`: a context the account does not know,
+/// while the guard is on or its network is blocked) is passed by an honest user, who then logs
+/// in (the auth service reports `challenge_passed`), and never by the attacker, whose attempt
+/// ends at the step-up (its password is never checked). A `known_context` step-up is passed
+/// by whoever has the context.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
     /// Scenario name.
     pub name: &'static str,
     /// Attacker requests and how many were refused.
     pub attacker: (u64, u64),
-    /// Attacker requests after its first refusal, and how many of them were refused.
+    /// Attacker requests answered with a login challenge (never passed).
+    pub attacker_challenged: u64,
+    /// Attacker requests after it was first stopped (refused or challenged), and how many of
+    /// them were stopped.
     pub attacker_after_first: (u64, u64),
-    /// Simulated ms from the attacker's first request to its first refusal.
+    /// Simulated ms from the attacker's first request to the first time it was stopped.
     pub first_block_ms: Option<u64>,
     /// Honest requests and how many were refused.
     pub honest: (u64, u64),
+    /// Honest requests answered with a login challenge (passed).
+    pub honest_challenged: u64,
     /// Honest users, and how many saw at least one 429.
     pub users: (u64, u64),
+    /// Honest users who were asked for a login challenge at least once.
+    pub users_challenged: u64,
     /// Refusal reasons of honest requests.
     pub honest_reasons: BTreeMap<String, u64>,
     /// Wall time of the run.
@@ -207,6 +222,7 @@ pub async fn run(app: &TestApp, scenario: &Scenario, scale: u64) -> Report {
         .map(|r| r.user)
         .collect();
     let mut hurt: BTreeSet<u32> = BTreeSet::new();
+    let mut challenged: BTreeSet<u32> = BTreeSet::new();
     let mut attacker_start = None;
     let mut event_id = 0u64;
     let tick_ms = 1000;
@@ -220,21 +236,18 @@ pub async fn run(app: &TestApp, scenario: &Scenario, scale: u64) -> Report {
             let request = &requests[next];
             next += 1;
             let response = app.limit_check(&check_body(request)).await;
-            let allowed = response.status() == reqwest::StatusCode::OK;
+            let status = response.status();
             assert!(
-                allowed || response.status() == reqwest::StatusCode::TOO_MANY_REQUESTS,
-                "{}: limit check answered {}",
+                status == reqwest::StatusCode::OK
+                    || status == reqwest::StatusCode::TOO_MANY_REQUESTS,
+                "{}: limit check answered {status}",
                 scenario.name,
-                response.status()
             );
-            let reason = if allowed {
-                None
-            } else {
-                let body: Value = response.json().await.unwrap_or_default();
-                body["error"]["details"]["reason"]
-                    .as_str()
-                    .map(str::to_owned)
-            };
+            let body: Value = response.json().await.unwrap_or_default();
+            let allowed = status == reqwest::StatusCode::OK;
+            // A login challenge (with an id), as opposed to a known context's step-up.
+            let challenge = body["challenge"]["id"].as_str().map(str::to_owned);
+            let stopped = !allowed || (challenge.is_some() && request.side == Side::Attacker);
             match request.side {
                 Side::Attacker => {
                     report.attacker.0 += 1;
@@ -244,6 +257,10 @@ pub async fn run(app: &TestApp, scenario: &Scenario, scale: u64) -> Report {
                     }
                     if !allowed {
                         report.attacker.1 += 1;
+                    } else if challenge.is_some() {
+                        report.attacker_challenged += 1;
+                    }
+                    if stopped {
                         if report.first_block_ms.is_some() {
                             report.attacker_after_first.1 += 1;
                         }
@@ -255,29 +272,38 @@ pub async fn run(app: &TestApp, scenario: &Scenario, scale: u64) -> Report {
                     if !allowed {
                         report.honest.1 += 1;
                         hurt.insert(request.user);
-                        *report
-                            .honest_reasons
-                            .entry(reason.unwrap_or_else(|| "-".to_owned()))
-                            .or_default() += 1;
+                        let reason = body["error"]["details"]["reason"].as_str().unwrap_or("-");
+                        *report.honest_reasons.entry(reason.to_owned()).or_default() += 1;
+                    } else if challenge.is_some() {
+                        report.honest_challenged += 1;
+                        challenged.insert(request.user);
                     }
                 }
             }
-            if allowed && matches!(request.kind, Kind::Login | Kind::BadLogin) {
-                event_id += 1;
-                let kind = if request.kind == Kind::Login {
-                    "login_success"
-                } else {
-                    "login_failure"
-                };
+            if !stopped && matches!(request.kind, Kind::Login | Kind::BadLogin) {
                 let mut event = json!({
-                    "event_id": format!("{}-{event_id}", scenario.name),
-                    "type": kind,
                     "account": request.account,
                     "ip": request.ip,
                 });
                 if let Some(device) = &request.device {
                     event["device_id"] = json!(device);
                 }
+                if let Some(id) = &challenge {
+                    // The person passed the step-up: the context is known from now on.
+                    event_id += 1;
+                    let mut passed = event.clone();
+                    passed["event_id"] = json!(format!("{}-{event_id}", scenario.name));
+                    passed["type"] = json!("challenge_passed");
+                    passed["challenge_id"] = json!(id);
+                    events.push(passed);
+                }
+                event_id += 1;
+                event["event_id"] = json!(format!("{}-{event_id}", scenario.name));
+                event["type"] = json!(if request.kind == Kind::Login {
+                    "login_success"
+                } else {
+                    "login_failure"
+                });
                 events.push(event);
             }
         }
@@ -299,6 +325,7 @@ pub async fn run(app: &TestApp, scenario: &Scenario, scale: u64) -> Report {
         now_ms = tick_end;
     }
     report.users = (honest_users.len() as u64, hurt.len() as u64);
+    report.users_challenged = challenged.len() as u64;
     report.wall = started.elapsed();
     report
 }

@@ -101,8 +101,8 @@ fn render(rows: &[(&str, Backend, Report)], scale: u64) -> String {
          default policy divided by {scale}; 300 simulated seconds per scenario.\n"
     );
     out.push_str(
-        "| scenario | backend | attacker requests | refused | refused after the first refusal | first refusal after | honest requests refused | honest users who saw a 429 |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| scenario | backend | attacker requests | refused | challenged, never passed | stopped after it was first stopped | first stopped after | honest requests refused | honest users refused (a 429) | honest users challenged |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (what, backend, r) in rows {
         let backend = match backend {
@@ -113,23 +113,25 @@ fn render(rows: &[(&str, Backend, Report)], scale: u64) -> String {
             format!("{:.0} s", ms as f64 / 1000.0)
         });
         let attacker = if r.attacker.0 == 0 {
-            "– | – | – | –".to_owned()
+            "– | – | – | – | –".to_owned()
         } else {
             format!(
-                "{} | {:.1} % | {:.1} % | {first}",
+                "{} | {:.1} % | {:.1} % | {:.1} % | {first}",
                 r.attacker.0,
                 Report::pct(r.attacker),
+                Report::pct((r.attacker.0, r.attacker_challenged)),
                 Report::pct(r.attacker_after_first),
             )
         };
         let _ = writeln!(
             out,
-            "| `{}`: {what} | {backend} | {attacker} | {:.2} % of {} | {:.2} % of {} |",
+            "| `{}`: {what} | {backend} | {attacker} | {:.2} % of {} | {:.2} % of {} | {:.2} % |",
             r.name,
             Report::pct(r.honest),
             r.honest.0,
             Report::pct(r.users),
             r.users.0,
+            Report::pct((r.users.0, r.users_challenged)),
         );
     }
     out

@@ -206,10 +206,10 @@ pub(super) async fn timeline(
         });
     }
     for (event_id, kind, ip, device_id, endpoint, ts, received) in events {
-        let what = if kind == "login_failure" {
-            "Failed login"
-        } else {
-            "Successful login"
+        let what = match kind.as_str() {
+            "login_failure" => "Failed login",
+            "challenge_passed" => "Login challenge passed",
+            _ => "Successful login",
         };
         let device = device_id
             .as_deref()
@@ -294,7 +294,7 @@ pub struct EventQuery {
     pub ips: Option<Vec<String>>,
     /// Only naming this device.
     pub device_id: Option<String>,
-    /// Only `login_failure` or `login_success`.
+    /// Only `login_failure`, `login_success` or `challenge_passed`.
     pub kind: Option<String>,
     /// Only at or after this Unix ms (event time).
     pub since_ms: Option<i64>,
@@ -311,7 +311,7 @@ pub struct EventQuery {
 pub struct AuthEvent {
     /// The auth service's id.
     pub event_id: String,
-    /// `login_failure` or `login_success`.
+    /// `login_failure`, `login_success` or `challenge_passed`.
     pub kind: String,
     /// Canonical account.
     pub account: String,

@@ -641,9 +641,12 @@ pub struct EventParams {
     pub asn: Option<String>,
     /// Only naming this device.
     pub device_id: Option<String>,
-    /// `login_failure` or `login_success`.
+    /// `login_failure`, `login_success` or `challenge_passed`.
     #[serde(rename = "type")]
-    #[param(rename = "type", pattern = "^(login_failure|login_success)$")]
+    #[param(
+        rename = "type",
+        pattern = "^(login_failure|login_success|challenge_passed)$"
+    )]
     pub kind: Option<String>,
     /// Only events at or after this RFC 3339 time.
     #[param(format = DateTime)]
@@ -709,11 +712,10 @@ async fn search_events(
         .transpose()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     if let Some(kind) = &params.kind
-        && kind != "login_failure"
-        && kind != "login_success"
+        && !["login_failure", "login_success", "challenge_passed"].contains(&kind.as_str())
     {
         return Err(ApiError::invalid(
-            "type must be login_failure or login_success",
+            "type must be login_failure, login_success or challenge_passed",
         ));
     }
     let asn = params.asn.as_deref().map(parse_asn).transpose()?;

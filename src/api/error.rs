@@ -320,6 +320,11 @@ impl From<crate::ingest::Error> for ApiError {
                 ),
             )
             .with_details(serde_json::json!({ "errors": errors })),
+            crate::ingest::Error::Challenges(errors) => ApiError::invalid(format!(
+                "{} challenge_passed events name no challenge issued for their account; nothing was stored",
+                errors.len()
+            ))
+            .with_details(serde_json::json!({ "errors": errors })),
         }
     }
 }

@@ -26,9 +26,9 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuthBatch {
-    /// 1–1000 events `{event_id, type: login_failure|login_success, account, ip, device_id?,
-    /// endpoint?, ts?}` (`ts` RFC 3339; absent = time of receipt; at most 24 h old or 5 min
-    /// ahead).
+    /// 1–1000 events `{event_id, type: login_failure|login_success|challenge_passed, account,
+    /// ip, device_id?, endpoint?, ts?, challenge_id?}` (`ts` RFC 3339; absent = time of
+    /// receipt; at most 24 h old or 5 min ahead; `challenge_id` with `challenge_passed` only).
     #[schema(value_type = Vec<AuthEventDoc>, min_items = 1, max_items = 1000)]
     pub events: Vec<Box<serde_json::value::RawValue>>,
 }
@@ -41,8 +41,13 @@ pub struct AuthEventDoc {
     /// Idempotency key: a retried event counts once.
     #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,128}$")]
     event_id: String,
-    /// `login_failure` or `login_success`.
-    #[schema(rename = "type", pattern = "^login_(failure|success)$")]
+    /// `login_failure`, `login_success`, or `challenge_passed`: the person passed the
+    /// step-up of a login challenge (`challenge_id`), and the context becomes known to the
+    /// account (not a login: no window counts it).
+    #[schema(
+        rename = "type",
+        pattern = "^(login_failure|login_success|challenge_passed)$"
+    )]
     kind: String,
     /// The account tried.
     #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
@@ -59,6 +64,11 @@ pub struct AuthEventDoc {
     /// When it happened (RFC 3339); absent = time of receipt; at most 24 h old or 5 min ahead.
     #[schema(format = DateTime)]
     ts: Option<String>,
+    /// With `challenge_passed` (required there, refused elsewhere): the id of the login
+    /// challenge the limit check answered (`challenge.id`, `X-Palisade-Challenge-Id`),
+    /// issued for this account within `lockout.challenge_ttl_s`; else 400.
+    #[schema(pattern = "^[0-9A-Za-z]{1,64}$")]
+    challenge_id: Option<String>,
 }
 
 /// One served request (telemetry).

@@ -25,9 +25,15 @@ use crate::model::ClientIp;
 pub const DEGRADED_HEADER: &str = "x-palisade-degraded";
 /// `X-Palisade-Shadow`: shadow budgets that would have blocked (comma-separated names).
 pub const SHADOW_HEADER: &str = "x-palisade-shadow";
-/// `X-Palisade-Challenge: known_context`: the account is locked but knows this context; the
-/// request passes and the gateway should ask for a step-up (the lockout-DoS rule).
+/// `X-Palisade-Challenge`: the request passes and the app should ask for a step-up.
+///
+/// `known_context` (the account is locked but knows this context: the lockout-DoS rule),
+/// `login_guard` or `network_blocked` (a context the account does not know, during
+/// stuffing or a network's spraying block).
 pub const CHALLENGE_HEADER: &str = "x-palisade-challenge";
+/// `X-Palisade-Challenge-Id`: a login challenge's id, for the auth service's
+/// `challenge_passed` event.
+pub const CHALLENGE_ID_HEADER: &str = "x-palisade-challenge-id";
 
 fn value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
@@ -117,6 +123,9 @@ pub fn headers(decision: &Decision) -> HeaderMap {
     }
     if let Some(challenge) = &decision.challenge {
         headers.insert(CHALLENGE_HEADER, value(&challenge.reason.code));
+        if let Some(id) = &challenge.id {
+            headers.insert(CHALLENGE_ID_HEADER, value(id));
+        }
     }
     if !decision.shadow_blocked.is_empty() {
         let names: Vec<&str> = decision

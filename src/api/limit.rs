@@ -94,10 +94,13 @@ pub struct LimitAllowed {
     /// Shadow budgets that would have blocked this request.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shadow_blocked: Vec<String>,
-    /// Present when the account is locked but knows this context (a recent login from this
-    /// device, IP or network, or an attested device): the request passes under the account's
-    /// budget without the lockout, and the gateway should ask for a step-up. Also sent as
-    /// `X-Palisade-Challenge`.
+    /// Present when the request passes on condition of a step-up (also sent as
+    /// `X-Palisade-Challenge`, and the id as `X-Palisade-Challenge-Id`): `known_context`,
+    /// the account is locked but knows this context (a recent login from this device, IP or
+    /// network, or an attested device); `login_guard` or `network_blocked`, a login from a
+    /// context the account does not know while the service is under credential stuffing or
+    /// its network is blocked for spraying. A login challenge carries an `id`: the auth
+    /// service reports it as `challenge_passed` once the person passed the step-up.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub challenge: Option<ChallengeView>,
 }
@@ -105,13 +108,17 @@ pub struct LimitAllowed {
 /// Why an allowed request should be challenged.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChallengeView {
-    /// `known_context`.
+    /// `known_context`, `login_guard` or `network_blocked`.
     pub code: String,
     /// A sentence.
     pub message: String,
     /// The lockout the context is exempt from (absent for a network's block).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lockout_id: Option<String>,
+    /// A login challenge's id (`login_guard`, `network_blocked`), valid
+    /// `lockout.challenge_ttl_s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, ApiError> {
@@ -257,6 +264,7 @@ pub(super) fn respond(decision: &Decision) -> Result<(HeaderMap, Json<LimitAllow
                 code: c.reason.code.clone(),
                 message: c.reason.message.clone(),
                 lockout_id: c.lockout_id.clone(),
+                id: c.id.clone(),
             }),
         }),
     ))

@@ -16,6 +16,19 @@ pub enum Escalation {
     None,
 }
 
+/// What a login from a context its account does not know gets while its network is
+/// blocked or the login guard is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownContext {
+    /// Allowed with a challenge (`login_guard` or `network_blocked`, and a challenge id):
+    /// the app asks for a step-up it already has, and the auth service reports
+    /// `challenge_passed`, which makes the context known to the account.
+    Challenge,
+    /// Refused (429 `login_guard` or `ip_blocked`).
+    Refuse,
+}
+
 /// The `[lockout]` section. Defaults are DESIGN.md's "Default policy".
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -72,6 +85,13 @@ pub struct LockoutSettings {
     /// Failures from one IP (any accounts) in the window that tighten the IP on the `auth`
     /// class by `failure_factor`. Default 50.
     pub ip_failures: u32,
+    /// What a login from a context its account does not know gets while the login guard
+    /// is on or its network is blocked for spraying: `challenge` (allowed with a step-up
+    /// challenge the app can pass; unsolved ones count as failures) or `refuse`. Default
+    /// `challenge`.
+    pub unknown_context: UnknownContext,
+    /// How long a login challenge can be reported passed, seconds. Default 600.
+    pub challenge_ttl_s: u64,
     /// The service-wide login guard against stuffing spread over many networks
     /// (`[lockout.stuffing]`).
     pub stuffing: StuffingSettings,
@@ -153,6 +173,8 @@ impl Default for LockoutSettings {
             retention_days: 30,
             failure_factor: 0.5,
             ip_failures: 50,
+            unknown_context: UnknownContext::Challenge,
+            challenge_ttl_s: 600,
             stuffing: StuffingSettings::default(),
         }
     }
@@ -176,6 +198,7 @@ impl LockoutSettings {
             ("lockout.known_for_days", self.known_for_days),
             ("lockout.retention_days", self.retention_days),
             ("lockout.ip_failures", u64::from(self.ip_failures)),
+            ("lockout.challenge_ttl_s", self.challenge_ttl_s),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(SettingError::new(setting_name(key), "must be at least 1"));

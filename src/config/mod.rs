@@ -33,7 +33,7 @@ pub use integrations::{CrowdsecSettings, EnvoySettings, ForwardAuthSettings};
 pub use limits::{
     BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, SharedIpSettings, When,
 };
-pub use lockout::{Escalation, LockoutSettings, StuffingSettings};
+pub use lockout::{Escalation, LockoutSettings, StuffingSettings, UnknownContext};
 pub use privacy::PrivacySettings;
 pub use record::RecordSettings;
 pub use reputation::{RangeFormat, ReputationSettings, SourceSettings};

@@ -39,6 +39,9 @@ pub enum AuthKind {
     LoginFailure,
     /// A login that succeeded.
     LoginSuccess,
+    /// The person passed the step-up of a login challenge (`challenge_id`): the context
+    /// becomes known to the account; not a login (no window counts it).
+    ChallengePassed,
 }
 
 impl AuthKind {
@@ -47,6 +50,7 @@ impl AuthKind {
         match self {
             AuthKind::LoginFailure => "login_failure",
             AuthKind::LoginSuccess => "login_success",
+            AuthKind::ChallengePassed => "challenge_passed",
         }
     }
 }
@@ -74,6 +78,8 @@ pub struct RawAuthEvent {
     endpoint: Option<String>,
     #[serde(default)]
     ts: Option<String>,
+    #[serde(default)]
+    challenge_id: Option<String>,
 }
 
 /// A validated auth event.
@@ -96,6 +102,9 @@ pub struct AuthEvent {
     pub ts_ms: i64,
     /// The caller sent `ts` (a retry is compared on it only then).
     pub ts_given: bool,
+    /// The login challenge passed (`challenge_passed` only; checked against the challenges
+    /// issued before the batch is stored, not stored itself).
+    pub challenge_id: Option<String>,
 }
 
 impl AuthEvent {
@@ -106,6 +115,7 @@ impl AuthEvent {
             event_id: &self.event_id,
             ts_ms: self.ts_ms,
             failure: self.kind == AuthKind::LoginFailure,
+            step_up: self.kind == AuthKind::ChallengePassed,
         }
     }
 }
@@ -118,6 +128,7 @@ impl store::StoredEvent {
         let kind = match self.kind.as_str() {
             "login_failure" => AuthKind::LoginFailure,
             "login_success" => AuthKind::LoginSuccess,
+            "challenge_passed" => AuthKind::ChallengePassed,
             _ => return None,
         };
         Some(AuthEvent {
@@ -138,6 +149,7 @@ impl store::StoredEvent {
             endpoint: self.endpoint.clone(),
             ts_ms: self.ts,
             ts_given: true,
+            challenge_id: None,
         })
     }
 }
@@ -249,6 +261,20 @@ fn validate(raw: RawAuthEvent, now_ms: i64, limits: Limits) -> Result<AuthEvent,
     if raw.endpoint.as_ref().is_some_and(|e| e.len() > 2048) {
         return Err("endpoint is longer than 2048 bytes".to_owned());
     }
+    match (raw.kind, &raw.challenge_id) {
+        (AuthKind::ChallengePassed, None) => {
+            return Err(
+                "challenge_passed needs the challenge_id of the limit check's challenge".to_owned(),
+            );
+        }
+        (AuthKind::ChallengePassed, Some(id)) if !crate::lockout::challenge_id_valid(id) => {
+            return Err(format!("challenge_id {id:.40?} is not a challenge id"));
+        }
+        (AuthKind::LoginFailure | AuthKind::LoginSuccess, Some(_)) => {
+            return Err("challenge_id belongs to challenge_passed events only".to_owned());
+        }
+        _ => {}
+    }
     let ts_ms = parse_ts(raw.ts.as_deref(), now_ms)?;
     if ts_ms < now_ms - MAX_AGE_MS {
         return Err("ts is more than 24 h in the past".to_owned());
@@ -271,6 +297,7 @@ fn validate(raw: RawAuthEvent, now_ms: i64, limits: Limits) -> Result<AuthEvent,
         endpoint: raw.endpoint,
         ts_given: raw.ts.is_some(),
         ts_ms,
+        challenge_id: raw.challenge_id,
     })
 }
 
@@ -340,6 +367,10 @@ pub enum Error {
     /// Events reuse an id stored before with other content; nothing was stored.
     #[error("{} events reuse an event_id stored with other content; nothing was stored", .0.len())]
     Conflict(Vec<EventError>),
+    /// `challenge_passed` events name challenges not issued for their accounts (or
+    /// expired); nothing was stored.
+    #[error("{} challenge_passed events name no challenge issued for their account; nothing was stored", .0.len())]
+    Challenges(Vec<EventError>),
 }
 
 /// The result of an accepted telemetry batch.
@@ -384,6 +415,36 @@ impl Ingest {
         self.clock.now_ms()
     }
 
+    /// Every `challenge_passed` of the batch names a challenge issued for its account.
+    async fn check_challenges(&self, events: &[AuthEvent]) -> Result<(), Error> {
+        let passed: Vec<(usize, (&SubjectKey, &str))> = events
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| Some((i, (&e.context.account, e.challenge_id.as_deref()?))))
+            .collect();
+        if passed.is_empty() {
+            return Ok(());
+        }
+        let asked: Vec<(&SubjectKey, &str)> = passed.iter().map(|(_, c)| *c).collect();
+        let checked = self.lockouts.check_challenges(&asked).await?;
+        let errors: Vec<EventError> = passed
+            .iter()
+            .zip(checked)
+            .filter_map(|((index, _), result)| {
+                let rejection = result.err()?;
+                Some(EventError {
+                    index: *index,
+                    reason: rejection.message().to_owned(),
+                })
+            })
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Challenges(errors))
+        }
+    }
+
     /// Stores a parsed batch (idempotent by `event_id`), then feeds every event to the
     /// lockout signals and answers each account's status.
     ///
@@ -391,6 +452,7 @@ impl Ingest {
     /// Redis), account by account and each account's events in time order; the statuses
     /// are one more call and one pipeline.
     pub async fn auth_events(&self, events: Vec<AuthEvent>) -> Result<Outcome, Error> {
+        self.check_challenges(&events).await?;
         let now = self.clock.now_ms();
         for event in &events {
             metrics::histogram!(names::INGEST_LAG_SECONDS, "source" => "auth")
@@ -445,6 +507,14 @@ impl Ingest {
             }
         };
         let duplicates = events.len() as u64 - accepted;
+        if duplicates == 0 {
+            Lockouts::challenges_passed(
+                events
+                    .iter()
+                    .filter(|e| e.kind == AuthKind::ChallengePassed)
+                    .count(),
+            );
+        }
         let statuses = self.lockouts.settle(&ordered, &latest, recorded?).await?;
         let decisions = groups
             .iter()

@@ -243,11 +243,11 @@ pub(super) async fn prune_request_batches(
     Ok(deleted)
 }
 
-/// Events a hot-store rebuild replays: successes from `successes_since`, failures from
-/// `failures_since`, after `(ts, event_id)`, oldest first.
+/// Events a hot-store rebuild replays: successes and passed challenges (known contexts) from
+/// `successes_since`, failures from `failures_since`, after `(ts, event_id)`, oldest first.
 const REPLAY: &str = "SELECT event_id, kind, account, ip, device_id, endpoint, ts FROM auth_events \
     WHERE ts >= $1 AND (ts, event_id) > ($2, $3) \
-      AND (kind = 'login_success' OR ts >= $4) \
+      AND (kind <> 'login_failure' OR ts >= $4) \
     ORDER BY ts, event_id LIMIT $5";
 
 /// A page of the events a rebuild of the hot store's windows replays (see [`REPLAY`]).

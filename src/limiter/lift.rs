@@ -13,7 +13,10 @@ impl Limiter {
     /// ceiling refused it (a carrier NAT's crowd spent it) and the account knows the
     /// device (or it is attested; the shared address itself proves nothing), the ceiling is
     /// left out: other people's traffic never shuts a known login
-    /// out (`Some(None)`: re-checked, no challenge). None: the refusal stands.
+    /// out (`Some(None)`: re-checked, no challenge). When only its network's block or the
+    /// login guard refused it and the account does not know the context, it gets a login
+    /// challenge instead (unless `lockout.unknown_context = "refuse"`). None: the refusal
+    /// stands.
     pub(super) async fn lift(
         &self,
         class_name: &str,
@@ -59,32 +62,58 @@ impl Limiter {
                 }
             }
         } else if request.user.is_some() && blocked_only_by_network(scopes, outcomes) {
-            match exemptions.known_context(request).await {
+            let guarded = scopes.iter().any(|s| s.guarded);
+            let challenge = match exemptions.known_context(request).await {
                 Ok(true) => {
-                    let guarded = scopes.iter().any(|s| s.guarded);
-                    for scope in scopes.iter_mut().filter(|s| s.network_blocked) {
-                        scope.multiplier_override = None;
-                    }
                     let message = if guarded {
                         "logins are guarded against credential stuffing, but the account knows this context: ask for a step-up"
                     } else {
                         "the network is blocked, but the account knows this context: ask for a step-up"
                     };
-                    return Some(Some(Challenge {
+                    Challenge {
                         multiplier: 1.0,
                         reason: crate::model::Reason::new("known_context", message),
                         lockout_id: None,
-                    }));
-                }
-                Ok(false) => {
-                    if let Err(err) = exemptions.refused_unknown(request).await {
-                        tracing::warn!(error.cause = %err, "a refused login could not be counted");
+                        id: None,
                     }
                 }
+                // A stranger's context, as stuffing looks, and as a first sign-in does: a
+                // challenge the person can pass and the attacker cannot.
+                Ok(false) => match exemptions.unknown_context(request).await {
+                    Ok(Some(id)) => {
+                        let (code, message) = if guarded {
+                            (
+                                "login_guard",
+                                "logins are guarded against credential stuffing and the account does not know this context: ask for a step-up, then report challenge_passed",
+                            )
+                        } else {
+                            (
+                                "network_blocked",
+                                "the network is blocked for password spraying and the account does not know this context: ask for a step-up, then report challenge_passed",
+                            )
+                        };
+                        Challenge {
+                            multiplier: 1.0,
+                            reason: crate::model::Reason::new(code, message),
+                            lockout_id: None,
+                            id: Some(id),
+                        }
+                    }
+                    Ok(None) => return None,
+                    Err(err) => {
+                        tracing::warn!(error.cause = %err, "a login from an unknown context could not be counted; the block stands");
+                        return None;
+                    }
+                },
                 Err(err) => {
                     tracing::warn!(error.cause = %err, "known context unknown; the network's block stands");
+                    return None;
                 }
+            };
+            for scope in scopes.iter_mut().filter(|s| s.network_blocked) {
+                scope.multiplier_override = None;
             }
+            return Some(Some(challenge));
         }
         None
     }

@@ -56,8 +56,11 @@ pub struct Challenge {
     pub multiplier: f64,
     /// Why (`known_context`).
     pub reason: crate::model::Reason,
-    /// The lockout the context is exempt from (None: a network's block).
+    /// The lockout the context is exempt from (None: a network's block or the guard).
     pub lockout_id: Option<String>,
+    /// A login challenge's id, for a context the account does not know: the auth service
+    /// reports it passed (`challenge_passed`), and the context becomes known.
+    pub id: Option<String>,
 }
 
 /// The socket the lockout-DoS rule plugs into (the limiter never imports lockout; `app`
@@ -85,12 +88,14 @@ pub trait Exemptions: Send + Sync + std::fmt::Debug {
         request: &'a LimitRequest,
     ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>>;
 
-    /// Notes a login the network's block or the login guard refused from a context its
-    /// account does not know: evidence that the attack goes on while it is stopped.
-    fn refused_unknown<'a>(
+    /// Notes a login the network's block or the login guard stopped from a context its
+    /// account does not know (evidence that the attack goes on while it is stopped), and
+    /// issues the login challenge it gets instead of a refusal: its id, or None when such
+    /// logins are refused (`lockout.unknown_context = "refuse"`).
+    fn unknown_context<'a>(
         &'a self,
         request: &'a LimitRequest,
-    ) -> futures_util::future::BoxFuture<'a, Result<(), crate::store::Error>>;
+    ) -> futures_util::future::BoxFuture<'a, Result<Option<String>, crate::store::Error>>;
 }
 
 /// Which devices hold a fresh attestation verdict of device integrity or better.
@@ -190,8 +195,9 @@ pub struct Decision {
     pub shadow_blocked: Vec<usize>,
     /// Answered from the L1 cache of blocked buckets.
     pub cached: bool,
-    /// The account is locked but knows this context: allowed as if not locked, and the
-    /// gateway should ask for a step-up (the lockout-DoS rule).
+    /// Allowed on condition of a step-up: the account is locked but knows this context
+    /// (the lockout-DoS rule), or the login guard or the network's block stopped a context
+    /// the account does not know (a login challenge with an id).
     pub challenge: Option<Challenge>,
     /// Refused by the service-wide login guard (a login from a context its account does not
     /// know while the service is under credential stuffing).

@@ -11,6 +11,7 @@
 //! [`Lockouts::status`] and, through [`Lockouts::exemption`], the limiter (and with it
 //! Envoy and forward-auth) apply the same rule.
 
+mod challenges; // login challenges for contexts an account does not know
 mod locks; // storing and announcing lockouts (one instance wins each)
 pub mod policy; // the pure decision: counts in, action and reasons out
 mod record; // a batch's window operations and each failure's consequences
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use challenges::{ChallengeRejection, challenge_id_valid};
 pub use policy::{Action, Reason};
 
 use crate::audit::{Actor, Audit};
@@ -172,8 +174,11 @@ pub struct LoginEvent<'a> {
     pub event_id: &'a str,
     /// When, Unix ms.
     pub ts_ms: i64,
-    /// A failure (else a success).
+    /// A failure (else a success, or a passed challenge).
     pub failure: bool,
+    /// A passed login challenge (`challenge_passed`): the context becomes known to the
+    /// account, and nothing else is counted (it is not a login).
+    pub step_up: bool,
 }
 
 /// Why a lockout operation failed.
@@ -320,6 +325,8 @@ impl Lockouts {
             let start = steps.len();
             if event.failure {
                 self.failure_steps(event, now, &mut steps);
+            } else if event.step_up {
+                self.known_steps(event, now, &mut steps);
             } else {
                 self.success_steps(event, now, &mut steps);
             }
@@ -469,9 +476,9 @@ impl Lockouts {
         });
     }
 
-    /// A success's operations: its IP and device become known to the account (the
-    /// lockout-DoS rule), and the account+IP / account+device failure windows are cleared.
-    fn success_steps(&self, event: &LoginEvent<'_>, now: i64, steps: &mut Vec<Step>) {
+    /// The event's IP, network and device become known to the account (the lockout-DoS
+    /// rule; a success and a passed challenge).
+    fn known_steps(&self, event: &LoginEvent<'_>, now: i64, steps: &mut Vec<Step>) {
         let context = event.context;
         let at = event.ts_ms.min(now);
         let ip = context.ip_key.to_string();
@@ -482,6 +489,14 @@ impl Lockouts {
             let device = device.to_string();
             steps.push(self.known_step(&context.account, &device, at, WindowAction::Record));
         }
+    }
+
+    /// A success's operations: its IP and device become known to the account (the
+    /// lockout-DoS rule), and the account+IP / account+device failure windows are cleared.
+    fn success_steps(&self, event: &LoginEvent<'_>, now: i64, steps: &mut Vec<Step>) {
+        let context = event.context;
+        let at = event.ts_ms.min(now);
+        self.known_steps(event, now, steps);
         for window in self.context_windows(context).into_iter().skip(1) {
             steps.push(Step {
                 action: WindowAction::Delete,

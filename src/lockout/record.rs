@@ -65,6 +65,7 @@ impl Lockouts {
             event_id,
             ts_ms,
             failure: true,
+            step_up: false,
         }])
         .await
     }
@@ -252,6 +253,7 @@ impl Lockouts {
             event_id: "",
             ts_ms,
             failure: false,
+            step_up: false,
         }])
         .await
     }
@@ -352,7 +354,7 @@ impl Lockouts {
         let guard = self.scoring.login_guard();
         let horizon = now.saturating_sub(guard.window_ms());
         let (mut failures, mut successes) = (0, 0);
-        for event in events.iter().filter(|e| e.ts_ms >= horizon) {
+        for event in events.iter().filter(|e| e.ts_ms >= horizon && !e.step_up) {
             if event.failure {
                 failures += 1;
             } else {
@@ -368,7 +370,8 @@ impl Lockouts {
                     &mut planned,
                     &mut networks,
                 );
-            } else if shared_ips.settings().enabled
+            } else if !event.step_up
+                && shared_ips.settings().enabled
                 && counts[span.clone()]
                     .last()
                     .is_some_and(|c| c.0 >= min_accounts)

@@ -4,6 +4,7 @@
 
 use super::locks::PERMANENT_MS;
 use super::*;
+use crate::config::UnknownContext;
 
 impl Lockouts {
     /// Per context: whether the account knows it (the lockout-DoS rule, the one place it is
@@ -113,10 +114,45 @@ impl Lockouts {
     }
 
     /// What the auth service must do for a login attempt in this context, from the hot store
-    /// only (no SQL per login).
+    /// only (no SQL per login). While the login guard is on or the context's network is
+    /// blocked, an account not otherwise challenged gets the limit check's answer: a
+    /// step-up (`known_context`, or `login_guard` / `network_blocked` for a context it does
+    /// not know; the challenge id comes with the limit check), or under
+    /// `lockout.unknown_context = "refuse"` a stranger's lockout.
     pub async fn status(&self, context: &LoginContext) -> Result<AccountStatus, Error> {
         let mut statuses = self.statuses(std::slice::from_ref(context)).await?;
-        Ok(statuses.pop().expect("one status per context"))
+        let mut status = statuses.pop().expect("one status per context");
+        if status.action == Action::None
+            && let Some(code) = self.scoring.logins_stopped(&context.ip)
+        {
+            let known = self.knows(context).await?;
+            let (action, reason) = match (known, self.settings.unknown_context) {
+                (true, _) => (
+                    Action::Challenge,
+                    Reason::new(
+                        "known_context",
+                        "logins are stopped from contexts their accounts do not know, but the account knows this one: challenge",
+                    ),
+                ),
+                (false, UnknownContext::Challenge) => (
+                    Action::Challenge,
+                    Reason::new(
+                        code,
+                        "a context the account does not know, while logins are guarded: challenge, and report challenge_passed",
+                    ),
+                ),
+                (false, UnknownContext::Refuse) => (
+                    Action::Lockout,
+                    Reason::new(
+                        code,
+                        "a context the account does not know, while logins are guarded: refuse",
+                    ),
+                ),
+            };
+            status.action = action;
+            status.reasons.push(reason);
+        }
+        Ok(status)
     }
 
     /// [`Lockouts::status`] of many attempts at once: every window count in one hot-store

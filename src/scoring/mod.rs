@@ -273,6 +273,18 @@ impl Engine {
     pub fn set_asn_lookup(&self, lookup: Arc<dyn AsnLookup>) {
         let _ = self.asn_lookup.set(lookup);
     }
+    /// Why a login from `ip` by a context its account does not know is stopped now, as the
+    /// limiter words it: `network_blocked` (its network or ASN is blocked for spraying),
+    /// `login_guard` (the service-wide guard is on), or None.
+    pub fn logins_stopped(&self, ip: &crate::model::ClientIp) -> Option<&'static str> {
+        if self.networks.is_blocked(ip, || self.asn_of(ip.addr())) {
+            Some("network_blocked")
+        } else if self.guard.is_active() {
+            Some("login_guard")
+        } else {
+            None
+        }
+    }
 
     /// The ASN of `ip`, when a lookup is installed and knows it.
     pub fn asn_of(&self, ip: IpAddr) -> Option<u32> {

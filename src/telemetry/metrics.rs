@@ -101,6 +101,10 @@ pub const HISTORY_DROPPED_TOTAL: &str = "palisade_history_dropped_total";
 pub const LOGIN_GUARD_ACTIVATIONS_TOTAL: &str = "palisade_login_guard_activations_total";
 /// 1 while the service-wide login guard is on, else 0.
 pub const LOGIN_GUARD_ACTIVE: &str = "palisade_login_guard_active";
+/// Login challenges issued to contexts their accounts did not know while the login guard
+/// was on or their network was blocked (`event="issued"`), and reported passed
+/// (`event="passed"`).
+pub const LOGIN_CHALLENGES_TOTAL: &str = "palisade_login_challenges_total";
 /// Network and ASN blocks renewed because their spraying went on while blocked.
 pub const NETWORK_BLOCK_RENEWALS_TOTAL: &str = "palisade_network_block_renewals_total";
 
@@ -109,6 +113,7 @@ pub const ALL: &[&str] = &[
     BUILD_INFO,
     LOGIN_GUARD_ACTIVATIONS_TOTAL,
     LOGIN_GUARD_ACTIVE,
+    LOGIN_CHALLENGES_TOTAL,
     NETWORK_BLOCK_RENEWALS_TOTAL,
     HISTORY_ENTRIES_TOTAL,
     HISTORY_DROPPED_TOTAL,
@@ -342,6 +347,10 @@ fn describe() {
         LOGIN_GUARD_ACTIVATIONS_TOTAL,
         "Times the service-wide login guard turned on"
     );
+    metrics::describe_counter!(
+        LOGIN_CHALLENGES_TOTAL,
+        "Login challenges issued to unknown contexts under the login guard or a network block, and passed"
+    );
     metrics::describe_gauge!(
         LOGIN_GUARD_ACTIVE,
         "1 while the service-wide login guard refuses logins from unknown contexts"
@@ -462,6 +471,9 @@ pub fn zero() {
     for kind in ["ip", "user", "device"] {
         metrics::counter!(ANOMALIES_TOTAL, "kind" => kind).increment(0);
         metrics::counter!(OFFENDERS_TOTAL, "kind" => kind).increment(0);
+    }
+    for event in ["issued", "passed"] {
+        metrics::counter!(LOGIN_CHALLENGES_TOTAL, "event" => event).increment(0);
     }
     for name in [
         ACCESS_STALE_TOTAL,

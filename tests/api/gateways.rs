@@ -502,6 +502,7 @@ async fn the_rust_client_makes_the_auth_service_calls(app: TestApp) {
         device_id: None,
         endpoint: Some("/auth/login".to_owned()),
         ts: None,
+        challenge_id: None,
     };
     let events: Vec<AuthEvent> = (0..5).map(failure).collect();
     let accepted = client.post_auth_events(&events).await.unwrap();
