@@ -479,14 +479,17 @@ pub async fn should_rate_limit(
     }
     let over_limit = !admitted || ruled.as_ref().is_some_and(|r| r.over_limit);
     // A challenge goes upstream too: the auth service asks for the step-up and reports it.
-    let request_headers_to_add = response_headers_to_add
-        .iter()
-        .filter(|h| {
-            h.key.eq_ignore_ascii_case(layer::CHALLENGE_HEADER)
-                || h.key.eq_ignore_ascii_case(layer::CHALLENGE_ID_HEADER)
-        })
-        .cloned()
-        .collect();
+    let request_headers_to_add = match decision.as_ref().and_then(|d| d.challenge.as_ref()) {
+        None => Vec::new(),
+        Some(_) => response_headers_to_add
+            .iter()
+            .filter(|h| {
+                h.key.eq_ignore_ascii_case(layer::CHALLENGE_HEADER)
+                    || h.key.eq_ignore_ascii_case(layer::CHALLENGE_ID_HEADER)
+            })
+            .cloned()
+            .collect(),
+    };
     Ok(RateLimitResponse {
         overall_code: if over_limit {
             Code::OverLimit

@@ -57,19 +57,10 @@ pub struct LoginReport {
     pub successes_refused_candidate: u64,
 }
 
-/// A scratch folder removed on drop.
-struct Scratch(std::path::PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 struct Side {
     app: App,
     clock: ManualClock,
-    _dir: Scratch,
+    _dir: tempfile::TempDir,
     locked: BTreeSet<String>,
     refused_successes: u64,
 }
@@ -80,13 +71,13 @@ impl Side {
         lockout: &LockoutSettings,
         start_ms: i64,
     ) -> anyhow::Result<Self> {
-        let dir = Scratch(
-            std::env::temp_dir().join(format!("palisade-replay-{:016x}", rand::random::<u64>())),
-        );
+        let dir = tempfile::Builder::new()
+            .prefix("palisade-replay-")
+            .tempdir()?;
         let mut settings = base.clone();
-        settings.database_url = format!("sqlite://{}", dir.0.join("replay.db").display());
+        settings.database_url = format!("sqlite://{}", dir.path().join("replay.db").display());
         settings.redis_url = None;
-        settings.data_dir = dir.0.join("data");
+        settings.data_dir = dir.path().join("data");
         std::fs::create_dir_all(&settings.data_dir)?;
         settings.bootstrap_token = None;
         settings.record.enabled = false;

@@ -605,6 +605,43 @@ async fn a_first_sign_in_under_the_guard_is_challenged_and_passing_makes_it_know
     assert_eq!(gateway.status(), StatusCode::OK);
     assert_eq!(gateway.headers()["x-palisade-challenge"], "login_guard");
     assert!(gateway.headers().contains_key("x-palisade-challenge-id"));
+    // Envoy: allowed, the challenge to the client and to the upstream auth service.
+    let mut envoy = crate::gateways::Envoy::start(&app).await;
+    let answer = envoy
+        .call(
+            Some(crate::helpers::ADMIN_TOKEN),
+            palisade::api::envoy::proto::RateLimitRequest {
+                domain: "edge".to_owned(),
+                descriptors: vec![
+                    crate::gateways::descriptor(&[("remote_address", "192.0.2.122")]),
+                    crate::gateways::descriptor(&[("user_id", "member9")]),
+                    crate::gateways::descriptor(&[("path", "/auth/login"), ("method", "POST")]),
+                ],
+                hits_addend: 0,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.overall_code,
+        palisade::api::envoy::proto::Code::Ok as i32
+    );
+    for headers in [
+        &answer.response_headers_to_add,
+        &answer.request_headers_to_add,
+    ] {
+        let named = |name: &str| {
+            headers
+                .iter()
+                .find(|h| h.key == name)
+                .map(|h| h.value.clone())
+        };
+        assert_eq!(
+            named("x-palisade-challenge").as_deref(),
+            Some("login_guard")
+        );
+        assert!(named("x-palisade-challenge-id").is_some(), "{headers:?}");
+    }
     // A challenge reported without its id, with another account's, or one never issued:
     // 400 with the event's index, nothing stored.
     for (event, why) in [
