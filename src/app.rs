@@ -166,6 +166,23 @@ impl crate::limiter::Exemptions for LockoutRule {
         Box::pin(self.knows(request, false))
     }
 
+    fn refused_by_budget<'a>(
+        &'a self,
+        class: &'a str,
+        request: &'a crate::limiter::LimitRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), crate::store::Error>> {
+        Box::pin(async move {
+            let Some(account) = &request.user else {
+                return Ok(());
+            };
+            let context = login_context(account, request);
+            self.0
+                .refused_by_budget(class, &context)
+                .await
+                .map_err(hot_error)
+        })
+    }
+
     fn unknown_context<'a>(
         &'a self,
         request: &'a crate::limiter::LimitRequest,

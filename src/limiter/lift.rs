@@ -15,8 +15,9 @@ impl Limiter {
     /// left out: other people's traffic never shuts a known login
     /// out (`Some(None)`: re-checked, no challenge). When only its network's block or the
     /// login guard refused it and the account does not know the context, it gets a login
-    /// challenge instead (unless `lockout.unknown_context = "refuse"`). None: the refusal
-    /// stands.
+    /// challenge instead (unless `lockout.unknown_context = "refuse"`). When only its
+    /// address's or device's own budget refused it, the account tried is noted (spraying
+    /// evidence). None: the refusal stands.
     pub(super) async fn lift(
         &self,
         class_name: &str,
@@ -114,9 +115,26 @@ impl Limiter {
                 scope.multiplier_override = None;
             }
             return Some(Some(challenge));
+        } else if request.user.is_some()
+            && blocked_only_by_source_budget(scopes, outcomes)
+            && let Err(err) = exemptions.refused_by_budget(class_name, request).await
+        {
+            tracing::warn!(error.cause = %err, "a login its source's budget refused could not be counted");
         }
         None
     }
+}
+
+/// True when every enforced scope that refused is an address's or a device's own budget
+/// (spent, not a multiplier's block, not a shared address's ceiling).
+fn blocked_only_by_source_budget(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
+    refused_only_by(scopes, outcomes, |s, o| {
+        matches!(
+            s.kind,
+            ScopeKind::Ip | ScopeKind::EndpointIp | ScopeKind::Device | ScopeKind::IpDevice
+        ) && s.scale <= 1.0
+            && o.retry_after_ms.is_some()
+    })
 }
 
 /// True when the request was refused only by user scopes whose multiplier allows nothing

@@ -96,6 +96,15 @@ pub trait Exemptions: Send + Sync + std::fmt::Debug {
         &'a self,
         request: &'a LimitRequest,
     ) -> futures_util::future::BoxFuture<'a, Result<Option<String>, crate::store::Error>>;
+
+    /// Notes a request of `class` naming an account that its address's or device's budget
+    /// refused (a login's, when `class` is the login class and the account does not know
+    /// the context: the accounts a source tries are spraying evidence, refused or not).
+    fn refused_by_budget<'a>(
+        &'a self,
+        class: &'a str,
+        request: &'a LimitRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), crate::store::Error>>;
 }
 
 /// Which devices hold a fresh attestation verdict of device integrity or better.

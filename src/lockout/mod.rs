@@ -19,6 +19,7 @@ mod restore; // markers of the lockouts in force, put back after the hot store l
 mod review; // listing, one lockout, release
 mod status; // the status of a login context and the lockout-DoS rule
 mod store; // SQL of lockouts
+mod tried; // logins a source's own budget refused, counted as spraying evidence
 pub mod velocity; // the hot side: windows, lock markers, known contexts
 
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 pub use challenges::{ChallengeRejection, challenge_id_valid};
 pub use policy::{Action, Reason};
+pub use tried::LOGIN_CLASS;
 
 use crate::audit::{Actor, Audit};
 use crate::clock::Clock;

@@ -292,7 +292,7 @@ impl Lockouts {
             1
         };
         let distinct = count(first_source);
-        if distinct >= self.settings.spray_accounts.saturating_mul(factor) {
+        if distinct >= self.spray_threshold(context) {
             out.push((ip, Consequence::Spraying { distinct }));
         }
         let failures = count(first_source + 1);

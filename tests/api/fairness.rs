@@ -22,6 +22,7 @@ on_both_backends!(
     stuffing_spread_over_many_networks_turns_the_login_guard_on,
     a_first_sign_in_under_the_guard_is_challenged_and_passing_makes_it_known,
     unknown_contexts_are_refused_when_the_policy_says_refuse,
+    accounts_a_budget_refused_count_as_spraying_evidence,
     a_network_block_is_renewed_while_its_spraying_goes_on,
 );
 
@@ -757,6 +758,70 @@ async fn unknown_contexts_are_refused_when_the_policy_says_refuse(app: TestApp) 
             .await
             .as_deref(),
         Some("known_context")
+    );
+}
+
+/// A stolen device id tried on one account after another from one address: once its
+/// budget refuses most attempts, the accounts it is refused on count with those it failed
+/// on, and it is blocked without waiting for a trickle of failures. An office whose new
+/// sign-ins wait for its address's budget, with few failures, is not.
+async fn accounts_a_budget_refused_count_as_spraying_evidence(app: TestApp) {
+    let backend = app.backend;
+    drop(app);
+    // No L1 cache of refusals: every refused check reaches the rule (with it, at most one
+    // check per bucket and 250 ms is counted).
+    let app = TestApp::spawn_with(backend, |s| s.limits.l1_ttl_ms = 0)
+        .await
+        .unwrap();
+    let thief = "192.0.2.66";
+    let failures: Vec<Value> = (0..10)
+        .map(|i| {
+            json!({"event_id": format!("stolen-{i}"), "type": "login_failure",
+                   "account": format!("tried{i}"), "ip": thief, "device_id": "phone0"})
+        })
+        .collect();
+    app.post_auth(failures).await;
+    assert_eq!(
+        auth_multiplier(&app, thief).await,
+        1.0,
+        "10 accounts failed"
+    );
+    // Its budget lets 10 through, then refuses 10 more accounts: 20 accounts tried.
+    let mut refused = 0;
+    for i in 10..30 {
+        let (status, _) =
+            status_of(&app, &login(&format!("tried{i}"), thief, Some("phone0"))).await;
+        refused += u32::from(status == StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(refused, 10);
+    // Blocked (on Redis, published to every instance within a second).
+    let mut multiplier = 1.0;
+    for _ in 0..30 {
+        multiplier = auth_multiplier(&app, thief).await;
+        if multiplier == 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(multiplier, 0.0, "blocked as spraying");
+    let (status, body) = status_of(&app, &login("tried99", thief, Some("phone0"))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["error"]["details"]["reason"], "ip_blocked", "{body}");
+    // The office: 2 typos, then 30 new sign-ins of which the budget lets 10 through.
+    let office = "198.51.100.200";
+    app.post_auth(vec![
+        json!({"event_id": "typo-0", "type": "login_failure", "account": "clerk0", "ip": office}),
+        json!({"event_id": "typo-1", "type": "login_failure", "account": "clerk1", "ip": office}),
+    ])
+    .await;
+    for i in 0..30 {
+        status_of(&app, &login(&format!("clerk{i}"), office, None)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    assert_eq!(
+        auth_multiplier(&app, office).await,
+        1.0,
+        "an office is not spraying"
     );
 }
 
