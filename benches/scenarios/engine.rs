@@ -606,6 +606,119 @@ pub fn distributed_stuffing(size: Size) -> Scenario {
     }
 }
 
+/// [`diluted_stuffing_after`] 20 quiet minutes (four of the guard's windows at the default
+/// policy's 5 minutes: it learns the service's normal from them), then five of attack.
+pub fn diluted_stuffing(size: Size) -> Scenario {
+    diluted_stuffing_after(size, 1_200)
+}
+
+/// Stuffing diluted with logins of the attacker's own accounts: after `quiet_s` quiet
+/// seconds, for `size.duration_s` more, 10 attempts a second on leaked accounts and 12
+/// right passwords a second on 50 accounts it owns, each from a new /24, so failures stay
+/// well under half of all logins.
+pub fn diluted_stuffing_after(size: Size, quiet_s: u64) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(12);
+    let mut requests = Vec::new();
+    let mut history = Vec::new();
+    for user in 0..size.users / 2 {
+        let ip = format!("198.18.{}.{}", user / 250, user % 250 + 1);
+        history.push(json!({"event_id": format!("home-history-{user}"),
+                            "type": "login_success", "account": format!("user{user}"),
+                            "ip": ip, "ago_s": 43_200}));
+        honest_user(&mut rng, &mut requests, user, ip, None, size, 5);
+    }
+    let from_s = quiet_s;
+    let size = Size {
+        duration_s: quiet_s + size.duration_s,
+        ..size
+    };
+    attacker(&mut requests, size, from_s, 10, |n| {
+        (
+            format!("{}.{}.{}.9", 20 + n % 150, n / 150 % 256, n / 38_400 % 256),
+            format!("leaked{n}"),
+            None,
+        )
+    });
+    let mut at = from_s * 1000;
+    let mut n = 0u64;
+    while at < size.duration_s * 1000 {
+        requests.push(Request {
+            at_ms: at,
+            side: Side::Attacker,
+            user: 0,
+            kind: Kind::Login,
+            account: Some(format!("owned{}", n % 50)),
+            ip: format!(
+                "{}.{}.{}.77",
+                20 + n % 150,
+                n / 150 % 256,
+                128 + n / 38_400 % 128
+            ),
+            device: None,
+        });
+        n += 1;
+        at += 1000 / 12;
+    }
+    Scenario {
+        name: "diluted_stuffing",
+        what: "stuffing over many networks, 10/s, diluted with 12 logins/s of 50 accounts the attacker owns (failures 45 % of logins) after 20 quiet minutes",
+        requests,
+        history,
+        data: false,
+    }
+}
+
+/// Every user signed out by an app update logs in again within a minute, from home on the
+/// phone they used before; 3 % mistype first. No attack: nothing may be challenged.
+pub fn forced_relogin(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(13);
+    let mut requests = Vec::new();
+    let mut history = Vec::new();
+    for user in 0..size.users {
+        let ip = format!("198.18.{}.{}", user / 250, user % 250 + 1);
+        let device = format!("phone{user}");
+        history.push(json!({"event_id": format!("relogin-history-{user}"),
+                            "type": "login_success", "account": format!("user{user}"),
+                            "ip": ip, "device_id": device, "ago_s": 86_400}));
+        let login_at = 30_000 + rng.random_range(0..60_000);
+        let base = Request {
+            at_ms: login_at,
+            side: Side::Honest,
+            user,
+            kind: Kind::Login,
+            account: Some(format!("user{user}")),
+            ip,
+            device: Some(device),
+        };
+        if rng.random_bool(0.03) {
+            requests.push(Request {
+                kind: Kind::BadLogin,
+                ..base.clone()
+            });
+            requests.push(Request {
+                at_ms: login_at + 10_000,
+                ..base.clone()
+            });
+        } else {
+            requests.push(base.clone());
+        }
+        for _ in 0..3 {
+            requests.push(Request {
+                at_ms: rng.random_range(login_at + 11_000..size.duration_s * 1000),
+                kind: Kind::Read,
+                ..base.clone()
+            });
+        }
+    }
+    Scenario {
+        name: "forced_relogin",
+        what: "an app update signs every user out: all log in again within a minute from home on their phones, 3 % mistyping first",
+        requests,
+        history,
+        data: false,
+    }
+}
+
 /// Password spraying across one ASN: 10 addresses in 10 networks of one ASN, each trying a
 /// common password on 19 accounts (under the per-address threshold).
 pub fn asn_spraying(size: Size) -> Scenario {
@@ -831,11 +944,13 @@ pub fn all(size: Size) -> Vec<Scenario> {
         ipv6_households(size),
         credential_stuffing(size),
         distributed_stuffing(size),
+        diluted_stuffing(size),
         asn_spraying(size),
         datacenter_scraper(size),
         tor_brute_force(size),
         stolen_device(size),
         flash_crowd(size),
         carrier_flash_crowd(size),
+        forced_relogin(size),
     ]
 }

@@ -521,14 +521,29 @@ pub struct BlockedNetwork {
 /// The service-wide login guard and the blocked networks.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct LoginGuardView {
-    /// True while logins from contexts their accounts do not know are refused on `auth`.
+    /// True while logins from contexts their accounts do not know get a login challenge on
+    /// `auth`.
     pub active: bool,
     /// RFC 3339 end of the guard, while it is on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub active_until: Option<String>,
-    /// Failed logins (with logins refused from unknown contexts, once per client) in the
+    /// Failed logins (with logins stopped from unknown contexts, once per client) in the
     /// window, service-wide as of the last flush (at most 1 s old).
     pub failures: u64,
+    /// Of them, those from contexts their accounts do not know: what the guard judges.
+    pub unknown_failures: u64,
+    /// Failures from unknown contexts in a window that turn the guard on now: at least
+    /// `min_failures`, or `surge_factor` times the learned normal if that is more.
+    pub threshold: u64,
+    /// True once the normal for this hour of the day is learned: `threshold` turns the
+    /// guard on whatever the failures' share of all logins.
+    pub learned: bool,
+    /// The learned normal count of failures from unknown contexts in one window, this hour
+    /// of the day (UTC).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normal: Option<f64>,
+    /// `lockout.stuffing.surge_factor`.
+    pub surge_factor: f64,
     /// Successful logins in the window.
     pub successes: u64,
     /// `lockout.stuffing`: the window, seconds.
@@ -621,6 +636,11 @@ fn guard_view(app: &AppState) -> LoginGuardView {
         active,
         active_until: active.then(|| rfc3339(state.active_until_ms.max(now))),
         failures: state.failures,
+        unknown_failures: state.unknown_failures,
+        threshold: state.threshold,
+        learned: state.learned,
+        normal: state.normal,
+        surge_factor: settings.surge_factor,
         successes: state.successes,
         window_s: settings.window_s,
         min_failures: settings.min_failures,

@@ -99,16 +99,17 @@ pub struct LockoutSettings {
 
 /// `[lockout.stuffing]`: the service-wide login guard.
 ///
-/// When failed logins service-wide reach
-/// `min_failures` in `window_s` and make up `failure_share` of all logins, logins from
-/// contexts their accounts do not know are refused for `hold_s` (the refusals count as
-/// failures, so it holds while the attack goes on).
+/// When failed logins from contexts their accounts do not know reach `min_failures` in
+/// `window_s` and make up `failure_share` of all logins (or `surge_factor` times their
+/// learned normal), logins from such contexts get a login challenge for `hold_s` (the
+/// challenges count as failures, so it holds while the attack goes on).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StuffingSettings {
-    /// Failed logins service-wide in `window_s` (logins refused from contexts their accounts
-    /// do not know count too, once per client: an IPv4 address, an IPv6 /64) before the
-    /// login guard may turn on; 0 turns the guard off. Default 100.
+    /// Failed logins from contexts their accounts do not know, service-wide in `window_s`
+    /// (logins stopped from such contexts count too, once per client: an IPv4 address, an
+    /// IPv6 /64; failures from known contexts do not) before the login guard may turn on; 0
+    /// turns the guard off. Default 100.
     pub min_failures: u64,
     /// Share of all logins in the window that must have failed for the guard to turn on,
     /// from 0 to 1. Default 0.5.
@@ -116,9 +117,15 @@ pub struct StuffingSettings {
     /// The guard's window, seconds. Default 300.
     pub window_s: u64,
     /// How long the guard stays on after the window last tipped it, seconds; while it is on,
-    /// a login from a context its account does not know is refused on `auth` (reason
-    /// `login_guard`). Default 900.
+    /// a login from a context its account does not know gets a login challenge on `auth`
+    /// (reason `login_guard`). Default 900.
     pub hold_s: u64,
+    /// Once the service's normal count of failures from unknown contexts in a window is
+    /// learned for the hour of the day (three windows of it judged with the guard off),
+    /// this many times that normal (and at least `min_failures`) turns the guard on
+    /// whatever their share of all logins, so logins of the attacker's own accounts cannot
+    /// dilute it. Default 10.
+    pub surge_factor: f64,
 }
 
 impl Default for StuffingSettings {
@@ -128,12 +135,19 @@ impl Default for StuffingSettings {
             failure_share: 0.5,
             window_s: 300,
             hold_s: 900,
+            surge_factor: 10.0,
         }
     }
 }
 
 impl StuffingSettings {
     fn validate(&self) -> Result<(), SettingError> {
+        if self.surge_factor.is_nan() || self.surge_factor < 1.0 {
+            return Err(SettingError::new(
+                setting_name("lockout.stuffing.surge_factor"),
+                "must be at least 1",
+            ));
+        }
         if self.failure_share.is_nan() || !(0.0..=1.0).contains(&self.failure_share) {
             return Err(SettingError::new(
                 setting_name("lockout.stuffing.failure_share"),

@@ -353,15 +353,28 @@ impl Lockouts {
         let min_accounts = shared_ips.settings().min_accounts;
         let guard = self.scoring.login_guard();
         let horizon = now.saturating_sub(guard.window_ms());
-        let (mut failures, mut successes) = (0, 0);
-        for event in events.iter().filter(|e| e.ts_ms >= horizon && !e.step_up) {
-            if event.failure {
-                failures += 1;
-            } else {
-                successes += 1;
-            }
-        }
-        guard.count(failures, successes);
+        let counted: Vec<&LoginEvent<'_>> = events
+            .iter()
+            .filter(|e| e.ts_ms >= horizon && !e.step_up)
+            .collect();
+        let failing: Vec<&LoginContext> = counted
+            .iter()
+            .filter(|e| e.failure)
+            .map(|e| e.context)
+            .collect();
+        let successes = (counted.len() - failing.len()) as u64;
+        // Failures from contexts their accounts know (one's own phone, after a success of
+        // this batch too) are mistypes, not stuffing: the guard judges the others.
+        let known = if failing.is_empty() || !guard.enabled() {
+            0
+        } else {
+            self.known(&self.hot, &failing, now)
+                .await?
+                .into_iter()
+                .filter(|k| *k)
+                .count() as u64
+        };
+        guard.count(failing.len() as u64 - known, known, successes);
         for (event, span) in events.iter().zip(spans) {
             if event.failure {
                 self.plan_failure(

@@ -3,11 +3,15 @@
 //! Stuffing from a proxy pool of residential addresses makes one attempt per address, a few
 //! per network and autonomous system: no per-address, per-network or per-ASN window sees it.
 //! What it cannot hide is the service's own failure rate. The guard counts every login's
-//! outcome service-wide in a sliding window; when failures are at least
-//! `lockout.stuffing.min_failures` and at least `failure_share` of all logins, it turns on
-//! for `hold_s`. While it is on, a login (an `auth` request naming an account) from a context
-//! the account does not know is refused (reason `login_guard`); one the account knows
-//! (an address, network or device it logged in from) passes with a step-up challenge.
+//! outcome service-wide in a sliding window, failures from contexts their accounts know
+//! (a mistype on one's own phone, a forced re-login, a password-reset campaign) apart from
+//! the others. When failures from unknown contexts are at least
+//! `lockout.stuffing.min_failures` and either `failure_share` of all logins or, once the
+//! service's normal for the hour of the day is learned ([`Baseline`]), `surge_factor` times
+//! that normal (successes of the attacker's own accounts cannot dilute it), it turns on for
+//! `hold_s`. While it is on, a login (an `auth` request naming an account) from a context
+//! the account does not know gets a login challenge (reason `login_guard`); one the account
+//! knows (an address, network or device it logged in from) passes with a step-up challenge.
 //!
 //! Logins refused from contexts their accounts do not know (by the guard, or by a network's
 //! spraying block) count as failures, once per client (an IPv6 /64 is one) and slot: a
@@ -39,10 +43,13 @@ pub const SLOTS: usize = 10;
 struct Tally {
     /// Slot number (Unix ms ÷ slot length); a tally of another slot is stale.
     slot: i64,
+    /// Failed logins from contexts their accounts do not know.
     failures: u64,
     successes: u64,
-    /// Logins the guard refused.
+    /// Logins stopped (refused or challenged) from contexts their accounts do not know.
     refused: u64,
+    /// Failed logins from contexts their accounts know (a mistype on one's own phone).
+    known: u64,
 }
 
 impl Tally {
@@ -50,7 +57,90 @@ impl Tally {
         self.failures += other.failures;
         self.successes += other.successes;
         self.refused += other.refused;
+        self.known += other.known;
     }
+}
+
+/// A window's totals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Sums {
+    /// Failed and stopped logins from contexts their accounts do not know.
+    unknown: u64,
+    /// Failed logins from contexts their accounts know.
+    known: u64,
+    successes: u64,
+}
+
+/// Windows a baseline of one hour of the day must have seen before it is trusted.
+const BASELINE_SAMPLES: u32 = 3;
+
+/// The service's normal count of failures from unknown contexts in one window, per hour of
+/// the day (UTC): a moving average of the windows judged while the guard was off.
+#[derive(Debug, Default)]
+struct Baseline {
+    /// Per hour: the normal, how many windows it has seen, and the first of them.
+    hours: [Hour; 24],
+    /// The last window sampled (Unix ms ÷ window length).
+    sampled: i64,
+}
+
+/// What one hour of the day has learned.
+#[derive(Debug, Default, Clone, Copy)]
+struct Hour {
+    normal: f64,
+    samples: u32,
+    first: [f64; BASELINE_SAMPLES as usize],
+}
+
+impl Baseline {
+    /// The learned normal for the hour of `now_ms`, once it has seen enough windows.
+    fn normal(&self, now_ms: i64) -> Option<f64> {
+        let hour = &self.hours[hour(now_ms)];
+        (hour.samples >= BASELINE_SAMPLES).then_some(hour.normal)
+    }
+
+    /// Learns the window before `window` (its count `unknown`) once, if it was `quiet`. The
+    /// first windows of an hour set the normal to their median (a large service learns its
+    /// own normal at once, and the window an attack began in is not it); later ones move it
+    /// a fifth of the way and count for at most 1.5 times it, so failures kept just under
+    /// the threshold raise it slowly (a tenth a window at most).
+    fn learn(&mut self, window: i64, unknown: u64, now_ms: i64, quiet: bool) {
+        if window <= self.sampled {
+            return;
+        }
+        // Windows no login was judged in had none.
+        let empty = (window - self.sampled - 1).clamp(0, i64::from(BASELINE_SAMPLES));
+        self.sampled = window;
+        let hour = &mut self.hours[hour(now_ms)];
+        for _ in 0..empty {
+            hour.learn(0.0);
+        }
+        if quiet {
+            #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+            hour.learn(unknown as f64);
+        }
+    }
+}
+
+impl Hour {
+    fn learn(&mut self, sample: f64) {
+        if let Some(slot) = self.first.get_mut(self.samples as usize) {
+            *slot = sample;
+            if self.samples + 1 == BASELINE_SAMPLES {
+                let mut first = self.first;
+                first.sort_by(f64::total_cmp);
+                self.normal = first[first.len() / 2];
+            }
+        } else {
+            let sample = sample.min(self.normal.max(1.0) * 1.5);
+            self.normal += (sample - self.normal) / 5.0;
+        }
+        self.samples = self.samples.saturating_add(1);
+    }
+}
+
+fn hour(now_ms: i64) -> usize {
+    usize::try_from(now_ms.div_euclid(3_600_000).rem_euclid(24)).unwrap_or(0)
 }
 
 #[derive(Debug, Default)]
@@ -68,14 +158,24 @@ struct Counts {
 const MAX_SEEN: usize = 65_536;
 
 /// What the guard sees in its window now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct GuardState {
-    /// Failed logins and logins the guard refused, service-wide, in the window.
+    /// Failed logins and logins the guard stopped, service-wide, in the window.
     pub failures: u64,
+    /// Of them, failed and stopped logins from contexts their accounts do not know: what
+    /// the guard judges.
+    pub unknown_failures: u64,
     /// Successful logins in the window.
     pub successes: u64,
     /// Unix ms the guard is on until (0: it has not been on).
     pub active_until_ms: i64,
+    /// Failures from unknown contexts in one window that turn the guard on now.
+    pub threshold: u64,
+    /// Whether the hour's normal is learned: `threshold` failures turn the guard on
+    /// whatever their share of all logins (before, `failure_share` is asked too).
+    pub learned: bool,
+    /// The service's normal count of them for this hour of the day, once learned.
+    pub normal: Option<f64>,
 }
 
 /// The guard of one instance.
@@ -86,6 +186,7 @@ pub struct LoginGuard {
     key: String,
     clock: Arc<dyn Clock>,
     counts: Mutex<Counts>,
+    baseline: Mutex<Baseline>,
     active_until: AtomicI64,
     /// Released by an analyst until then (Unix ms): off, and no judgement turns it on.
     released_until: AtomicI64,
@@ -101,6 +202,7 @@ impl LoginGuard {
             key: format!("{}:{{login_guard}}", keys.prefix()),
             clock,
             counts: Mutex::new(Counts::default()),
+            baseline: Mutex::new(Baseline::default()),
             active_until: AtomicI64::new(0),
             released_until: AtomicI64::new(0),
         }
@@ -111,7 +213,8 @@ impl LoginGuard {
         format!("{}:{slot}", self.key)
     }
 
-    fn enabled(&self) -> bool {
+    /// False when `min_failures` is 0 (the guard is off).
+    pub fn enabled(&self) -> bool {
         self.settings.min_failures > 0
     }
 
@@ -162,9 +265,20 @@ impl LoginGuard {
         self.slot_ms().saturating_mul(SLOTS as i64)
     }
 
-    /// Counts logins, failed and successful; then judges the window.
-    pub fn count(&self, failures: u64, successes: u64) {
-        self.add(failures, successes, None);
+    /// Counts logins: failed from contexts their accounts do not know (`unknown`), failed
+    /// from contexts they know (`known`: judged by no threshold, so a forced re-login or a
+    /// password-reset campaign of one's own users never turns the guard on), and
+    /// successful; then judges the window.
+    pub fn count(&self, unknown: u64, known: u64, successes: u64) {
+        self.add(
+            Tally {
+                failures: unknown,
+                known,
+                successes,
+                ..Tally::default()
+            },
+            None,
+        );
     }
 
     /// Counts a login refused from a context its account does not know (by a network's
@@ -173,17 +287,20 @@ impl LoginGuard {
     /// guard on, one client sending refused logins fast, from however many addresses of its
     /// /64, does not.
     pub fn refused(&self, ip: &ClientIp) {
-        self.add(0, 0, Some(ip));
+        self.add(Tally::default(), Some(ip));
     }
 
-    fn add(&self, failures: u64, successes: u64, refused: Option<&ClientIp>) {
-        if !self.enabled() || (failures + successes == 0 && refused.is_none()) {
+    fn add(&self, counted: Tally, refused: Option<&ClientIp>) {
+        if !self.enabled()
+            || (counted.failures + counted.known + counted.successes == 0 && refused.is_none())
+        {
             return;
         }
         let now = self.clock.now_ms();
         let slot = now / self.slot_ms();
         let state = {
             let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+            let previous = self.previous(&counts, slot);
             let refused = match refused {
                 None => 0,
                 Some(ip) => {
@@ -205,38 +322,90 @@ impl LoginGuard {
             }
             tally.add(&Tally {
                 slot,
-                failures,
-                successes,
                 refused,
+                ..counted
             });
-            sums(&counts, slot)
+            (sums(&counts, slot), previous)
         };
         self.judge(state, now);
     }
 
     /// The window's totals and until when the guard is on.
     pub fn state(&self) -> GuardState {
-        let slot = self.clock.now_ms() / self.slot_ms();
-        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let (failures, successes) = sums(&counts, slot);
+        let now = self.clock.now_ms();
+        let slot = now / self.slot_ms();
+        let sums = {
+            let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+            sums(&counts, slot)
+        };
+        let normal = self
+            .baseline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .normal(now);
         GuardState {
-            failures,
-            successes,
+            failures: sums.unknown + sums.known,
+            unknown_failures: sums.unknown,
+            successes: sums.successes,
             active_until_ms: self.active_until.load(Ordering::Acquire),
+            threshold: self.threshold(normal),
+            learned: normal.is_some(),
+            normal,
         }
     }
 
-    /// Turns the guard on (or keeps it on) when the window's failures are enough.
-    fn judge(&self, (failures, successes): (u64, u64), now: i64) {
+    /// Failures from unknown contexts in a window that turn the guard on: `min_failures`,
+    /// or once the hour's normal is learned, `surge_factor` times it if that is more.
+    fn threshold(&self, normal: Option<f64>) -> u64 {
+        let surge = normal.map_or(0.0, |n| n * self.settings.surge_factor);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // ceil of a count
+        let surge = surge.ceil().max(0.0) as u64;
+        self.settings.min_failures.max(surge)
+    }
+
+    /// At the first judgement of a window, the window before it (the `SLOTS` slots before
+    /// `slot`), for the baseline to learn; taken before this judgement's counts go in.
+    fn previous(&self, counts: &Counts, slot: i64) -> Option<(i64, Sums)> {
+        let window = slot / SLOTS as i64;
+        let mut baseline = self.baseline.lock().unwrap_or_else(PoisonError::into_inner);
+        if baseline.sampled == 0 {
+            // Nothing seen of the window before this instance started.
+            baseline.sampled = window;
+            return None;
+        }
+        (window > baseline.sampled)
+            .then(|| (window, sums_between(counts, slot - SLOTS as i64, slot - 1)))
+    }
+
+    /// Turns the guard on (or keeps it on) when the window's failures from unknown contexts
+    /// are enough: at least `min_failures`, and either `failure_share` of all logins or,
+    /// once the hour's normal is learned, `surge_factor` times that normal whatever the
+    /// share (an attacker who also logs into accounts of its own cannot dilute it). Each
+    /// window judged while the guard is off teaches the hour's normal.
+    fn judge(&self, (sums, previous): (Sums, Option<(i64, Sums)>), now: i64) {
+        let normal = {
+            let mut baseline = self.baseline.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((window, previous)) = previous {
+                // A window the guard was on for is an attack's, not the normal.
+                let quiet = !self.is_active();
+                baseline.learn(window, previous.unknown, now, quiet);
+            }
+            baseline.normal(now)
+        };
         if self.released_until.load(Ordering::Acquire) > now {
             return;
         }
         let settings = &self.settings;
+        let failures = sums.unknown;
+        let all = sums.unknown + sums.known + sums.successes;
         #[allow(clippy::cast_precision_loss)] // counts far below 2^52
-        let share = failures as f64 / (failures + successes).max(1) as f64;
-        if failures < settings.min_failures || share < settings.failure_share {
+        let share = failures as f64 / all.max(1) as f64;
+        let surge = normal.is_some() && failures >= self.threshold(normal);
+        let on = failures >= settings.min_failures && (share >= settings.failure_share || surge);
+        if !on {
             return;
         }
+        let successes = sums.successes;
         let hold = i64::try_from(settings.hold_s.saturating_mul(1000)).unwrap_or(i64::MAX);
         let until = now.saturating_add(hold);
         let before = self.active_until.fetch_max(until, Ordering::AcqRel);
@@ -246,7 +415,7 @@ impl LoginGuard {
             tracing::warn!(
                 failures,
                 successes,
-                "login guard on: {failures} failed logins and {successes} successful ones service-wide in {} s; logins from contexts their accounts do not know are refused for {} s",
+                "login guard on: {failures} failed logins from unknown contexts and {successes} successful ones service-wide in {} s; logins from contexts their accounts do not know get a login challenge for {} s",
                 settings.window_s,
                 settings.hold_s
             );
@@ -272,21 +441,23 @@ impl LoginGuard {
             taken
                 .into_iter()
                 .filter(|t| {
-                    t.slot > slot - SLOTS as i64 && t.failures + t.successes + t.refused > 0
+                    t.slot > slot - SLOTS as i64
+                        && t.failures + t.successes + t.refused + t.known > 0
                 })
                 .collect()
         };
-        // One hash a slot (`f`, `s`, `r`), expiring two windows after its last write; all in
-        // one cluster slot (the hash tag).
+        // One hash a slot (`f`, `s`, `r`, `k`), expiring two windows after its last write;
+        // all in one cluster slot (the hash tag).
         let window_ms = self.slot_ms().saturating_mul(2 * SLOTS as i64);
         let mut pipe = redis::pipe();
         for tally in &pending {
             let key = self.slot_key(tally.slot);
-            for (field, n) in
-                ["f", "s", "r"]
-                    .into_iter()
-                    .zip([tally.failures, tally.successes, tally.refused])
-            {
+            for (field, n) in ["f", "s", "r", "k"].into_iter().zip([
+                tally.failures,
+                tally.successes,
+                tally.refused,
+                tally.known,
+            ]) {
                 if n > 0 {
                     pipe.cmd("HINCRBY").arg(&key).arg(field).arg(n).ignore();
                 }
@@ -297,7 +468,7 @@ impl LoginGuard {
         for s in old + 1..=slot {
             pipe.cmd("HMGET")
                 .arg(self.slot_key(s))
-                .arg(&["f", "s", "r"]);
+                .arg(&["f", "s", "r", "k"]);
         }
         // Until when another instance's judgement keeps the guard on (one restarted in the
         // middle of a hold learns it here).
@@ -308,6 +479,7 @@ impl LoginGuard {
         let shared_until: i64;
         let state = {
             let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+            let previous = self.previous(&counts, slot);
             match result {
                 Ok(mut replies) => {
                     let mut number = || {
@@ -343,6 +515,7 @@ impl LoginGuard {
                             failures: at(0),
                             successes: at(1),
                             refused: at(2),
+                            known: at(3),
                         };
                     }
                 }
@@ -360,7 +533,7 @@ impl LoginGuard {
                     return Err(err);
                 }
             }
-            sums(&counts, slot)
+            (sums(&counts, slot), previous)
         };
         self.judge(state, now);
         // This instance's end of the guard, when later than the one read, for the others.
@@ -399,15 +572,24 @@ fn slot_index(slot: i64) -> usize {
     usize::try_from(slot.rem_euclid(SLOTS as i64)).unwrap_or(0)
 }
 
-/// Failures (with refusals) and successes of the window ending in `slot`.
-fn sums(counts: &Counts, slot: i64) -> (u64, u64) {
+/// The window ending in `slot`.
+fn sums(counts: &Counts, slot: i64) -> Sums {
+    sums_between(counts, slot - SLOTS as i64 + 1, slot)
+}
+
+/// The slots from `first` to `last`, both included.
+fn sums_between(counts: &Counts, first: i64, last: i64) -> Sums {
     let mut total = Tally::default();
     for tally in counts.local.iter().chain(&counts.shared) {
-        if tally.slot > slot - SLOTS as i64 && tally.slot <= slot {
+        if tally.slot >= first && tally.slot <= last {
             total.add(tally);
         }
     }
-    (total.failures + total.refused, total.successes)
+    Sums {
+        unknown: total.failures + total.refused,
+        known: total.known,
+        successes: total.successes,
+    }
 }
 
 #[cfg(test)]
@@ -426,6 +608,7 @@ mod tests {
                 failure_share: 0.5,
                 window_s: 300,
                 hold_s: 900,
+                surge_factor: 10.0,
             },
             Hot::Memory(crate::store::MemoryHot::new()),
             &Keys::new("t"),
@@ -438,11 +621,11 @@ mod tests {
         let clock = Arc::new(ManualClock::new(1_700_000_000_000));
         let guard = guard(clock.clone());
         // Honest traffic: a tenth of logins fail; many failures, but a small share.
-        guard.count(150, 1350);
+        guard.count(150, 0, 1350);
         assert!(!guard.is_active());
         // Most logins fail, but too few to judge.
         clock.advance(std::time::Duration::from_millis(301_000));
-        guard.count(97, 10);
+        guard.count(97, 0, 10);
         assert!(!guard.is_active());
         // One address refused again and again counts once.
         for _ in 0..50 {
@@ -455,20 +638,20 @@ mod tests {
         }
         assert!(!guard.is_active());
         assert_eq!(guard.state().failures, 99);
-        guard.count(1, 0);
+        guard.count(1, 0, 0);
         assert!(guard.is_active(), "100 failures of 110 logins");
         // While on, refusals from many addresses keep it on past its hold; a window after
         // they stop, it lapses.
         for round in 0..6 {
             clock.advance(std::time::Duration::from_millis(300_000));
-            guard.count(0, 20);
+            guard.count(0, 0, 20);
             for n in 0..200 {
                 guard.refused(&ip(round * 1000 + n));
             }
             assert!(guard.is_active());
         }
         clock.advance(std::time::Duration::from_millis(899_000));
-        guard.count(0, 50);
+        guard.count(0, 0, 50);
         assert!(
             guard.is_active(),
             "on for its hold after the last judgement"
@@ -482,19 +665,104 @@ mod tests {
         );
     }
 
+    #[test]
+    fn failures_from_known_contexts_never_turn_it_on() {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let guard = guard(clock.clone());
+        // Every user logs in again after an app update, or resets a password: failures
+        // from their own phones and networks, as many as the successes.
+        guard.count(0, 5_000, 5_000);
+        assert!(!guard.is_active());
+        assert_eq!(guard.state().failures, 5_000);
+        assert_eq!(guard.state().unknown_failures, 0);
+    }
+
+    /// 22:00:00 UTC, so an hour of windows stays in one hour of the day.
+    const TOP_OF_AN_HOUR: i64 = 1_699_999_200_000;
+
+    #[test]
+    fn once_the_normal_is_learned_successes_cannot_dilute_it() {
+        // Stuffing diluted with logins of the attacker's own accounts: 150 failures from
+        // unknown contexts, 1000 successes (13 %). Nothing learned yet: the share decides.
+        let clock = Arc::new(ManualClock::new(TOP_OF_AN_HOUR));
+        let fresh = guard(clock.clone());
+        fresh.count(150, 0, 1000);
+        assert!(!fresh.is_active());
+        assert!(!fresh.state().learned);
+        // Three quiet windows: 8 failures from unknown contexts each.
+        let guard = guard(clock.clone());
+        guard.count(8, 20, 1000);
+        for _ in 0..3 {
+            clock.advance(std::time::Duration::from_secs(300));
+            guard.count(8, 20, 1000);
+        }
+        let state = guard.state();
+        assert!(state.learned, "{state:?}");
+        assert_eq!(state.normal, Some(8.0));
+        assert_eq!(
+            state.threshold, 100,
+            "10 x the normal, at least min_failures"
+        );
+        // The same diluted run now turns it on.
+        clock.advance(std::time::Duration::from_secs(300));
+        guard.count(150, 0, 1000);
+        assert!(guard.is_active(), "{:?}", guard.state());
+    }
+
+    #[test]
+    fn a_large_service_learns_its_normal_and_is_judged_against_it() {
+        let clock = Arc::new(ManualClock::new(TOP_OF_AN_HOUR));
+        let guard = guard(clock.clone());
+        // 500 failures from unknown contexts a window is this service's normal (new users
+        // mistyping): a third of its logins.
+        guard.count(500, 0, 1000);
+        for _ in 0..4 {
+            clock.advance(std::time::Duration::from_secs(300));
+            guard.count(500, 0, 1000);
+            assert!(!guard.is_active(), "{:?}", guard.state());
+        }
+        assert_eq!(guard.state().threshold, 5_000);
+        clock.advance(std::time::Duration::from_secs(300));
+        guard.count(5_000, 0, 20_000);
+        assert!(
+            guard.is_active(),
+            "ten times the normal: {:?}",
+            guard.state()
+        );
+    }
+
+    #[test]
+    fn failures_kept_under_the_threshold_raise_the_normal_slowly() {
+        let clock = Arc::new(ManualClock::new(TOP_OF_AN_HOUR));
+        let guard = guard(clock.clone());
+        guard.count(10, 0, 1000);
+        for _ in 0..3 {
+            clock.advance(std::time::Duration::from_secs(300));
+            guard.count(10, 0, 1000);
+        }
+        assert_eq!(guard.state().threshold, 100);
+        // A slow run just under the threshold for the rest of the hour.
+        for _ in 0..7 {
+            clock.advance(std::time::Duration::from_secs(300));
+            guard.count(99, 0, 1000);
+        }
+        let normal = guard.state().normal.unwrap();
+        assert!(normal < 25.0, "{normal}");
+    }
+
     #[tokio::test]
     async fn a_release_keeps_it_off_until_it_ends() {
         let clock = Arc::new(ManualClock::new(1_700_000_000_000));
         let guard = guard(clock.clone());
-        guard.count(200, 0);
+        guard.count(200, 0, 0);
         assert!(guard.is_active());
         guard.release(1_700_000_600_000).await.unwrap();
         assert!(!guard.is_active());
-        guard.count(200, 0);
+        guard.count(200, 0, 0);
         assert!(!guard.is_active(), "no judgement while released");
         clock.advance(std::time::Duration::from_secs(601));
         assert!(!guard.is_active(), "the release ended nothing on by itself");
-        guard.count(200, 0);
+        guard.count(200, 0, 0);
         assert!(guard.is_active());
     }
 
@@ -510,7 +778,7 @@ mod tests {
             &Keys::new("t"),
             clock,
         );
-        guard.count(10_000, 0);
+        guard.count(10_000, 0, 0);
         assert!(!guard.is_active());
     }
 }

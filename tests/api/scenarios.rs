@@ -12,6 +12,8 @@ on_both_backends!(
     carrier_nat_hurts_no_honest_user_and_stops_both_attackers,
     a_crowd_behind_one_carrier_address_is_not_refused,
     stuffing_over_many_networks_is_stopped_once_the_login_guard_is_on,
+    stuffing_diluted_with_the_attackers_own_logins_is_stopped_too,
+    a_forced_re_login_of_every_user_challenges_nobody,
 );
 
 /// Time 20x faster than production.
@@ -29,15 +31,28 @@ async fn run_users(
     scenario: fn(engine::Size) -> engine::Scenario,
     users: u32,
 ) -> engine::Report {
+    run_sized(
+        app,
+        scenario,
+        engine::Size {
+            users,
+            duration_s: 120,
+        },
+    )
+    .await
+}
+
+/// Runs a scenario of `size` on an app of `app`'s backend.
+async fn run_sized(
+    app: TestApp,
+    scenario: fn(engine::Size) -> engine::Scenario,
+    size: engine::Size,
+) -> engine::Report {
     let app = TestApp::spawn_with(app.backend, |settings| {
         engine::scale_settings(settings, SCALE)
     })
     .await
     .unwrap();
-    let size = engine::Size {
-        users,
-        duration_s: 120,
-    };
     engine::run(&app, &scenario(size), SCALE).await
 }
 
@@ -80,5 +95,39 @@ async fn stuffing_over_many_networks_is_stopped_once_the_login_guard_is_on(app: 
 async fn a_crowd_behind_one_carrier_address_is_not_refused(app: TestApp) {
     let report = run_users(app, engine::carrier_flash_crowd, 600).await;
     // Goal: at most 0.5 % of honest users see any 429.
+    assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
+}
+
+/// The attacker keeps failures under half of all logins with logins of its own accounts,
+/// after four quiet windows of the guard (3 s each here, 60 simulated seconds): the guard,
+/// having learned the normal of the quiet ones, turns on anyway.
+async fn stuffing_diluted_with_the_attackers_own_logins_is_stopped_too(app: TestApp) {
+    let app = TestApp::spawn_with(app.backend, |settings| {
+        engine::scale_settings(settings, SCALE);
+        settings.lockout.stuffing.window_s = 3;
+    })
+    .await
+    .unwrap();
+    let size = engine::Size {
+        users: 200,
+        duration_s: 120,
+    };
+    let report = engine::run(&app, &engine::diluted_stuffing_after(size, 280), SCALE).await;
+    assert!(report.attacker.0 > 1000, "{report:?}");
+    assert!(
+        report.first_block_ms.is_some_and(|ms| ms <= 20_000),
+        "{report:?}"
+    );
+    assert!(
+        engine::Report::pct(report.attacker_after_first) >= 99.0,
+        "{report:?}"
+    );
+    assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
+}
+
+/// Every user logs in again within a minute, 3 % mistyping: no attack, no challenge.
+async fn a_forced_re_login_of_every_user_challenges_nobody(app: TestApp) {
+    let report = run_users(app, engine::forced_relogin, 600).await;
+    assert_eq!(report.users_challenged, 0, "{report:?}");
     assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
 }
