@@ -470,6 +470,9 @@ impl App {
             if let Err(err) = app.scoring.shared_ips().refresh().await {
                 tracing::warn!(error.cause = %err, "reading shared addresses failed; will retry");
             }
+            if let Err(err) = app.scoring.network_suspects().refresh().await {
+                tracing::warn!(error.cause = %err, "suspected networks could not be read back");
+            }
             if let Err(err) = app.scoring.network_blocks().refresh().await {
                 tracing::warn!(error.cause = %err, "reading blocked networks failed; will retry");
             }

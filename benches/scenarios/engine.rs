@@ -679,7 +679,7 @@ pub fn forced_relogin(size: Size) -> Scenario {
         let device = format!("phone{user}");
         history.push(json!({"event_id": format!("relogin-history-{user}"),
                             "type": "login_success", "account": format!("user{user}"),
-                            "ip": ip, "device_id": device, "ago_s": 86_400}));
+                            "ip": ip, "device_id": device, "ago_s": 80_000}));
         let login_at = 30_000 + rng.random_range(0..60_000);
         let base = Request {
             at_ms: login_at,

@@ -74,6 +74,13 @@ pub struct LockoutSettings {
     /// The same for one autonomous system (needs an ASN database in `data/`). 0 turns it
     /// off. Default 50 (at most 256).
     pub asn_spray_accounts: u32,
+    /// Distinct accounts failing from one network or ASN in the window, more than logged
+    /// in from it, that make it suspected of spraying for `spray_block_s` (renewed like a
+    /// block): logins there from contexts their accounts do not know get a login challenge
+    /// (`network_spraying`), known contexts and requests naming no account pass as before.
+    /// Sees spraying spread thin long before the block's threshold. 0 turns it off.
+    /// Default 6.
+    pub suspect_accounts: u32,
     /// How long a successful login's IP and device stay "known" for the lockout-DoS rule,
     /// days. Default 90.
     pub known_for_days: u64,
@@ -183,6 +190,7 @@ impl Default for LockoutSettings {
             spray_block_s: 1800,
             network_spray_accounts: 40,
             asn_spray_accounts: 50,
+            suspect_accounts: 6,
             known_for_days: 90,
             retention_days: 30,
             failure_factor: 0.5,
@@ -229,7 +237,10 @@ impl LockoutSettings {
                 "must be between 0 and 1",
             ));
         }
-        if self.network_spray_accounts > 256 || self.asn_spray_accounts > 256 {
+        if self.network_spray_accounts > 256
+            || self.asn_spray_accounts > 256
+            || self.suspect_accounts > 256
+        {
             return Err(SettingError::new(
                 setting_name("lockout.network_spray_accounts"),
                 "network and ASN thresholds are at most 256 (their windows keep that many)",

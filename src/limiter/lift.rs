@@ -15,9 +15,8 @@ impl Limiter {
     /// left out: other people's traffic never shuts a known login
     /// out (`Some(None)`: re-checked, no challenge). When only its network's block or the
     /// login guard refused it and the account does not know the context, it gets a login
-    /// challenge instead (unless `lockout.unknown_context = "refuse"`). When only its
-    /// address's or device's own budget refused it, the account tried is noted (spraying
-    /// evidence). None: the refusal stands.
+    /// challenge instead (unless `lockout.unknown_context = "refuse"`). None: the refusal
+    /// stands.
     pub(super) async fn lift(
         &self,
         class_name: &str,
@@ -64,7 +63,15 @@ impl Limiter {
             }
         } else if request.user.is_some() && blocked_only_by_network(scopes, outcomes) {
             let guarded = scopes.iter().any(|s| s.guarded);
+            let suspected = scopes.iter().any(|s| s.suspected);
             let challenge = match exemptions.known_context(request).await {
+                // A suspected network's own users pass as if nothing were suspected.
+                Ok(true) if suspected => {
+                    for scope in scopes.iter_mut().filter(|s| s.network_blocked) {
+                        scope.multiplier_override = None;
+                    }
+                    return Some(None);
+                }
                 Ok(true) => {
                     let message = if guarded {
                         "logins are guarded against credential stuffing, but the account knows this context: ask for a step-up"
@@ -86,6 +93,11 @@ impl Limiter {
                             (
                                 "login_guard",
                                 "logins are guarded against credential stuffing and the account does not know this context: ask for a step-up, then report challenge_passed",
+                            )
+                        } else if suspected {
+                            (
+                                "network_spraying",
+                                "accounts fail from this network or ASN as in password spraying and the account does not know this context: ask for a step-up, then report challenge_passed",
                             )
                         } else {
                             (
@@ -115,13 +127,27 @@ impl Limiter {
                 scope.multiplier_override = None;
             }
             return Some(Some(challenge));
-        } else if request.user.is_some()
+        }
+        None
+    }
+
+    /// Notes a request naming an account that only its address's or device's own budget
+    /// refused (after [`Limiter::lift`]): the accounts a source tries are spraying
+    /// evidence, refused or not.
+    pub(super) async fn note_budget_refusal(
+        &self,
+        class_name: &str,
+        request: &LimitRequest,
+        scopes: &[Scope],
+        outcomes: &[RawOutcome],
+    ) {
+        if let Some(exemptions) = self.exemptions.get()
+            && request.user.is_some()
             && blocked_only_by_source_budget(scopes, outcomes)
             && let Err(err) = exemptions.refused_by_budget(class_name, request).await
         {
             tracing::warn!(error.cause = %err, "a login its source's budget refused could not be counted");
         }
-        None
     }
 }
 

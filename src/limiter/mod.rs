@@ -70,6 +70,9 @@ struct Scope {
     network_blocked: bool,
     /// Blocked by the service-wide login guard alone.
     guarded: bool,
+    /// Blocked because the network or ASN is suspected of spraying, alone (a context the
+    /// account knows passes freely).
+    suspected: bool,
 }
 
 /// The limiter service.
@@ -304,6 +307,7 @@ impl Limiter {
                 multiplier_override: None,
                 network_blocked: false,
                 guarded: false,
+                suspected: false,
             }
         };
         // The client's key is formatted once, for however many IP scopes need it.
@@ -382,7 +386,7 @@ impl Limiter {
                 }
             }
         }
-        if defaults.ip_blocked || defaults.login_guard {
+        if defaults.ip_blocked || defaults.login_guard || defaults.login_suspect {
             for scope in out.iter_mut().filter(|s| {
                 matches!(
                     s.kind,
@@ -391,7 +395,9 @@ impl Limiter {
             }) {
                 scope.multiplier_override = Some(0.0);
                 scope.network_blocked = true;
-                scope.guarded = !defaults.ip_blocked;
+                scope.guarded = !defaults.ip_blocked && defaults.login_guard;
+                scope.suspected =
+                    !defaults.ip_blocked && !defaults.login_guard && defaults.login_suspect;
             }
         }
         out
@@ -496,6 +502,8 @@ impl Limiter {
                 }
             };
         }
+        self.note_budget_refusal(&class_name, request, &scopes, &outcomes)
+            .await;
         let outcomes: Vec<ScopeOutcome> = settled(&scopes, &outcomes, request)
             .map(|(scope, raw)| self.outcome(budgets, scope, raw))
             .collect();

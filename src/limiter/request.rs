@@ -26,6 +26,9 @@ pub struct Defaults {
     /// The service-wide login guard is on and the request is a login (`auth`, naming an
     /// account): its IP scopes block unless the account knows the context.
     pub login_guard: bool,
+    /// The request is a login from a network or ASN suspected of spraying: its IP scopes
+    /// block unless the account knows the context (which then passes without a step-up).
+    pub login_suspect: bool,
 }
 
 impl Default for Defaults {
@@ -37,6 +40,7 @@ impl Default for Defaults {
             shared_ip: false,
             ip_blocked: false,
             login_guard: false,
+            login_suspect: false,
         }
     }
 }

@@ -89,6 +89,7 @@ impl Limiter {
                     multiplier_override: rule.subject.is_none().then_some(1.0),
                     network_blocked: false,
                     guarded: false,
+                    suspected: false,
                     subject,
                 }
             })

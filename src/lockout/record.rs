@@ -266,6 +266,7 @@ impl Lockouts {
         counts: &[(u32, Option<i64>)],
         out: &mut Vec<(&'a SubjectKey, Consequence<'a>)>,
         networks: &mut Vec<(SubjectKey, u32)>,
+        suspects: &mut Vec<SubjectKey>,
     ) {
         let count = |i: usize| counts.get(i).map_or(0, |c| c.0);
         let account_failures = count(0);
@@ -313,6 +314,11 @@ impl Lockouts {
             let (distinct, successes) = (count(at), count(at + 1));
             if distinct >= threshold && distinct > successes {
                 networks.push((source, distinct));
+            } else if self.settings.suspect_accounts > 0
+                && distinct >= self.settings.suspect_accounts
+                && distinct > successes
+            {
+                suspects.push(source);
             }
             at += 2;
         }
@@ -348,6 +354,7 @@ impl Lockouts {
     ) -> Result<HashSet<&'a SubjectKey>, Error> {
         let mut planned = Vec::new();
         let mut networks: Vec<(SubjectKey, u32)> = Vec::new();
+        let mut suspects: Vec<SubjectKey> = Vec::new();
         let mut shared: Vec<&SubjectKey> = Vec::new();
         let shared_ips = self.scoring.shared_ips();
         let min_accounts = shared_ips.settings().min_accounts;
@@ -382,6 +389,7 @@ impl Lockouts {
                     &counts[span.clone()],
                     &mut planned,
                     &mut networks,
+                    &mut suspects,
                 );
             } else if !event.step_up
                 && shared_ips.settings().enabled
@@ -468,6 +476,7 @@ impl Lockouts {
         if let Some(err) = failed {
             return Err(err);
         }
+        self.suspect(suspects, now).await?;
         self.lock_all(&locks, markers, now).await?;
         Ok(locking)
     }
@@ -497,11 +506,12 @@ impl Lockouts {
         )
     }
 
-    /// A login refused by its network's block or by the login guard, from a context its
-    /// account does not know: the guard counts it, and a network or ASN block in its second
-    /// half is renewed for `spray_block_s` once its threshold of distinct accounts were
-    /// refused there within the window (the spraying goes on; without this the block would
-    /// lapse and let a threshold's worth of attempts through before it tipped again).
+    /// A login stopped by its network's block or suspicion or by the login guard, from a
+    /// context its account does not know: the guard counts it, and a network or ASN block
+    /// (or suspicion) in its second half is renewed for `spray_block_s` once its threshold of
+    /// distinct accounts were stopped there within the window (the spraying goes on;
+    /// without this the block would lapse and let a threshold's worth of attempts through
+    /// before it tipped again).
     pub async fn refused_unknown(&self, context: &LoginContext) -> Result<(), Error> {
         self.scoring.login_guard().refused(&context.ip);
         let now = self.clock.now_ms();
@@ -509,11 +519,17 @@ impl Lockouts {
         let half =
             i64::try_from(self.settings.spray_block_s.saturating_mul(500)).unwrap_or(i64::MAX);
         let account = Some(velocity::member_id(context.account.as_str()));
+        let suspects = self.scoring.network_suspects();
         let mut steps = Vec::new();
         let mut renewing = Vec::new();
         for (source, threshold) in self.networks(context) {
-            let Some(until) = blocks.until(&source) else {
-                continue;
+            // A block, or else a suspicion (renewed at its own threshold).
+            let (until, threshold) = match blocks.until(&source) {
+                Some(until) => (until, threshold),
+                None => match suspects.until(&source) {
+                    Some(until) => (until, self.settings.suspect_accounts),
+                    None => continue,
+                },
             };
             if until <= now || until - now > half {
                 continue;
@@ -533,11 +549,35 @@ impl Lockouts {
         }
         let counts = velocity::run_sequence(&self.hot, &steps, now).await?;
         for ((source, threshold), (distinct, _)) in renewing.into_iter().zip(counts) {
-            if distinct >= threshold {
+            if distinct < threshold {
+                continue;
+            }
+            if blocks.until(&source).is_some() {
                 self.renew_block(&source, distinct, now).await?;
+            } else {
+                let until = now.saturating_add(self.spray_block_ms());
+                suspects.block(&source, until).await?;
             }
         }
         Ok(())
+    }
+
+    /// Suspects the networks and ASNs not suspected yet, for `spray_block_s`.
+    async fn suspect(&self, mut sources: Vec<SubjectKey>, now: i64) -> Result<(), Error> {
+        let suspects = self.scoring.network_suspects();
+        let mut seen = HashSet::new();
+        sources.retain(|s| seen.insert(s.clone()) && suspects.until(s).is_none_or(|u| u <= now));
+        let until = now.saturating_add(self.spray_block_ms());
+        for source in &sources {
+            suspects.block(source, until).await?;
+            let shown = self.scoring.pseudonyms().shown_key(source.as_str());
+            tracing::info!(subject.key = %shown, "suspected of spraying: logins from contexts their accounts do not know are challenged there");
+        }
+        Ok(())
+    }
+
+    fn spray_block_ms(&self) -> i64 {
+        i64::try_from(self.settings.spray_block_s.saturating_mul(1000)).unwrap_or(i64::MAX)
     }
 
     /// Renews a network's or ASN's spraying block for `spray_block_s` from `now`.

@@ -126,6 +126,10 @@ impl Lockouts {
             && let Some(code) = self.scoring.logins_stopped(&context.ip)
         {
             let known = self.knows(context).await?;
+            // A suspected network's own users pass as if nothing were suspected.
+            if known && code == "network_spraying" {
+                return Ok(status);
+            }
             let (action, reason) = match (known, self.settings.unknown_context) {
                 (true, _) => (
                     Action::Challenge,

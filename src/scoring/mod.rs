@@ -153,6 +153,7 @@ pub struct Engine {
     alerts: Alerts,
     shared: SharedIps,
     networks: NetworkBlocks,
+    suspects: NetworkBlocks,
     guard: LoginGuard,
     asn_lookup: OnceLock<Arc<dyn AsnLookup>>,
 }
@@ -207,6 +208,12 @@ impl Engine {
                 crate::telemetry::privacy::Pseudonyms::new(&settings.privacy),
             ),
             networks: NetworkBlocks::new(stores.hot.clone(), &stores.keys, clock.clone()),
+            suspects: NetworkBlocks::named(
+                "suspect_networks",
+                stores.hot.clone(),
+                &stores.keys,
+                clock.clone(),
+            ),
             guard: LoginGuard::new(
                 settings.lockout.stuffing.clone(),
                 stores.hot.clone(),
@@ -264,6 +271,13 @@ impl Engine {
         &self.networks
     }
 
+    /// Networks and ASNs suspected of spraying from rotating addresses: a few accounts
+    /// failed from them, more than logged in (`lockout.suspect_accounts`); logins from
+    /// contexts their accounts do not know get a login challenge there.
+    pub fn network_suspects(&self) -> &NetworkBlocks {
+        &self.suspects
+    }
+
     /// The service-wide login guard (stuffing spread over many networks).
     pub fn login_guard(&self) -> &LoginGuard {
         &self.guard
@@ -275,12 +289,15 @@ impl Engine {
     }
     /// Why a login from `ip` by a context its account does not know is stopped now, as the
     /// limiter words it: `network_blocked` (its network or ASN is blocked for spraying),
-    /// `login_guard` (the service-wide guard is on), or None.
+    /// `login_guard` (the service-wide guard is on), `network_spraying` (its network or ASN
+    /// is suspected: a known context passes there freely), or None.
     pub fn logins_stopped(&self, ip: &crate::model::ClientIp) -> Option<&'static str> {
         if self.networks.is_blocked(ip, || self.asn_of(ip.addr())) {
             Some("network_blocked")
         } else if self.guard.is_active() {
             Some("login_guard")
+        } else if self.suspects.is_blocked(ip, || self.asn_of(ip.addr())) {
+            Some("network_spraying")
         } else {
             None
         }
@@ -336,6 +353,11 @@ impl DefaultMultipliers for Engine {
                     .networks
                     .is_blocked(&request.ip, || self.asn_of(request.ip.addr())),
             login_guard: class == "auth" && request.user.is_some() && self.guard.is_active(),
+            login_suspect: class == "auth"
+                && request.user.is_some()
+                && self
+                    .suspects
+                    .is_blocked(&request.ip, || self.asn_of(request.ip.addr())),
         }
     }
 }

@@ -231,8 +231,13 @@ pub struct NetworkBlocks {
 impl NetworkBlocks {
     /// The registry of one instance.
     pub fn new(hot: Hot, keys: &Keys, clock: Arc<dyn Clock>) -> Self {
+        Self::named("blocked_networks", hot, keys, clock)
+    }
+
+    /// A registry of networks and ASNs under another name (the suspected ones).
+    pub fn named(name: &str, hot: Hot, keys: &Keys, clock: Arc<dyn Clock>) -> Self {
         Self {
-            marks: Marks::new("blocked_networks", hot, keys, clock),
+            marks: Marks::new(name, hot, keys, clock),
         }
     }
 

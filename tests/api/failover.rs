@@ -207,8 +207,11 @@ async fn fail_over_under_load(
     let answers = answers.lock().await.clone();
     let before: Vec<&Answer> = answers.iter().filter(|a| a.at < killed_at).collect();
     let normal_before = before.iter().filter(|a| normal(a)).count();
+    // Normal before the kill, judged as the half-second windows after it are (95 %) with a
+    // margin: on a machine that runs the whole suite at once, a few answers of a healthy
+    // store take longer than 250 ms.
     assert!(
-        before.len() > 200 && normal_before * 100 >= before.len() * 99,
+        before.len() > 200 && normal_before * 100 >= before.len() * 97,
         "normal answers before the kill: {normal_before} of {}",
         before.len()
     );

@@ -18,6 +18,7 @@ on_both_backends!(
     spraying_from_rotating_addresses_of_one_slash_24_blocks_the_network,
     spraying_from_rotating_slash_64s_of_one_slash_48_blocks_the_network,
     spraying_from_rotating_networks_of_one_asn_blocks_the_asn,
+    a_few_accounts_failing_across_an_asn_make_it_suspected,
     a_busy_carrier_network_with_more_successes_is_not_spraying,
     stuffing_spread_over_many_networks_turns_the_login_guard_on,
     a_first_sign_in_under_the_guard_is_challenged_and_passing_makes_it_known,
@@ -425,6 +426,58 @@ async fn spraying_from_rotating_networks_of_one_asn_blocks_the_asn(app: TestApp)
         Some("network_blocked")
     );
     assert_eq!(stopped(&app, &fresh_login("203.0.113.1")).await, None);
+}
+
+/// Spraying spread thin: six accounts fail from six networks of one ASN, one each. The
+/// ASN is suspected: a login there from a context its account does not know gets a login
+/// challenge; its own users, and requests naming no account, pass as before.
+async fn a_few_accounts_failing_across_an_asn_make_it_suspected(app: TestApp) {
+    app.load_data(&[(
+        "tests/fixtures/mmdb/GeoLite2-ASN-Test.mmdb",
+        "asn/GeoLite2-ASN-Test.mmdb",
+    )])
+    .await;
+    app.post_auth(vec![
+        json!({"event_id": "resident", "type": "login_success",
+                               "account": "resident", "ip": "1.140.0.9"}),
+    ])
+    .await;
+    let failing: Vec<Value> = (1..=5)
+        .map(|i| {
+            json!({"event_id": format!("thin-{i}"), "type": "login_failure",
+                   "account": format!("thin{i}"), "ip": format!("1.{}.0.7", 130 + i)})
+        })
+        .collect();
+    app.post_auth(failing).await;
+    assert_eq!(
+        stopped(&app, &fresh_login("1.145.0.1")).await,
+        None,
+        "five accounts, one success: not yet"
+    );
+    app.post_auth(vec![
+        json!({"event_id": "thin-6", "type": "login_failure",
+                               "account": "thin6", "ip": "1.136.0.7"}),
+        json!({"event_id": "thin-7", "type": "login_failure",
+                               "account": "thin7", "ip": "1.137.0.7"}),
+    ])
+    .await;
+    assert_eq!(
+        stopped(&app, &fresh_login("1.145.0.2")).await.as_deref(),
+        Some("network_spraying")
+    );
+    let status = app.status("someone-new", "1.145.0.3", None).await;
+    assert_eq!(status["action"], "challenge", "{status}");
+    // Its own user passes freely, from a network it knows.
+    assert_eq!(
+        stopped(&app, &login("resident", "1.140.0.10", None)).await,
+        None
+    );
+    let status = app.status("resident", "1.140.0.10", None).await;
+    assert_eq!(status["action"], "none", "{status}");
+    // A request naming no account is not refused, nor a login from elsewhere.
+    let anonymous = json!({"endpoint": "/auth/login", "method": "POST", "ip": "1.145.0.4"});
+    assert_eq!(app.limit_check(&anonymous).await.status(), StatusCode::OK);
+    assert_eq!(stopped(&app, &fresh_login("203.0.113.77")).await, None);
 }
 
 async fn a_busy_carrier_network_with_more_successes_is_not_spraying(app: TestApp) {
