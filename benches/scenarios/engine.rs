@@ -606,6 +606,61 @@ pub fn distributed_stuffing(size: Size) -> Scenario {
     }
 }
 
+/// Stuffing kept just under the guard's trigger: 80 attempts every 5 minutes (the guard
+/// needs 100), each from a new /24 on another leaked account, for the whole run.
+pub fn slow_stuffing(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(14);
+    let mut requests = Vec::new();
+    let mut history = Vec::new();
+    for user in 0..size.users / 2 {
+        let ip = format!("198.18.{}.{}", user / 250, user % 250 + 1);
+        history.push(json!({"event_id": format!("home-history-{user}"),
+                            "type": "login_success", "account": format!("user{user}"),
+                            "ip": ip, "ago_s": 43_200}));
+        honest_user(&mut rng, &mut requests, user, ip, None, size, 5);
+    }
+    // 80 in 300 s: one every 3.75 s.
+    let mut at = 5_000;
+    let mut n = 0u64;
+    while at < size.duration_s * 1000 {
+        requests.push(Request {
+            at_ms: at,
+            side: Side::Attacker,
+            user: 0,
+            kind: Kind::BadLogin,
+            account: Some(format!("leaked{n}")),
+            ip: format!("{}.{}.{}.9", 20 + n % 150, n / 150 % 256, n / 38_400 % 256),
+            device: None,
+        });
+        n += 1;
+        at += 3_750;
+    }
+    Scenario {
+        name: "slow_stuffing",
+        what: "stuffing kept under the guard's trigger: 80 attempts per 5 min, each from a new /24 on another leaked account",
+        requests,
+        history,
+        data: false,
+    }
+}
+
+/// Stuffing over many networks that sends a new device id with every attempt (as a bot
+/// rotating app installs and user agents does), 10 a second.
+pub fn rotating_devices(size: Size) -> Scenario {
+    let mut scenario = distributed_stuffing(size);
+    for (n, request) in scenario
+        .requests
+        .iter_mut()
+        .filter(|r| r.side == Side::Attacker)
+        .enumerate()
+    {
+        request.device = Some(format!("install-{n}"));
+    }
+    scenario.name = "rotating_devices";
+    scenario.what = "distributed_stuffing with a new device id on every attempt (rotating installs and user agents), 10/s";
+    scenario
+}
+
 /// [`diluted_stuffing_after`] 20 quiet minutes (four of the guard's windows at the default
 /// policy's 5 minutes: it learns the service's normal from them), then five of attack.
 pub fn diluted_stuffing(size: Size) -> Scenario {
@@ -945,6 +1000,8 @@ pub fn all(size: Size) -> Vec<Scenario> {
         credential_stuffing(size),
         distributed_stuffing(size),
         diluted_stuffing(size),
+        slow_stuffing(size),
+        rotating_devices(size),
         asn_spraying(size),
         datacenter_scraper(size),
         tor_brute_force(size),
