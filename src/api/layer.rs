@@ -28,8 +28,8 @@ pub const SHADOW_HEADER: &str = "x-palisade-shadow";
 /// `X-Palisade-Challenge`: the request passes and the app should ask for a step-up.
 ///
 /// `known_context` (the account is locked but knows this context: the lockout-DoS rule),
-/// `login_guard` or `network_blocked` (a context the account does not know, during
-/// stuffing or a network's spraying block).
+/// `login_guard`, `network_blocked` or `network_spraying` (a context the account does not
+/// know, during stuffing or a network's spraying block or suspicion).
 pub const CHALLENGE_HEADER: &str = "x-palisade-challenge";
 /// `X-Palisade-Challenge-Id`: a login challenge's id, for the auth service's
 /// `challenge_passed` event.

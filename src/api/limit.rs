@@ -97,9 +97,10 @@ pub struct LimitAllowed {
     /// Present when the request passes on condition of a step-up (also sent as
     /// `X-Palisade-Challenge`, and the id as `X-Palisade-Challenge-Id`): `known_context`,
     /// the account is locked but knows this context (a recent login from this device, IP or
-    /// network, or an attested device); `login_guard` or `network_blocked`, a login from a
-    /// context the account does not know while the service is under credential stuffing or
-    /// its network is blocked for spraying. A login challenge carries an `id`: the auth
+    /// network, or an attested device); `login_guard`, `network_blocked` or
+    /// `network_spraying`, a login from a context the account does not know while the
+    /// service is under credential stuffing or its network is blocked or suspected for
+    /// spraying. A login challenge carries an `id`: the auth
     /// service reports it as `challenge_passed` once the person passed the step-up.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub challenge: Option<ChallengeView>,
@@ -108,14 +109,14 @@ pub struct LimitAllowed {
 /// Why an allowed request should be challenged.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChallengeView {
-    /// `known_context`, `login_guard` or `network_blocked`.
+    /// `known_context`, `login_guard`, `network_blocked` or `network_spraying`.
     pub code: String,
     /// A sentence.
     pub message: String,
     /// The lockout the context is exempt from (absent for a network's block).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lockout_id: Option<String>,
-    /// A login challenge's id (`login_guard`, `network_blocked`), valid
+    /// A login challenge's id (`login_guard`, `network_blocked`, `network_spraying`), valid
     /// `lockout.challenge_ttl_s`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
