@@ -160,12 +160,13 @@ function chart(series) {
 
 async function overviewView(params) {
   const window = params.get("window") === "day" ? "day" : "hour";
-  const [active, notYet, alerts, offenders, rates] = await Promise.all([
+  const [active, notYet, alerts, offenders, rates, guard] = await Promise.all([
     api("GET", "/v1/lockouts?limit=500"),
     api("GET", "/v1/accounts/failing?locked=false&limit=10"),
     api("GET", "/v1/alerts?limit=10"),
     api("GET", "/v1/offenders?limit=10"),
     api("GET", "/v1/stats/decisions?window=" + window),
+    api("GET", "/v1/login-guard"),
   ]);
   const activeCount = active.items.length + (active.next_cursor ? "+" : "");
   show("Overview",
@@ -176,7 +177,8 @@ async function overviewView(params) {
         h("div", { class: "big" }, notYet.items.length === 10 ? "10+" : notYet.items.length),
         h("a", { href: "#/failing" }, "See who")),
       h("div", { class: "card" }, h("div", { class: "muted" }, "Alerts (latest)"),
-        h("div", { class: "big" }, alerts.items.length), h("a", { href: "#/alerts" }, "Open alerts"))),
+        h("div", { class: "big" }, alerts.items.length), h("a", { href: "#/alerts" }, "Open alerts")),
+      guardCard(guard)),
     h("h2", {}, "Block rate per class, last " + window + " (this instance)"),
     h("p", {}, h("a", { href: "#/?window=hour", "aria-current": window === "hour" ? "true" : null }, "Hour"), " · ",
       h("a", { href: "#/?window=day", "aria-current": window === "day" ? "true" : null }, "Day")),
@@ -191,6 +193,19 @@ async function overviewView(params) {
       subjectLink(o.key), num(o.count), when(o.tightened_until)]), "No repeat offenders."),
     h("h2", {}, "Latest alerts"),
     alertsTable(alerts.items));
+}
+
+// The login guard: on or off, and the failures from unknown contexts against the threshold
+// in force (learned from this hour of the day's normal, or the first days' floor).
+function guardCard(guard) {
+  const basis = guard.learned
+    ? `${guard.surge_factor}× this hour's normal of ${guard.normal.toFixed(1)}`
+    : `at least ${guard.min_failures}, ${Math.round(guard.failure_share * 100)}% of logins (normal not learned yet)`;
+  return h("div", { class: "card" }, h("div", { class: "muted" }, "Login guard"),
+    h("div", { class: "big", id: "guard-state" }, guard.active ? "on" : "off"),
+    h("div", { class: "legend", id: "guard-threshold" },
+      `${guard.unknown_failures} of ${guard.threshold} failures from unknown contexts in ${guard.window_s / 60} min (${basis})`),
+    guard.blocked_networks.length ? h("div", { class: "legend" }, `${guard.blocked_networks.length} networks blocked`) : null);
 }
 
 function subjectLink(key) {

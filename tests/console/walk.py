@@ -50,6 +50,10 @@ def main():
         page.get_by_role("button", name="Sign in").click()
         expect(page.get_by_role("heading", name="Overview")).to_be_visible()
         expect(page.locator("#active-count")).to_have_text("5")
+        # The login guard and the threshold in force.
+        expect(page.locator("#guard-state")).to_have_text("off")
+        expect(page.locator("#guard-threshold")).to_contain_text("failures from unknown contexts")
+        expect(page.locator("#guard-threshold")).to_contain_text("of 100 ")
         expect(page.get_by_text("auth", exact=True).first).to_be_visible()
         shot(page, "overview")
 
