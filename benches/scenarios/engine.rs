@@ -371,23 +371,34 @@ fn honest_user(
 ) {
     let end = size.duration_s * 1000;
     let login_at = rng.random_range(0..end * 2 / 3);
-    let account = format!("user{user}");
     let base = Request {
         at_ms: login_at,
         side: Side::Honest,
         user,
         kind: Kind::Login,
-        account: Some(account),
+        account: Some(format!("user{user}")),
         ip,
         device,
     };
+    login_then_read(rng, out, &base, reads, end + 11_000);
+}
+
+/// `base`'s login (3 % mistyped first, then right 10 s later), then `reads` authenticated
+/// reads from 11 s after it until `until_ms`.
+fn login_then_read(
+    rng: &mut StdRng,
+    out: &mut Vec<Request>,
+    base: &Request,
+    reads: u32,
+    until_ms: u64,
+) {
     if rng.random_bool(0.03) {
         out.push(Request {
             kind: Kind::BadLogin,
             ..base.clone()
         });
         out.push(Request {
-            at_ms: login_at + 10_000,
+            at_ms: base.at_ms + 10_000,
             ..base.clone()
         });
     } else {
@@ -395,11 +406,43 @@ fn honest_user(
     }
     for _ in 0..reads {
         out.push(Request {
-            at_ms: rng.random_range(login_at + 11_000..end + 11_000),
+            at_ms: rng.random_range(base.at_ms + 11_000..until_ms),
             kind: Kind::Read,
             ..base.clone()
         });
     }
+}
+
+/// Half of `size.users` honest users at home (`198.18.x.y`), each with a login and 5 reads;
+/// they logged in from home half a day ago, but 1 in `new_every` (if any), who signs in for
+/// the first time.
+fn home_users(
+    rng: &mut StdRng,
+    requests: &mut Vec<Request>,
+    history: &mut Vec<Value>,
+    size: Size,
+    new_every: Option<u32>,
+) {
+    for user in 0..size.users / 2 {
+        let ip = format!("198.18.{}.{}", user / 250, user % 250 + 1);
+        if new_every.is_none_or(|every| user % every != 0) {
+            history.push(json!({"event_id": format!("home-history-{user}"),
+                                "type": "login_success", "account": format!("user{user}"),
+                                "ip": ip, "ago_s": 43_200}));
+        }
+        honest_user(rng, requests, user, ip, None, size, 5);
+    }
+}
+
+/// Attempt `n`'s address in a proxy pool spread over many networks: a new /24 each, over 150
+/// /8s, host `host`.
+fn pool_address(n: u64, host: u8) -> String {
+    format!(
+        "{}.{}.{}.{host}",
+        20 + n % 150,
+        n / 150 % 256,
+        n / 38_400 % 256
+    )
 }
 
 /// One attacker's logins with wrong passwords: `per_s` a second from `from_s` on, each
@@ -573,29 +616,9 @@ pub fn distributed_stuffing(size: Size) -> Scenario {
     let mut rng = StdRng::seed_from_u64(8);
     let mut requests = Vec::new();
     let mut history = Vec::new();
-    for user in 0..size.users / 2 {
-        let ip = format!("198.18.{}.{}", user / 250, user % 250 + 1);
-        if user % 20 != 0 {
-            // Logged in half a day ago.
-            history.push(json!({"event_id": format!("home-history-{user}"),
-                                "type": "login_success", "account": format!("user{user}"),
-                                "ip": ip, "ago_s": 43_200}));
-        }
-        honest_user(&mut rng, &mut requests, user, ip, None, size, 5);
-    }
+    home_users(&mut rng, &mut requests, &mut history, size, Some(20));
     attacker(&mut requests, size, 5, 10, |n| {
-        // A new /24 each attempt, spread over 150 /8s.
-        (
-            format!(
-                "{}.{}.{}.{}",
-                20 + n % 150,
-                n / 150 % 256,
-                n / 38_400 % 256,
-                9
-            ),
-            format!("leaked{n}"),
-            None,
-        )
+        (pool_address(n, 9), format!("leaked{n}"), None)
     });
     Scenario {
         name: "distributed_stuffing",
@@ -612,13 +635,7 @@ pub fn slow_stuffing(size: Size) -> Scenario {
     let mut rng = StdRng::seed_from_u64(14);
     let mut requests = Vec::new();
     let mut history = Vec::new();
-    for user in 0..size.users / 2 {
-        let ip = format!("198.18.{}.{}", user / 250, user % 250 + 1);
-        history.push(json!({"event_id": format!("home-history-{user}"),
-                            "type": "login_success", "account": format!("user{user}"),
-                            "ip": ip, "ago_s": 43_200}));
-        honest_user(&mut rng, &mut requests, user, ip, None, size, 5);
-    }
+    home_users(&mut rng, &mut requests, &mut history, size, None);
     // 80 in 300 s: one every 3.75 s.
     let mut at = 5_000;
     let mut n = 0u64;
@@ -629,7 +646,7 @@ pub fn slow_stuffing(size: Size) -> Scenario {
             user: 0,
             kind: Kind::BadLogin,
             account: Some(format!("leaked{n}")),
-            ip: format!("{}.{}.{}.9", 20 + n % 150, n / 150 % 256, n / 38_400 % 256),
+            ip: pool_address(n, 9),
             device: None,
         });
         n += 1;
@@ -675,24 +692,14 @@ pub fn diluted_stuffing_after(size: Size, quiet_s: u64) -> Scenario {
     let mut rng = StdRng::seed_from_u64(12);
     let mut requests = Vec::new();
     let mut history = Vec::new();
-    for user in 0..size.users / 2 {
-        let ip = format!("198.18.{}.{}", user / 250, user % 250 + 1);
-        history.push(json!({"event_id": format!("home-history-{user}"),
-                            "type": "login_success", "account": format!("user{user}"),
-                            "ip": ip, "ago_s": 43_200}));
-        honest_user(&mut rng, &mut requests, user, ip, None, size, 5);
-    }
+    home_users(&mut rng, &mut requests, &mut history, size, None);
     let from_s = quiet_s;
     let size = Size {
         duration_s: quiet_s + size.duration_s,
         ..size
     };
     attacker(&mut requests, size, from_s, 10, |n| {
-        (
-            format!("{}.{}.{}.9", 20 + n % 150, n / 150 % 256, n / 38_400 % 256),
-            format!("leaked{n}"),
-            None,
-        )
+        (pool_address(n, 9), format!("leaked{n}"), None)
     });
     let mut at = from_s * 1000;
     let mut n = 0u64;
@@ -703,12 +710,8 @@ pub fn diluted_stuffing_after(size: Size, quiet_s: u64) -> Scenario {
             user: 0,
             kind: Kind::Login,
             account: Some(format!("owned{}", n % 50)),
-            ip: format!(
-                "{}.{}.{}.77",
-                20 + n % 150,
-                n / 150 % 256,
-                128 + n / 38_400 % 128
-            ),
+            // Apart from the failing attempts' /24s (their third octet is below 128 in a run).
+            ip: pool_address(n + 128 * 38_400, 77),
             device: None,
         });
         n += 1;
@@ -735,9 +738,8 @@ pub fn forced_relogin(size: Size) -> Scenario {
         history.push(json!({"event_id": format!("relogin-history-{user}"),
                             "type": "login_success", "account": format!("user{user}"),
                             "ip": ip, "device_id": device, "ago_s": 80_000}));
-        let login_at = 30_000 + rng.random_range(0..60_000);
         let base = Request {
-            at_ms: login_at,
+            at_ms: 30_000 + rng.random_range(0..60_000),
             side: Side::Honest,
             user,
             kind: Kind::Login,
@@ -745,25 +747,7 @@ pub fn forced_relogin(size: Size) -> Scenario {
             ip,
             device: Some(device),
         };
-        if rng.random_bool(0.03) {
-            requests.push(Request {
-                kind: Kind::BadLogin,
-                ..base.clone()
-            });
-            requests.push(Request {
-                at_ms: login_at + 10_000,
-                ..base.clone()
-            });
-        } else {
-            requests.push(base.clone());
-        }
-        for _ in 0..3 {
-            requests.push(Request {
-                at_ms: rng.random_range(login_at + 11_000..size.duration_s * 1000),
-                kind: Kind::Read,
-                ..base.clone()
-            });
-        }
+        login_then_read(&mut rng, &mut requests, &base, 3, size.duration_s * 1000);
     }
     Scenario {
         name: "forced_relogin",
