@@ -17,6 +17,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 mod gateway;
+pub mod guard;
 pub mod health;
 pub mod layer;
 pub mod limit;
@@ -159,6 +160,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(reputation::routes())
         .merge(lists::routes())
         .merge(scoring::routes())
+        .merge(guard::routes())
         .merge(attestations::routes())
         .merge(gateway::routes())
 }
