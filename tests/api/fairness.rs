@@ -509,13 +509,7 @@ fn stuffing(from: usize, n: usize) -> Vec<Value> {
 
 async fn stuffing_spread_over_many_networks_turns_the_login_guard_on(app: TestApp) {
     // 100 accounts log in from home; 60 logins fail elsewhere: a failure share of 0.375.
-    let homes: Vec<Value> = (0..100)
-        .map(|i| {
-            json!({"event_id": format!("home-{i}"), "type": "login_success",
-                   "account": format!("member{i}"), "ip": format!("198.18.{}.{}", i / 50, i % 50 + 1)})
-        })
-        .collect();
-    app.post_auth(homes).await;
+    members_at_home(&app).await;
     app.post_auth(stuffing(0, 60)).await;
     let (status, body) = status_of(&app, &fresh_login("192.0.2.80")).await;
     assert_eq!(status, StatusCode::OK, "a minority of failures: {body}");
@@ -604,6 +598,12 @@ async fn stuffing_spread_over_many_networks_turns_the_login_guard_on(app: TestAp
 
 /// The guard on: 100 members logged in from home, then 180 logins failed elsewhere.
 async fn turn_the_guard_on(app: &TestApp) {
+    members_at_home(app).await;
+    app.post_auth(stuffing(0, 180)).await;
+}
+
+/// 100 members log in from home (`member{i}` from `198.18.{i / 50}.{i % 50 + 1}`).
+async fn members_at_home(app: &TestApp) {
     let homes: Vec<Value> = (0..100)
         .map(|i| {
             json!({"event_id": format!("home-{i}"), "type": "login_success",
@@ -611,7 +611,6 @@ async fn turn_the_guard_on(app: &TestApp) {
         })
         .collect();
     app.post_auth(homes).await;
-    app.post_auth(stuffing(0, 180)).await;
 }
 
 fn challenge_passed(id: &str, account: &str, ip: &str, challenge: Option<&str>) -> Value {
