@@ -6,7 +6,7 @@
 
 use super::*;
 use palisade::api::envoy::proto::{
-    Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
+    Code, Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient,
 };
 
 /// wrk's forward-auth requests: the same 4 scopes as the JSON check (global, IP, user,
@@ -103,7 +103,7 @@ fn grpc_run(address: SocketAddr, concurrency: u64, seconds: u64) -> (f64, f64, u
             .map(|i| {
                 let channel = channels[i as usize % channels.len()].clone();
                 tokio::spawn(async move {
-                    let mut grpc = tonic::client::Grpc::new(channel);
+                    let mut client = RateLimitServiceClient::new(channel);
                     let (mut calls, mut not_ok) = (0u64, 0u64);
                     while Instant::now() < deadline {
                         let n: u32 = rand::rng().random_range(0..100_000);
@@ -113,8 +113,7 @@ fn grpc_run(address: SocketAddr, concurrency: u64, seconds: u64) -> (f64, f64, u
                                 key: key.to_owned(),
                                 value,
                             }],
-                            limit: None,
-                            hits_addend: None,
+                            ..RateLimitDescriptor::default()
                         };
                         let request = RateLimitRequest {
                             domain: "edge".to_owned(),
@@ -130,19 +129,12 @@ fn grpc_run(address: SocketAddr, concurrency: u64, seconds: u64) -> (f64, f64, u
                         request
                             .metadata_mut()
                             .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
-                        grpc.ready().await.unwrap();
-                        let answer: Result<tonic::Response<RateLimitResponse>, _> = grpc
-                            .unary(
-                                request,
-                                axum::http::uri::PathAndQuery::from_static(
-                                    palisade::api::envoy::SHOULD_RATE_LIMIT,
-                                ),
-                                tonic_prost::ProstCodec::default(),
-                            )
-                            .await;
+                        let answer: Result<tonic::Response<RateLimitResponse>, _> =
+                            client.should_rate_limit(request).await;
                         calls += 1;
-                        // OK is 1 in Envoy's `Code`.
-                        not_ok += u64::from(answer.map_or(true, |a| a.get_ref().overall_code != 1));
+                        not_ok += u64::from(
+                            answer.map_or(true, |a| a.get_ref().overall_code != Code::Ok as i32),
+                        );
                     }
                     (calls, not_ok)
                 })

@@ -58,8 +58,7 @@ fn rules_of(rules: &Rules, request: &RateLimitRequest) -> Result<Vec<Rule>, toni
         }
         let hits = descriptor
             .hits_addend
-            .as_ref()
-            .map_or(u64::from(request.hits_addend), |h| h.value)
+            .unwrap_or(u64::from(request.hits_addend))
             .max(1);
         let hits = u32::try_from(hits).map_err(|_| {
             tonic::Status::invalid_argument(format!("hits_addend {hits} is too large"))
@@ -120,7 +119,7 @@ pub(super) async fn answer(
                     code: Code::Ok as i32,
                     current_limit: None,
                     limit_remaining: u32::MAX,
-                    duration_until_reset: None,
+                    ..DescriptorStatus::default()
                 });
             }
             Rule::Limited(m, hits) => {
@@ -238,10 +237,8 @@ fn status(m: &Matched, outcome: &RuleOutcome) -> DescriptorStatus {
         } else {
             0
         },
-        duration_until_reset: Some(proto::Duration {
-            seconds: i64::try_from(outcome.reset_ms / 1000).unwrap_or(i64::MAX),
-            nanos: i32::try_from((outcome.reset_ms % 1000) * 1_000_000).unwrap_or(0),
-        }),
+        duration_until_reset: Some(super::envoy::duration(outcome.reset_ms)),
+        ..DescriptorStatus::default()
     }
 }
 

@@ -11,7 +11,6 @@ mod automatic;
 mod console;
 mod context;
 pub mod envoy;
-mod envoy_descriptor;
 mod envoy_rules;
 pub mod error;
 pub mod events;

@@ -146,7 +146,7 @@ async fn upstreams_example_config_limits_as_upstream_does(app: TestApp) {
     assert_eq!(codes(&second), (OVER, vec![OVER]));
     // hits_addend counts several hits at once.
     let mut heavy = descriptor(&[("unspec", "bulk")]);
-    heavy.hits_addend = Some(palisade::api::envoy::proto::UInt64Value { value: 2 });
+    heavy.hits_addend = Some(2);
     let bulk = envoy.call(Some(ADMIN_TOKEN), call(heavy)).await.unwrap();
     assert_eq!(
         (bulk.overall_code, bulk.statuses[0].limit_remaining),
@@ -450,6 +450,35 @@ async fn grpc_reflection_lets_a_generic_client_call_the_service() {
             .is_some_and(|h| !h.is_empty())
     );
     assert_eq!(result["health"]["status"], "SERVING");
+    // What reflection serves is the whole compiled set: every file, field for field, Envoy's
+    // comments included, and nothing else.
+    let compiled = <prost_types::FileDescriptorSet as prost::Message>::decode(
+        palisade::api::envoy::proto::FILE_DESCRIPTOR_SET,
+    )
+    .unwrap();
+    let served = result["files"].as_object().expect("files");
+    let mut compiled_names: Vec<&str> = compiled.file.iter().map(|f| f.name()).collect();
+    let mut served_names: Vec<&str> = served.keys().map(String::as_str).collect();
+    compiled_names.sort_unstable();
+    served_names.sort_unstable();
+    assert_eq!(served_names, compiled_names);
+    assert!(compiled_names.contains(&"envoy/service/ratelimit/v3/rls.proto"));
+    assert!(compiled_names.contains(&"validate/validate.proto"));
+    for file in &compiled.file {
+        use base64::Engine as _;
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(served[file.name()].as_str().unwrap())
+            .unwrap();
+        let served =
+            <prost_types::FileDescriptorProto as prost::Message>::decode(&raw[..]).unwrap();
+        assert_eq!(&served, file, "{} as served", file.name());
+        // Google's well-known types come with protox, without their comments.
+        assert!(
+            file.source_code_info.is_some() || file.name().starts_with("google/protobuf/"),
+            "{} carries its comments",
+            file.name()
+        );
+    }
     // The call is timed.
     let metrics = app.get("/metrics", None).await.text().await.unwrap();
     assert!(

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use palisade::api::envoy::proto::{
-    Code, Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, Unit,
+    Code, Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient,
+    Unit,
 };
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -28,7 +29,7 @@ on_both_backends!(
 
 /// A tonic client of the rate limit service of `app`, served on an ephemeral port.
 pub(crate) struct Envoy {
-    grpc: tonic::client::Grpc<tonic::transport::Channel>,
+    client: RateLimitServiceClient<tonic::transport::Channel>,
     channel: tonic::transport::Channel,
     /// Where it listens.
     pub(crate) address: std::net::SocketAddr,
@@ -54,7 +55,7 @@ impl Envoy {
             .await
             .expect("connect to the gRPC service");
         Envoy {
-            grpc: tonic::client::Grpc::new(channel.clone()),
+            client: RateLimitServiceClient::new(channel.clone()),
             channel,
             address,
             _stop: stop,
@@ -66,17 +67,14 @@ impl Envoy {
         token: Option<&str>,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, tonic::Status> {
-        self.grpc.ready().await.unwrap();
         let mut request = tonic::Request::new(request);
         if let Some(token) = token {
             request
                 .metadata_mut()
                 .insert("authorization", format!("Bearer {token}").parse().unwrap());
         }
-        let path =
-            axum::http::uri::PathAndQuery::from_static(palisade::api::envoy::SHOULD_RATE_LIMIT);
-        self.grpc
-            .unary(request, path, tonic_prost::ProstCodec::default())
+        self.client
+            .should_rate_limit(request)
             .await
             .map(tonic::Response::into_inner)
     }
@@ -91,8 +89,7 @@ pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
                 value: (*value).to_owned(),
             })
             .collect(),
-        limit: None,
-        hits_addend: None,
+        ..RateLimitDescriptor::default()
     }
 }
 
@@ -173,8 +170,7 @@ async fn envoy_descriptors_get_the_http_check_decision(app: TestApp) {
         .unwrap();
     assert_eq!(answer.statuses[1].limit_remaining, 2);
     let mut request = login("203.0.113.6", "bob", 1);
-    request.descriptors[1].hits_addend =
-        Some(palisade::api::envoy::proto::UInt64Value { value: 2 });
+    request.descriptors[1].hits_addend = Some(2);
     let answer = envoy.call(Some(ADMIN_TOKEN), request).await.unwrap();
     assert_eq!(answer.statuses[1].limit_remaining, 0);
     let answer = envoy
