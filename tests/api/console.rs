@@ -1,7 +1,8 @@
 //! The analyst console: served with a strict content policy, and walked by an analyst in a
 //! real headless Chromium (`tests/console/walk.py`, Playwright for Python driving Debian's
-//! `chromium`): sign in, find the accounts a scripted attack locked, read why, release them
-//! in bulk, see the audit entry.
+//! `chromium`): sign in, read the login guard and the charts, find the accounts a scripted
+//! attack locked, read why, release one where it is shown and the rest in bulk, see the audit
+//! entry; then an unreachable API, a refused search and a phone.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -69,9 +70,15 @@ async fn an_analyst_finds_reads_and_releases_in_a_real_browser() {
     let app = TestApp::spawn(Backend::Embedded).await.unwrap();
     // A scripted attack: three accounts guessed from one address, one from another, and an
     // account whose name is markup.
-    for account in ["victim-1", "victim-2", "victim-3"] {
-        app.fail(&format!("w-{account}"), account, &["198.51.100.7"], 10)
-            .await;
+    // victim-2's batch holds three failures past the tenth: its lockout lists them apart.
+    for (account, failures) in [("victim-1", 10), ("victim-2", 13), ("victim-3", 10)] {
+        app.fail(
+            &format!("w-{account}"),
+            account,
+            &["198.51.100.7"],
+            failures,
+        )
+        .await;
     }
     app.fail("w-other", "other-user", &["203.0.113.9"], 10)
         .await;
@@ -92,6 +99,16 @@ async fn an_analyst_finds_reads_and_releases_in_a_real_browser() {
             Some(crate::helpers::ADMIN_TOKEN),
             &serde_json::json!({"account": "partner", "classes": ["read"], "multiplier": 3.0,
                 "expires_at": until, "reason": "launch day"}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    // An IPv6 household's /64, the subject an IPv6 client is keyed by.
+    let response = app
+        .post(
+            "/v1/overrides",
+            Some(crate::helpers::ADMIN_TOKEN),
+            &serde_json::json!({"ip": "2001:db8:1::5", "multiplier": 0.5,
+                "expires_at": until, "reason": "noisy household"}),
         )
         .await;
     assert_eq!(response.status(), StatusCode::CREATED);
