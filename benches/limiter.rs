@@ -110,6 +110,7 @@ pub fn full_check(c: &mut Criterion) {
             user: Some(SubjectKey::user(&format!("user-{i}"), 64).unwrap()),
             device: Some(SubjectKey::device(&format!("device-{i}"), 64).unwrap()),
             tenant: None,
+            recipient: None,
             cost: 1,
             consume: true,
         })
@@ -123,6 +124,85 @@ pub fn full_check(c: &mut Criterion) {
             black_box(decision.allowed)
         });
     });
+    group.finish();
+}
+
+/// A messaging check (`POST /otp/send`, anonymous) in-process, without and with a recipient
+/// (a phone number: its parse to E.164 and the recipient and destination buckets), and the
+/// parse of a phone number, an e-mail address and a push token alone.
+pub fn messaging_check(c: &mut Criterion) {
+    use palisade::config::MessagingSettings;
+    use palisade::messaging::Recipient;
+    let mut group = c.benchmark_group("messaging_check_in_process");
+    group.throughput(Throughput::Elements(1));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let mut settings = LimitSettings::default();
+    for budget in &mut settings.budgets {
+        budget.limit = 1_000_000_000;
+        budget.period_s = 1_000_000_000;
+    }
+    let limiter = Limiter::new(
+        &settings,
+        Hot::Memory(MemoryHot::new()),
+        Keys::new("pal"),
+        Arc::new(clock.clone()),
+    );
+    let messaging = MessagingSettings::default();
+    let numbers: Vec<String> = (0..KEYS)
+        .map(|i| format!("+44 7{:03} {:06}", 100 + i % 900, i))
+        .collect();
+    let request = |i: usize, recipient: Option<Recipient>| LimitRequest {
+        method: "POST".to_owned(),
+        endpoint: "/otp/send".to_owned(),
+        ip: ClientIp::parse(
+            &format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+            64,
+        )
+        .unwrap(),
+        user: None,
+        device: None,
+        tenant: None,
+        recipient,
+        cost: 1,
+        consume: true,
+    };
+    let mut index = 0usize;
+    group.bench_function(BenchmarkId::new("without_recipient", KEYS), |b| {
+        b.iter(|| {
+            index = (index + 1) % numbers.len();
+            clock.advance(Duration::from_micros(1));
+            let decision = runtime
+                .block_on(limiter.check(&request(index, None)))
+                .unwrap();
+            black_box(decision.allowed)
+        });
+    });
+    group.bench_function(BenchmarkId::new("with_phone_recipient", KEYS), |b| {
+        b.iter(|| {
+            index = (index + 1) % numbers.len();
+            clock.advance(Duration::from_micros(1));
+            let recipient = Recipient::parse(&numbers[index], &messaging).unwrap();
+            let decision = runtime
+                .block_on(limiter.check(&request(index, Some(recipient))))
+                .unwrap();
+            black_box(decision.allowed)
+        });
+    });
+    for (name, raw) in [
+        ("parse_phone", "+44 7700 900123"),
+        ("parse_email", "J.Doe+news@gmail.com"),
+        (
+            "parse_push_token",
+            "fcm:APA91bHPRgkF3JUikC4ENAHEeMrd41Zxv3hVZjC9KtT8OvPVGJ",
+        ),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| black_box(Recipient::parse(black_box(raw), &messaging).unwrap()))
+        });
+    }
     group.finish();
 }
 

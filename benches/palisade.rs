@@ -17,6 +17,7 @@ criterion_group!(
     benches,
     limiter::in_process_vs_governor,
     limiter::full_check,
+    limiter::messaging_check,
     limiter::reply_decoding,
     policy::replay,
     reputation::lookups,

@@ -221,6 +221,10 @@ pub struct LimitCheck {
     /// The device.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Who the message or notification it asks for goes to (a phone number, e-mail address
+    /// or push token).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recipient: Option<String>,
     /// Tokens it costs (default 1).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<u32>,

@@ -40,6 +40,12 @@ pub enum SubjectKind {
     /// A tenant: the partner, customer or app a request is made for, as the gateway
     /// authenticated it (an API key's owner).
     Tenant,
+    /// Who a message or notification goes to: an E.164 phone number, an e-mail address or
+    /// a push token's hash, in canonical form (`messaging::Recipient`).
+    Recipient,
+    /// Where messages go in bulk: a phone number's country code and leading digits, or an
+    /// e-mail address's domain.
+    Destination,
 }
 
 impl SubjectKind {
@@ -52,6 +58,8 @@ impl SubjectKind {
             SubjectKind::Device => "device",
             SubjectKind::Asn => "asn",
             SubjectKind::Tenant => "tenant",
+            SubjectKind::Recipient => "recipient",
+            SubjectKind::Destination => "destination",
         }
     }
 }
@@ -403,6 +411,16 @@ impl SubjectKey {
         Self::bounded(SubjectKind::Tenant, "tenant", id, max_len)
     }
 
+    /// A messaging recipient or destination, already canonical (`messaging::Recipient`
+    /// builds them).
+    pub fn messaging(kind: SubjectKind, canonical: &str) -> Self {
+        debug_assert!(matches!(
+            kind,
+            SubjectKind::Recipient | SubjectKind::Destination
+        ));
+        Self::with_id(kind, &encode(canonical))
+    }
+
     /// An autonomous system number.
     pub fn asn(asn: u32) -> Self {
         Self::with_id(SubjectKind::Asn, &asn.to_string())
@@ -419,7 +437,7 @@ impl SubjectKey {
     }
 
     /// Reads back a key's text form (`ip:…`, `user:…`, `device:…`, `asn:…`, `tenant:…`,
-    /// `global`), as
+    /// `recipient:…`, `destination:…`, `global`), as
     /// built by the constructors and stored in the hot store. None for anything else.
     pub fn from_text(text: &str) -> Option<Self> {
         if text == "global" {
@@ -432,6 +450,8 @@ impl SubjectKey {
             "device" => SubjectKind::Device,
             "asn" => SubjectKind::Asn,
             "tenant" => SubjectKind::Tenant,
+            "recipient" => SubjectKind::Recipient,
+            "destination" => SubjectKind::Destination,
             _ => return None,
         };
         let clean = !id.is_empty()

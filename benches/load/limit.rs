@@ -170,6 +170,7 @@ pub(crate) fn limiter_direct_on(
                             palisade::model::SubjectKey::device(&format!("d{n}"), 64).unwrap(),
                         ),
                         tenant: None,
+                        recipient: None,
                         cost: 1,
                         consume: true,
                     };
@@ -273,6 +274,7 @@ pub(crate) fn flood_section(keys: u64) {
                 user: Some(palisade::model::SubjectKey::user(&format!("{user:x}"), 256).unwrap()),
                 device: None,
                 tenant: None,
+                recipient: None,
                 cost: 1,
                 consume: true,
             };

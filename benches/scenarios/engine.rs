@@ -50,6 +50,9 @@ pub enum Kind {
     Read,
     /// An anonymous search (an expensive class).
     Search,
+    /// A request for a one-time code by SMS to [`Request::recipient`] (`messaging`): the
+    /// backend sends a message for each one admitted.
+    OtpSend,
 }
 
 /// One request of a scenario.
@@ -69,6 +72,8 @@ pub struct Request {
     pub ip: String,
     /// The device id, if the client sends one.
     pub device: Option<String>,
+    /// Who a message goes to ([`Kind::OtpSend`]).
+    pub recipient: Option<String>,
 }
 
 /// A scenario: what it models, its traffic, and what must be loaded first.
@@ -173,6 +178,7 @@ fn check_body(request: &Request) -> Value {
         Kind::Login | Kind::BadLogin => ("POST", "/auth/login"),
         Kind::Read => ("GET", "/feed"),
         Kind::Search => ("GET", "/search"),
+        Kind::OtpSend => ("POST", "/otp/send"),
     };
     let mut body = json!({"endpoint": endpoint, "method": method, "ip": request.ip});
     if let Some(account) = &request.account {
@@ -180,6 +186,9 @@ fn check_body(request: &Request) -> Value {
     }
     if let Some(device) = &request.device {
         body["device_id"] = json!(device);
+    }
+    if let Some(recipient) = &request.recipient {
+        body["recipient"] = json!(recipient);
     }
     body
 }
@@ -379,6 +388,7 @@ fn honest_user(
         account: Some(format!("user{user}")),
         ip,
         device,
+        recipient: None,
     };
     login_then_read(rng, out, &base, reads, end + 11_000);
 }
@@ -467,6 +477,7 @@ fn attacker(
             account: Some(account),
             ip,
             device,
+            recipient: None,
         });
         n += 1;
         at += every_ms;
@@ -648,6 +659,7 @@ pub fn slow_stuffing(size: Size) -> Scenario {
             account: Some(format!("leaked{n}")),
             ip: pool_address(n, 9),
             device: None,
+            recipient: None,
         });
         n += 1;
         at += 3_750;
@@ -713,6 +725,7 @@ pub fn diluted_stuffing_after(size: Size, quiet_s: u64) -> Scenario {
             // Apart from the failing attempts' /24s (their third octet is below 128 in a run).
             ip: pool_address(n + 128 * 38_400, 77),
             device: None,
+            recipient: None,
         });
         n += 1;
         at += 1000 / 12;
@@ -746,6 +759,7 @@ pub fn forced_relogin(size: Size) -> Scenario {
             account: Some(format!("user{user}")),
             ip,
             device: Some(device),
+            recipient: None,
         };
         login_then_read(&mut rng, &mut requests, &base, 3, size.duration_s * 1000);
     }
@@ -778,6 +792,7 @@ pub fn asn_spraying(size: Size) -> Scenario {
                 account: Some(format!("sprayed{source}-{target}")),
                 ip: format!("1.{}.{}.7", 130 + source, source * 3),
                 device: None,
+                recipient: None,
             });
         }
     }
@@ -807,6 +822,7 @@ pub fn datacenter_scraper(size: Size) -> Scenario {
                 account: None,
                 ip: ip.clone(),
                 device: None,
+                recipient: None,
             });
         }
     }
@@ -822,6 +838,7 @@ pub fn datacenter_scraper(size: Size) -> Scenario {
             // In 1.12.0.0/14, a datacenter range of the shipped lists.
             ip: "1.12.0.5".to_owned(),
             device: None,
+            recipient: None,
         });
         at += every_ms;
     }
@@ -913,6 +930,7 @@ pub fn flash_crowd(size: Size) -> Scenario {
             account: Some(format!("fan{user}")),
             ip,
             device: Some(format!("fan-phone{user}")),
+            recipient: None,
         };
         let reads: Vec<u64> = (0..10)
             .map(|k| 1_000 + k * rng.random_range(500..3_000))
@@ -951,6 +969,7 @@ pub fn carrier_flash_crowd(size: Size) -> Scenario {
             account: Some(account),
             ip: nat.to_owned(),
             device: Some(device),
+            recipient: None,
         };
         let reads: Vec<u64> = (0..3).map(|k| 1_000 + k * 2_000).collect();
         login_then_reads(&mut requests, login, &reads);
@@ -960,6 +979,102 @@ pub fn carrier_flash_crowd(size: Size) -> Scenario {
         what: "a push notification behind one carrier NAT: every customer logs in within 5 s with the phone it used there before",
         requests,
         history,
+        data: false,
+    }
+}
+
+/// Honest users asking for a sign-in code by SMS to their own UK mobile, each from home at
+/// a random time (1 in 20 asks again 30 s later: the first code did not arrive).
+fn otp_users(rng: &mut StdRng, requests: &mut Vec<Request>, size: Size) {
+    for user in 0..size.users {
+        let at_ms = rng.random_range(0..size.duration_s * 1000);
+        let mobile = format!(
+            "+44 7{} {:06}",
+            rng.random_range(100..1000),
+            rng.random_range(0..1_000_000)
+        );
+        let request = Request {
+            at_ms,
+            side: Side::Honest,
+            user,
+            kind: Kind::OtpSend,
+            account: Some(format!("user{user}")),
+            ip: format!("198.18.{}.{}", user / 250, user % 250 + 1),
+            device: None,
+            recipient: Some(mobile),
+        };
+        if rng.random_bool(0.05) {
+            requests.push(Request {
+                at_ms: at_ms + 30_000,
+                ..request.clone()
+            });
+        }
+        requests.push(request);
+    }
+}
+
+/// One attacker's OTP requests: `per_s` a second from 10 s on, each from a fresh account at a
+/// fresh address of a proxy pool, to the number `recipient` gives for attempt n.
+fn otp_attacker(
+    requests: &mut Vec<Request>,
+    size: Size,
+    per_s: u64,
+    recipient: impl Fn(u64) -> String,
+) {
+    let every_ms = 1000 / per_s.max(1);
+    let mut n = 0;
+    let mut at = 10_000;
+    while at < size.duration_s * 1000 {
+        requests.push(Request {
+            at_ms: at,
+            side: Side::Attacker,
+            user: 0,
+            kind: Kind::OtpSend,
+            account: Some(format!("fresh{n}")),
+            ip: pool_address(n, 7),
+            device: None,
+            recipient: Some(recipient(n)),
+        });
+        n += 1;
+        at += every_ms;
+    }
+}
+
+/// SMS pumping: a bot asks for codes to 200 numbers of one UK premium-rate range (the
+/// fraudster shares their revenue), 2 a second from fresh accounts at rotating addresses;
+/// honest users of the same country ask for codes to their own mobiles.
+pub fn sms_pumping(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(21);
+    let mut requests = Vec::new();
+    otp_users(&mut rng, &mut requests, size);
+    otp_attacker(&mut requests, size, 2, |n| {
+        format!("+44 909 876 {:04}", 5000 + n % 200)
+    });
+    Scenario {
+        name: "sms_pumping",
+        what: "OTPs to 200 numbers of one premium-rate range, 2 a second from fresh accounts at rotating addresses",
+        requests,
+        history: Vec::new(),
+        data: false,
+    }
+}
+
+/// One person's phone flooded with codes: a bot asks for a code to the same number from a
+/// new account and address every 2 s; honest users ask for codes to their own mobiles.
+pub fn otp_flood(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(22);
+    let mut requests = Vec::new();
+    otp_users(&mut rng, &mut requests, size);
+    let spellings = ["+44 7700 900123", "tel:+44-7700-900-123", "+447700900123"];
+    otp_attacker(&mut requests, size, 1, |n| {
+        spellings[n as usize % spellings.len()].to_owned()
+    });
+    requests.retain(|r| r.side == Side::Honest || r.at_ms % 2_000 == 0);
+    Scenario {
+        name: "otp_flood",
+        what: "one person's phone sent codes from a new account and address every 2 s, the number spelled three ways",
+        requests,
+        history: Vec::new(),
         data: false,
     }
 }
@@ -992,6 +1107,8 @@ pub fn all(size: Size) -> Vec<Scenario> {
         stolen_device(size),
         flash_crowd(size),
         carrier_flash_crowd(size),
+        sms_pumping(size),
+        otp_flood(size),
         forced_relogin(size),
     ]
 }

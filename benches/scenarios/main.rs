@@ -101,8 +101,8 @@ fn render(rows: &[(&str, Backend, Report)], scale: u64) -> String {
          default policy divided by {scale}; 300 simulated seconds per scenario.\n"
     );
     out.push_str(
-        "| scenario | backend | attacker requests | refused | challenged, never passed | stopped after it was first stopped | first stopped after | honest requests refused | honest users refused (a 429) | honest users challenged |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| scenario | backend | attacker requests | refused | challenged, never passed | admitted (an OTP scenario: messages sent) | stopped after it was first stopped | first stopped after | honest requests refused | honest users refused (a 429) | honest users challenged |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (what, backend, r) in rows {
         let backend = match backend {
@@ -113,13 +113,14 @@ fn render(rows: &[(&str, Backend, Report)], scale: u64) -> String {
             format!("{:.0} s", ms as f64 / 1000.0)
         });
         let attacker = if r.attacker.0 == 0 {
-            "– | – | – | – | –".to_owned()
+            "– | – | – | – | – | –".to_owned()
         } else {
             format!(
-                "{} | {:.1} % | {:.1} % | {:.1} % | {first}",
+                "{} | {:.1} % | {:.1} % | {} | {:.1} % | {first}",
                 r.attacker.0,
                 Report::pct(r.attacker),
                 Report::pct((r.attacker.0, r.attacker_challenged)),
+                r.attacker.0 - r.attacker.1 - r.attacker_challenged,
                 Report::pct(r.attacker_after_first),
             )
         };

@@ -75,6 +75,8 @@ fn scopes_named(state: &AppState, descriptor: &proto::RateLimitDescriptor) -> Ve
             kinds.extend([ScopeKind::Device, ScopeKind::IpDevice]);
         } else if envoy.tenant_keys.iter().any(|k| k == key) {
             kinds.push(ScopeKind::Tenant);
+        } else if envoy.recipient_keys.iter().any(|k| k == key) {
+            kinds.extend([ScopeKind::Recipient, ScopeKind::Destination]);
         }
     }
     kinds
@@ -97,6 +99,7 @@ fn limit_check(
         device_id: None,
         identity: None,
         tenant: None,
+        recipient: None,
         cost: None,
         consume: None,
     };
@@ -112,6 +115,8 @@ fn limit_check(
             check.device_id = Some(value);
         } else if envoy.tenant_keys.iter().any(|k| k == key) {
             check.tenant = Some(value);
+        } else if envoy.recipient_keys.iter().any(|k| k == key) {
+            check.recipient = Some(value);
         } else if envoy.path_keys.iter().any(|k| k == key) {
             check.endpoint = value;
         } else if envoy.method_keys.iter().any(|k| k == key) {

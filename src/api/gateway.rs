@@ -180,6 +180,7 @@ async fn forward_auth(
         device_id: identity_header(headers, &settings.device_header)?,
         tenant: identity_header(headers, &settings.tenant_header)?,
         identity: identity_header(headers, crate::access::identity::HEADER)?,
+        recipient: identity_header(headers, &settings.recipient_header)?,
         cost: None,
         consume: None,
     };

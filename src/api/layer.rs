@@ -369,6 +369,7 @@ where
                 tenant: identity
                     .tenant
                     .and_then(|id| config.ids.tenant_key(&id).ok()),
+                recipient: None,
                 cost: 1,
                 consume: true,
             };

@@ -58,6 +58,13 @@ pub struct LimitCheck {
     #[serde(default)]
     #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
     pub tenant: Option<String>,
+    /// Who the message or notification the request makes the backend send goes to (an OTP
+    /// by SMS, an e-mail, a push): a phone number, an e-mail address or a push token, in any
+    /// spelling (`tel:`, `mailto:` or `push:` name the kind; otherwise it is inferred). Keys
+    /// the `recipient` and `destination` budgets (docs/GUIDE.md, "Messages and push").
+    #[serde(default)]
+    #[schema(max_length = 512)]
+    pub recipient: Option<String>,
     /// Tokens the request costs, 1..=`limits.max_cost`; default 1.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 1000)]
@@ -80,7 +87,8 @@ pub struct LimitAllowed {
     pub reset: i64,
     /// Always 0 here.
     pub retry_after_ms: u64,
-    /// Deciding scope: `global`, `ip`, `user`, `device`, `endpoint_ip`, `endpoint_user`.
+    /// Deciding scope: `global`, `ip`, `user`, `device`, `endpoint_ip`, `endpoint_user`,
+    /// `ip_device`, `tenant`, `recipient`, `destination`.
     pub scope: String,
     /// Deciding budget's name.
     pub budget: String,
@@ -175,6 +183,12 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
         .map(|id| ids.tenant_key(id))
         .transpose()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let recipient = body
+        .recipient
+        .as_deref()
+        .map(|raw| crate::messaging::Recipient::parse(raw, &app.settings.messaging))
+        .transpose()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let cost = body.cost.unwrap_or(1);
     if cost == 0 || cost > limits.max_cost {
         return Err(ApiError::invalid(format!(
@@ -189,6 +203,7 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
         user,
         device,
         tenant,
+        recipient,
         cost,
         consume: body.consume.unwrap_or(true),
     })

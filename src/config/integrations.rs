@@ -28,6 +28,11 @@ pub struct EnvoySettings {
     ///
     /// TOML `envoy.tenant_keys`; default `["tenant"]`.
     pub tenant_keys: Vec<String>,
+    /// Keys holding the recipient of a message or notification (a phone number, e-mail
+    /// address or push token the upstream is asked to send to, e.g. from a request header).
+    ///
+    /// TOML `envoy.recipient_keys`; default `["recipient"]`.
+    pub recipient_keys: Vec<String>,
     /// Keys holding the request path (the endpoint class is matched on it).
     ///
     /// TOML `envoy.path_keys`; default `["path", ":path", "request_path"]`.
@@ -64,6 +69,7 @@ impl Default for EnvoySettings {
             user_keys: list(&["user_id"]),
             device_keys: list(&["device_id"]),
             tenant_keys: list(&["tenant"]),
+            recipient_keys: list(&["recipient"]),
             path_keys: list(&["path", ":path", "request_path"]),
             method_keys: list(&["method", ":method", "request_method"]),
             default_path: "/".to_owned(),
@@ -97,6 +103,11 @@ pub struct ForwardAuthSettings {
     ///
     /// TOML `forward_auth.tenant_header`; default `x-tenant-id`.
     pub tenant_header: String,
+    /// Header carrying the recipient of the message or notification the request asks for
+    /// (a phone number, e-mail address or push token), set by the proxy or the app.
+    ///
+    /// TOML `forward_auth.recipient_header`; default `x-palisade-recipient`.
+    pub recipient_header: String,
     /// Secrets of signed identities (`X-Palisade-Identity`, docs/GUIDE.md): when set,
     /// forward-auth, Envoy and `/v1/limit/check` take the user, device and tenant only from a
     /// valid signature (the tenant from a v2 identity), and plain user/device/tenant headers
@@ -158,6 +169,7 @@ impl Default for ForwardAuthSettings {
             user_header: "x-user-id".to_owned(),
             device_header: "x-device-id".to_owned(),
             tenant_header: "x-tenant-id".to_owned(),
+            recipient_header: "x-palisade-recipient".to_owned(),
             identity_secret: Vec::new(),
         }
     }
@@ -237,6 +249,7 @@ pub(super) fn validate(
         ("forward_auth.user_header", &forward.user_header),
         ("forward_auth.device_header", &forward.device_header),
         ("forward_auth.tenant_header", &forward.tenant_header),
+        ("forward_auth.recipient_header", &forward.recipient_header),
     ] {
         let token = !header.is_empty()
             && header

@@ -53,6 +53,13 @@ pub enum ScopeKind {
     /// Per tenant (the partner or app a request is made for); applies only to requests
     /// with a tenant.
     Tenant,
+    /// Per recipient of a message or notification (a phone number, e-mail address or push
+    /// token, canonical); applies only to requests naming a `recipient`.
+    Recipient,
+    /// Per destination of messages: a phone number's country code and leading digits, or an
+    /// e-mail address's domain; applies only to requests whose recipient has one. Tightened
+    /// by `messaging.premium_rate_factor` for premium-rate numbers.
+    Destination,
 }
 
 impl ScopeKind {
@@ -67,6 +74,8 @@ impl ScopeKind {
             ScopeKind::EndpointUser => "endpoint_user",
             ScopeKind::IpDevice => "ip_device",
             ScopeKind::Tenant => "tenant",
+            ScopeKind::Recipient => "recipient",
+            ScopeKind::Destination => "destination",
         }
     }
 }
@@ -261,6 +270,25 @@ impl Default for LimitSettings {
             ..ClassSettings::default()
         };
         let classes = BTreeMap::from([
+            // Requests that make the backend send something (an SMS or e-mail OTP, an
+            // invitation): each costs money and reaches a person, so they fail closed and come
+            // before `auth` (an OTP is sent under `messaging`, checked under `auth`).
+            (
+                "messaging".to_owned(),
+                class(
+                    &["/otp/send", "/otp/resend", "/sms*", "/verify*", "/invite*"],
+                    FailMode::Closed,
+                    5,
+                ),
+            ),
+            (
+                "push".to_owned(),
+                class(
+                    &["/push/*", "/notifications*", "/devices/*/push*"],
+                    FailMode::Open,
+                    25,
+                ),
+            ),
             (
                 "auth".to_owned(),
                 class(
@@ -363,6 +391,30 @@ impl Default for LimitSettings {
                 &["expensive"],
                 30,
                 60,
+                When::Always,
+            ),
+            budget(
+                "otp-recipient",
+                ScopeKind::Recipient,
+                &["messaging"],
+                3,
+                600,
+                When::Always,
+            ),
+            budget(
+                "otp-destination",
+                ScopeKind::Destination,
+                &["messaging"],
+                100,
+                3600,
+                When::Always,
+            ),
+            budget(
+                "push-recipient",
+                ScopeKind::Recipient,
+                &["push"],
+                10,
+                3600,
                 When::Always,
             ),
         ];

@@ -10,6 +10,7 @@ mod http;
 mod integrations;
 mod limits;
 mod lockout;
+mod messaging;
 mod privacy;
 mod record;
 mod reputation;
@@ -34,6 +35,7 @@ pub use limits::{
     BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, SharedIpSettings, When,
 };
 pub use lockout::{Escalation, LockoutSettings, StuffingSettings, UnknownContext};
+pub use messaging::MessagingSettings;
 pub use privacy::PrivacySettings;
 pub use record::RecordSettings;
 pub use reputation::{RangeFormat, ReputationSettings, SourceSettings};
@@ -128,6 +130,8 @@ pub struct Settings {
     pub history: HistorySettings,
     /// Pseudonyms in logs, webhooks and erasures (`[privacy]`).
     pub privacy: PrivacySettings,
+    /// Recipients of messages and notifications (`[messaging]`).
+    pub messaging: MessagingSettings,
     /// The traffic record for policy replay (`[record]`).
     pub record: RecordSettings,
 }
@@ -159,6 +163,7 @@ impl Default for Settings {
             store: StoreSettings::default(),
             history: HistorySettings::default(),
             privacy: PrivacySettings::default(),
+            messaging: MessagingSettings::default(),
             record: RecordSettings::default(),
         }
     }
@@ -404,6 +409,7 @@ impl Settings {
         self.store.validate()?;
         self.history.validate()?;
         self.privacy.validate()?;
+        self.messaging.validate()?;
         self.record.validate(self.privacy.pseudonym_key.is_some())?;
         Ok(self)
     }

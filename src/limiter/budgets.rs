@@ -22,6 +22,37 @@ pub struct Class {
     pub budgets: Vec<usize>,
 }
 
+/// Which subjects a request names, for the budgets that key by them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Present {
+    /// A user (the request counts as authenticated).
+    pub user: bool,
+    /// A device id.
+    pub device: bool,
+    /// A tenant.
+    pub tenant: bool,
+    /// A message or notification recipient.
+    pub recipient: bool,
+    /// A recipient with a destination (a phone number or an e-mail address).
+    pub destination: bool,
+}
+
+impl Present {
+    /// The subjects of `request`.
+    pub fn of(request: &super::LimitRequest) -> Self {
+        Self {
+            user: request.user.is_some(),
+            device: request.device.is_some(),
+            tenant: request.tenant.is_some(),
+            recipient: request.recipient.is_some(),
+            destination: request
+                .recipient
+                .as_ref()
+                .is_some_and(|r| r.destination.is_some()),
+        }
+    }
+}
+
 /// Every class and budget of the effective settings.
 #[derive(Debug, Clone)]
 pub struct Budgets {
@@ -202,9 +233,18 @@ impl Budgets {
         let classes: Vec<Class> = classes.into_iter().map(|(_, c)| c).collect();
         let position = |name: &str| classes.iter().position(|c| &*c.name == name).unwrap_or(0);
         let (read, write) = (position("read"), position("write"));
-        // `classes` is in priority order already: a stable sort by failure mode keeps it.
+        // `classes` is in priority order already: a stable sort keeps it among equals. Failing
+        // closed is stricter; then a class with a budget per address on it (auth's `auth-ip`)
+        // is stricter than one without (`messaging`, limited by recipient).
+        let per_address = |class: &Class| {
+            class
+                .budgets
+                .iter()
+                .any(|&b| settings.budgets[b].scope == ScopeKind::EndpointIp)
+        };
         let mut strictest_first: Vec<usize> = (0..classes.len()).collect();
-        strictest_first.sort_by_key(|&i| classes[i].fail == FailMode::Open);
+        strictest_first
+            .sort_by_key(|&i| (classes[i].fail == FailMode::Open, !per_address(&classes[i])));
         Self {
             classes,
             budgets: settings.budgets.clone(),
@@ -264,20 +304,16 @@ impl Budgets {
     }
 
     /// The stricter of two classes: one that fails closed is stricter than one that fails
-    /// open; otherwise the one tried first (lower `priority`, then name).
+    /// open; then one with a per-address budget (`endpoint_ip`) than one without; otherwise
+    /// the one tried first (lower `priority`, then name).
     pub fn stricter(&self, a: usize, b: usize) -> usize {
         let rank = |class: usize| self.strictest_first.iter().position(|&c| c == class);
         if rank(b) < rank(a) { b } else { a }
     }
 
-    /// The budgets that apply to a request of class `class`.
-    pub fn applicable(
-        &self,
-        class: usize,
-        authenticated: bool,
-        has_device: bool,
-        has_tenant: bool,
-    ) -> impl Iterator<Item = usize> + '_ {
+    /// The budgets that apply to a request of class `class` with the subjects `present`.
+    pub fn applicable(&self, class: usize, present: Present) -> impl Iterator<Item = usize> + '_ {
+        let authenticated = present.user;
         self.classes[class]
             .budgets
             .iter()
@@ -291,8 +327,10 @@ impl Budgets {
                 };
                 let subject_ok = match budget.scope {
                     ScopeKind::User | ScopeKind::EndpointUser => authenticated,
-                    ScopeKind::Device | ScopeKind::IpDevice => has_device,
-                    ScopeKind::Tenant => has_tenant,
+                    ScopeKind::Device | ScopeKind::IpDevice => present.device,
+                    ScopeKind::Tenant => present.tenant,
+                    ScopeKind::Recipient => present.recipient,
+                    ScopeKind::Destination => present.destination,
                     ScopeKind::Global | ScopeKind::Ip | ScopeKind::EndpointIp => true,
                 };
                 when_ok && subject_ok
@@ -600,7 +638,14 @@ mod tests {
         let auth = budgets.classify("POST", "/auth/login");
         let names = |authenticated, device| -> Vec<String> {
             budgets
-                .applicable(auth, authenticated, device, false)
+                .applicable(
+                    auth,
+                    Present {
+                        user: authenticated,
+                        device,
+                        ..Present::default()
+                    },
+                )
                 .map(|i| budgets.budgets[i].name.clone())
                 .collect()
         };

@@ -253,9 +253,10 @@ impl Limiter {
         let per_endpoint_ip = budgets
             .applicable(
                 class,
-                request.user.is_some(),
-                true,
-                request.tenant.is_some(),
+                budgets::Present {
+                    device: true,
+                    ..budgets::Present::of(request)
+                },
             )
             .any(|i| budgets.budgets[i].scope == ScopeKind::EndpointIp);
         per_endpoint_ip && hook.is_attested(device).await.unwrap_or(false)
@@ -313,12 +314,7 @@ impl Limiter {
         // The client's key is formatted once, for however many IP scopes need it.
         let ip_key = std::cell::OnceCell::new();
         let ip_key = || ip_key.get_or_init(|| SubjectKey::ip(&request.ip)).clone();
-        let applicable = budgets.applicable(
-            class,
-            request.user.is_some(),
-            request.device.is_some(),
-            request.tenant.is_some(),
-        );
+        let applicable = budgets.applicable(class, budgets::Present::of(request));
         for index in applicable {
             let budget = &budgets.budgets[index];
             match budget.scope {
@@ -367,6 +363,24 @@ impl Limiter {
                 ScopeKind::Tenant => {
                     if let Some(tenant) = &request.tenant {
                         out.push(scope(index, budget.scope, tenant.clone(), 1.0));
+                    }
+                }
+                ScopeKind::Recipient => {
+                    if let Some(recipient) = &request.recipient {
+                        out.push(scope(index, budget.scope, recipient.key.clone(), 1.0));
+                    }
+                }
+                ScopeKind::Destination => {
+                    if let Some(recipient) = &request.recipient
+                        && let Some(destination) = &recipient.destination
+                    {
+                        // A premium-rate number's destination gets a fraction of the budget.
+                        out.push(scope(
+                            index,
+                            budget.scope,
+                            destination.clone(),
+                            recipient.destination_factor,
+                        ));
                     }
                 }
                 ScopeKind::IpDevice => {
@@ -845,6 +859,7 @@ mod tests {
             user: None,
             device: None,
             tenant: None,
+            recipient: None,
             cost: 1,
             consume: true,
         };

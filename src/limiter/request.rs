@@ -153,6 +153,9 @@ pub struct LimitRequest {
     /// `tenant:…`: the partner or app the request is made for, as the gateway authenticated
     /// it (keys the `tenant` scope).
     pub tenant: Option<SubjectKey>,
+    /// Who the message or notification goes to, canonical (keys the `recipient` and
+    /// `destination` scopes).
+    pub recipient: Option<crate::messaging::Recipient>,
     /// Tokens this request costs (≥ 1).
     pub cost: u32,
     /// False: answer without taking tokens.
@@ -249,7 +252,8 @@ impl Decision {
     /// A refusal's stable reason code, for the app to show a helpful message (it names what
     /// was limited, never which signal): `account_locked`, `account_rate`, `login_guard`,
     /// `ip_blocked`, `ip_shared_limit`, `ip_rate`, `device_blocked`, `device_untrusted`,
-    /// `device_rate`, `tenant_rate`, `busy` (the global budget). None when allowed.
+    /// `device_rate`, `tenant_rate`, `recipient_rate`, `destination_rate`, `busy` (the global
+    /// budget). None when allowed.
     pub fn reason_code(&self) -> Option<&'static str> {
         if self.allowed {
             return None;
@@ -268,6 +272,8 @@ impl Decision {
             ScopeKind::Device | ScopeKind::IpDevice if scope.multiplier < 1.0 => "device_untrusted",
             ScopeKind::Device | ScopeKind::IpDevice => "device_rate",
             ScopeKind::Tenant => "tenant_rate",
+            ScopeKind::Recipient => "recipient_rate",
+            ScopeKind::Destination => "destination_rate",
         })
     }
 }

@@ -101,6 +101,7 @@ impl Limiter {
             user: None,
             device: None,
             tenant: None,
+            recipient: None,
             cost,
             consume,
         };

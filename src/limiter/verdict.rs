@@ -96,6 +96,7 @@ mod tests {
                 device: (client % 2 == 0)
                     .then(|| SubjectKey::device(&format!("d{client}"), 64).unwrap()),
                 tenant: None,
+                recipient: None,
                 cost: 1 + i % 3 + if i % 500 == 7 { 1_000_000 } else { 0 },
                 consume: i % 11 != 0,
             };
@@ -134,6 +135,7 @@ mod tests {
             user: None,
             device: None,
             tenant: None,
+            recipient: None,
             cost: 1,
             consume: true,
         };

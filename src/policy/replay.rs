@@ -61,6 +61,7 @@ impl Side {
                 .tenant
                 .as_deref()
                 .and_then(|t| SubjectKey::tenant(t, usize::MAX).ok()),
+            recipient: None,
             cost: r.cost,
             consume: r.consume,
         })

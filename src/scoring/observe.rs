@@ -133,8 +133,9 @@ impl Engine {
                     }
                 }
                 ScopeKind::Ip | ScopeKind::EndpointIp if shared => {}
-                // A tenant at its budget is a partner at its contract, not an offender.
-                ScopeKind::Tenant => {}
+                // A tenant at its budget is a partner at its contract, not an offender; a
+                // recipient or destination at its budget is the target of the flood.
+                ScopeKind::Tenant | ScopeKind::Recipient | ScopeKind::Destination => {}
                 _ => lock(&self.sketch).offer(&scope.subject, 1),
             }
         }

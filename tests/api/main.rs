@@ -25,6 +25,7 @@ mod gateways;
 mod limiter;
 mod lists;
 mod lockout;
+mod messaging;
 mod nginx;
 mod policy;
 mod recorder;

@@ -14,6 +14,8 @@ on_both_backends!(
     stuffing_over_many_networks_is_stopped_once_the_login_guard_is_on,
     stuffing_diluted_with_the_attackers_own_logins_is_stopped_too,
     a_forced_re_login_of_every_user_challenges_nobody,
+    sms_pumping_to_a_premium_range_is_stopped_and_honest_codes_go_out,
+    a_flooded_phone_gets_no_more_codes_than_its_budget,
 );
 
 /// Time 20x faster than production.
@@ -129,5 +131,37 @@ async fn stuffing_diluted_with_the_attackers_own_logins_is_stopped_too(app: Test
 async fn a_forced_re_login_of_every_user_challenges_nobody(app: TestApp) {
     let report = run_users(app, engine::forced_relogin, 600).await;
     assert_eq!(report.users_challenged, 0, "{report:?}");
+    assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
+}
+
+async fn sms_pumping_to_a_premium_range_is_stopped_and_honest_codes_go_out(app: TestApp) {
+    let report = run_small(app, engine::sms_pumping).await;
+    // Goals: ≥ 99 % of the attempts after the first refusal refused, the first within 10 s;
+    // at most 0.5 % of honest users refused a code.
+    assert!(report.attacker.0 > 200, "{report:?}");
+    assert!(
+        engine::Report::pct(report.attacker_after_first) >= 99.0,
+        "{report:?}"
+    );
+    assert!(
+        report.first_block_ms.is_some_and(|ms| ms <= 10_000),
+        "{report:?}"
+    );
+    // The cost: the premium range's tenth of 100 an hour, and nothing more.
+    let sent = report.attacker.0 - report.attacker.1;
+    assert!(
+        sent <= 11,
+        "{sent} messages sent to the premium range: {report:?}"
+    );
+    assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
+}
+
+async fn a_flooded_phone_gets_no_more_codes_than_its_budget(app: TestApp) {
+    let report = run_small(app, engine::otp_flood).await;
+    // 3 codes per 10 minutes reach the number, however many accounts and addresses ask and
+    // however they spell it: over the 110 s of the attack, 3 and the refill of 110 s.
+    assert!(report.attacker.0 > 50, "{report:?}");
+    let sent = report.attacker.0 - report.attacker.1;
+    assert!(sent <= 4, "{sent} codes reached the phone: {report:?}");
     assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
 }

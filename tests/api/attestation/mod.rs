@@ -546,6 +546,7 @@ async fn strong_and_unverified_devices_get_different_multipliers(app: TestApp) {
             user: None,
             device: Some(palisade::model::SubjectKey::device(device, 64).unwrap()),
             tenant: None,
+            recipient: None,
             cost: 1,
             consume: false,
         };

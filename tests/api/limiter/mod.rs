@@ -403,6 +403,7 @@ async fn forty_checks_of_one_account_drain_it_one_token_at_a_time(app: &TestApp)
         user: Some(SubjectKey::user("queued", 64).unwrap()),
         device: None,
         tenant: None,
+        recipient: None,
         cost: 1,
         consume: true,
     };

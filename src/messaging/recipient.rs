@@ -1,0 +1,302 @@
+//! A recipient in canonical form: every spelling of one phone number, e-mail address or push
+//! token is one key, so a budget per recipient cannot be dodged by spelling it differently.
+//!
+//! - **Phone numbers** are parsed with `phonenumber` (libphonenumber's metadata) and written
+//!   in E.164: `+44 7700 900123`, `00447700 900123`, `tel:+44-7700-900123` and, with
+//!   `messaging.default_region = "GB"`, `07700 900123` are all `+447700900123`. Their
+//!   destination is the country code and the first `messaging.destination_digits` digits of
+//!   the national number (`+44770`); a number in a premium-rate range (by the same metadata)
+//!   is marked, and its destination budgets are tightened.
+//! - **E-mail addresses** are parsed with `email_address` and lower-cased; a `+tag` after the
+//!   local part is dropped (sub-addressing: the mail reaches the same mailbox at the providers
+//!   that support it, and a tag is free to invent), and for `gmail.com` and `googlemail.com`
+//!   dots in the local part are dropped and the domain is `gmail.com` (Gmail ignores them).
+//!   Their destination is the domain.
+//! - **Push tokens** (APNs, FCM, Web Push) are opaque: the key is the SHA-256 of the token
+//!   as sent (hex, 32 characters), so no token is stored; no destination.
+//!
+//! The kind is inferred (an `@` is an address; only digits, spaces, `+`, `(`, `)`, `.` and
+//! `-` is a phone number; anything else a push token) or named with a scheme: `tel:`,
+//! `mailto:` or `push:`.
+
+use sha2::{Digest, Sha256};
+
+use crate::config::MessagingSettings;
+use crate::model::{SubjectKey, SubjectKind};
+
+/// The kind of a recipient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A phone number (SMS, voice).
+    Phone,
+    /// An e-mail address.
+    Email,
+    /// A push notification token.
+    Push,
+}
+
+/// A recipient, canonical.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recipient {
+    /// What it is.
+    pub kind: Kind,
+    /// `recipient:+447700900123`, `recipient:alice@example.com`, `recipient:push:3f…`.
+    pub key: SubjectKey,
+    /// `destination:+44770` or `destination:@example.com`; none for push tokens.
+    pub destination: Option<SubjectKey>,
+    /// A premium-rate number (libphonenumber's ranges).
+    pub premium_rate: bool,
+    /// The multiplier of its destination budgets: `messaging.premium_rate_factor` for a
+    /// premium-rate number, 1 otherwise.
+    pub destination_factor: f64,
+}
+
+/// Why a recipient was refused (a 400 with this message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidRecipient(String);
+
+/// Providers whose mailboxes ignore dots in the local part.
+const DOTLESS: [&str; 2] = ["gmail.com", "googlemail.com"];
+
+impl Recipient {
+    /// Parses `raw` into its canonical form.
+    pub fn parse(raw: &str, settings: &MessagingSettings) -> Result<Self, InvalidRecipient> {
+        let raw = raw.trim();
+        if raw.is_empty() || raw.len() > 512 {
+            return Err(InvalidRecipient(
+                "recipient must be 1–512 characters".to_owned(),
+            ));
+        }
+        if let Some(rest) = strip_scheme(raw, "tel:") {
+            return phone(rest, settings);
+        }
+        if let Some(rest) = strip_scheme(raw, "mailto:") {
+            return email(rest);
+        }
+        if let Some(rest) = strip_scheme(raw, "push:") {
+            return Ok(push(rest));
+        }
+        if raw.contains('@') {
+            return email(raw);
+        }
+        let phone_like = raw
+            .chars()
+            .all(|c| c.is_ascii_digit() || " +().-".contains(c));
+        if phone_like {
+            return phone(raw, settings);
+        }
+        Ok(push(raw))
+    }
+}
+
+fn strip_scheme<'a>(raw: &'a str, scheme: &str) -> Option<&'a str> {
+    raw.get(..scheme.len())
+        .filter(|head| head.eq_ignore_ascii_case(scheme))
+        .map(|_| &raw[scheme.len()..])
+}
+
+fn phone(raw: &str, settings: &MessagingSettings) -> Result<Recipient, InvalidRecipient> {
+    let region = settings.default_region().map_err(InvalidRecipient)?;
+    let number = phonenumber::parse(region, raw).map_err(|err| {
+        InvalidRecipient(format!(
+            "recipient {raw:?} is not a phone number ({err}){}",
+            if region.is_none() && !raw.starts_with('+') {
+                "; write it with its country code (+44…) or set messaging.default_region"
+            } else {
+                ""
+            }
+        ))
+    })?;
+    let code = number.code().value();
+    let national = number.national().to_string();
+    // Whether a number is assigned is the carrier's business (libphonenumber's validity lags
+    // numbering plans, and excludes ranges such as the UK's 07700 900xxx); its length is not.
+    let digits = code.to_string().len() + national.len();
+    if national.len() < 4 || digits > 15 {
+        return Err(InvalidRecipient(format!(
+            "recipient {raw:?} is not a phone number (a national number of at least 4 digits, \
+             at most 15 with the country code)"
+        )));
+    }
+    let e164 = format!("+{code}{national}");
+    let digits = national
+        .get(..settings.destination_digits as usize)
+        .unwrap_or(&national);
+    let premium_rate =
+        number.number_type(&phonenumber::metadata::DATABASE) == phonenumber::Type::PremiumRate;
+    Ok(Recipient {
+        kind: Kind::Phone,
+        key: SubjectKey::messaging(SubjectKind::Recipient, &e164),
+        destination: Some(SubjectKey::messaging(
+            SubjectKind::Destination,
+            &format!("+{code}{digits}"),
+        )),
+        premium_rate,
+        destination_factor: if premium_rate {
+            settings.premium_rate_factor
+        } else {
+            1.0
+        },
+    })
+}
+
+fn email(raw: &str) -> Result<Recipient, InvalidRecipient> {
+    let address: email_address::EmailAddress = raw.parse().map_err(|err| {
+        InvalidRecipient(format!(
+            "recipient {raw:?} is not an e-mail address ({err})"
+        ))
+    })?;
+    let mut domain = address.domain().to_lowercase();
+    let mut local = address.local_part().to_lowercase();
+    if let Some((mailbox, _tag)) = local.split_once('+')
+        && !mailbox.is_empty()
+    {
+        local = mailbox.to_owned();
+    }
+    if DOTLESS.contains(&domain.as_str()) {
+        local.retain(|c| c != '.');
+        domain = "gmail.com".to_owned();
+    }
+    Ok(Recipient {
+        kind: Kind::Email,
+        key: SubjectKey::messaging(SubjectKind::Recipient, &format!("{local}@{domain}")),
+        destination: Some(SubjectKey::messaging(
+            SubjectKind::Destination,
+            &format!("@{domain}"),
+        )),
+        premium_rate: false,
+        destination_factor: 1.0,
+    })
+}
+
+fn push(token: &str) -> Recipient {
+    let digest = Sha256::digest(token.trim().as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    Recipient {
+        kind: Kind::Push,
+        key: SubjectKey::messaging(SubjectKind::Recipient, &format!("push:{hex}")),
+        destination: None,
+        premium_rate: false,
+        destination_factor: 1.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gb() -> MessagingSettings {
+        MessagingSettings {
+            default_region: "GB".to_owned(),
+            ..MessagingSettings::default()
+        }
+    }
+
+    fn key(raw: &str, settings: &MessagingSettings) -> String {
+        Recipient::parse(raw, settings).unwrap().key.to_string()
+    }
+
+    #[test]
+    fn every_spelling_of_a_phone_number_is_one_recipient() {
+        let settings = gb();
+        for raw in [
+            "+44 7700 900123",
+            "+447700900123",
+            "00447700900123",
+            "07700 900123",
+            "(07700) 900-123",
+            "tel:+44-7700-900123",
+            "TEL:+44 7700 900123",
+        ] {
+            assert_eq!(key(raw, &settings), "recipient:+447700900123", "{raw}");
+        }
+        let number = Recipient::parse("07700 900123", &settings).unwrap();
+        assert_eq!(number.kind, Kind::Phone);
+        assert_eq!(
+            number.destination.unwrap().to_string(),
+            "destination:+44770"
+        );
+        assert!(!number.premium_rate);
+    }
+
+    #[test]
+    fn a_national_number_needs_a_region() {
+        let err = Recipient::parse("07700 900123", &MessagingSettings::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("messaging.default_region"),
+            "{err}"
+        );
+        assert_eq!(
+            key("+44 7700 900123", &MessagingSettings::default()),
+            "recipient:+447700900123"
+        );
+        assert!(Recipient::parse("+44 12", &gb()).is_err(), "too short");
+    }
+
+    #[test]
+    fn premium_rate_numbers_are_marked() {
+        // 09098 765432: the UK premium-rate example of libphonenumber's metadata.
+        let premium = Recipient::parse("+44 909 876 5432", &gb()).unwrap();
+        assert!(premium.premium_rate);
+        assert_eq!(premium.destination_factor, 0.1);
+        assert_eq!(
+            premium.destination.unwrap().to_string(),
+            "destination:+44909"
+        );
+    }
+
+    #[test]
+    fn every_spelling_of_an_email_address_is_one_recipient() {
+        let settings = gb();
+        for raw in [
+            "alice@example.com",
+            "Alice@Example.COM",
+            "alice+news@example.com",
+            "mailto:alice@example.com",
+            " alice@example.com ",
+        ] {
+            assert_eq!(key(raw, &settings), "recipient:alice@example.com", "{raw}");
+        }
+        // Dots are the same mailbox only where the provider says so.
+        for raw in [
+            "j.doe@gmail.com",
+            "JDoe+x@googlemail.com",
+            "j.d.o.e@GMAIL.com",
+        ] {
+            assert_eq!(key(raw, &settings), "recipient:jdoe@gmail.com", "{raw}");
+        }
+        assert_eq!(
+            key("j.doe@example.com", &settings),
+            "recipient:j.doe@example.com"
+        );
+        assert!(Recipient::parse("not@an@address", &settings).is_err());
+        assert_eq!(
+            Recipient::parse("bob@example.org", &settings)
+                .unwrap()
+                .destination
+                .unwrap()
+                .to_string(),
+            "destination:@example.org"
+        );
+    }
+
+    #[test]
+    fn push_tokens_are_hashed() {
+        let settings = gb();
+        let token = "fcm:APA91bH-token_with:colons";
+        let recipient = Recipient::parse(token, &settings).unwrap();
+        assert_eq!(recipient.kind, Kind::Push);
+        let text = recipient.key.to_string();
+        assert!(
+            text.starts_with("recipient:push:") && text.len() == 15 + 32,
+            "{text}"
+        );
+        assert!(!text.contains("APA91"), "the token itself is not kept");
+        assert_eq!(key(&format!("push:{token}"), &settings), text);
+        assert!(recipient.destination.is_none());
+        // An APNs token of hex digits is not a phone number.
+        let apns = "a3f1".repeat(16);
+        assert_eq!(Recipient::parse(&apns, &settings).unwrap().kind, Kind::Push);
+    }
+}

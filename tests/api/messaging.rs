@@ -1,0 +1,227 @@
+//! Budgets per recipient and per destination on the endpoints that make the backend send
+//! something (`messaging`: OTPs, invitations; `push`), on both backends: every spelling of a
+//! phone number, e-mail address or push token is one recipient, through the JSON check,
+//! forward-auth and Envoy alike.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::gateways::{Envoy, descriptor, forward};
+use crate::helpers::{ADMIN_TOKEN, TestApp};
+use crate::on_both_backends;
+
+on_both_backends!(
+    one_phone_number_spelled_many_ways_gets_three_otps,
+    one_mailbox_and_one_push_token_are_one_recipient,
+    a_destination_prefix_has_a_budget_tightened_for_premium_rate,
+    forward_auth_and_envoy_name_the_recipient,
+    a_recipient_that_is_not_one_is_refused_with_a_reason,
+);
+
+async fn on_gb(app: TestApp) -> TestApp {
+    TestApp::spawn_with(app.backend, |s| {
+        s.messaging.default_region = "GB".to_owned();
+    })
+    .await
+    .expect("the backend exists")
+}
+
+fn otp(ip: &str, recipient: &str) -> Value {
+    json!({"endpoint": "/otp/send", "method": "POST", "ip": ip, "recipient": recipient})
+}
+
+async fn reason(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    (status, response.json().await.unwrap())
+}
+
+async fn one_phone_number_spelled_many_ways_gets_three_otps(app: TestApp) {
+    let app = on_gb(app).await;
+    // Three OTPs from three addresses, each spelling the number its own way.
+    for (ip, spelling) in [
+        ("192.0.2.1", "+44 7700 900123"),
+        ("192.0.2.2", "00447700900123"),
+        ("192.0.2.3", "07700 900123"),
+    ] {
+        let (status, body) = reason(app.limit_check(&otp(ip, spelling)).await).await;
+        assert_eq!(status, StatusCode::OK, "{spelling}: {body}");
+        assert_eq!(body["class"], "messaging", "{body}");
+    }
+    // A fourth, from yet another address and spelling, meets the number's budget.
+    for spelling in ["tel:+44-7700-900-123", "(07700) 900123", "+447700900123"] {
+        let (status, body) = reason(app.limit_check(&otp("192.0.2.9", spelling)).await).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{spelling}: {body}");
+        let details = &body["error"]["details"];
+        assert_eq!(details["reason"], "recipient_rate", "{body}");
+        assert_eq!(details["budget"], "otp-recipient", "{body}");
+        assert_eq!(details["scope"], "recipient", "{body}");
+    }
+    // Another number is untouched, and checking the code is `auth`, not `messaging`.
+    let (status, _) = reason(app.limit_check(&otp("192.0.2.9", "+44 7700 900456")).await).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, body) = reason(
+        app.limit_check(&json!({"endpoint": "/otp/verify", "method": "POST", "ip": "192.0.2.9"}))
+            .await,
+    )
+    .await;
+    assert_eq!(body["class"], "auth", "{body}");
+}
+
+async fn one_mailbox_and_one_push_token_are_one_recipient(app: TestApp) {
+    for spelling in [
+        "J.Doe@gmail.com",
+        "jdoe+promo@googlemail.com",
+        "mailto:JDOE@GMAIL.COM",
+    ] {
+        let (status, body) = reason(app.limit_check(&otp("192.0.2.20", spelling)).await).await;
+        assert_eq!(status, StatusCode::OK, "{spelling}: {body}");
+    }
+    let (status, body) = reason(
+        app.limit_check(&otp("192.0.2.21", "j.d.o.e@gmail.com"))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["details"]["reason"], "recipient_rate");
+    // Elsewhere a dot is part of the mailbox.
+    for spelling in ["j.doe@example.com", "jdoe@example.com"] {
+        let (status, _) = reason(app.limit_check(&otp("192.0.2.22", spelling)).await).await;
+        assert_eq!(status, StatusCode::OK, "{spelling}");
+    }
+    // Ten pushes an hour to one token, whoever asks.
+    let token = "fcm:APA91bHPRgkF3JUikC4ENAHEeMrd41Zxv3hVZjC9KtT8OvPVGJ-hQMRKRrZuJAEcl7B338";
+    let push = |i: usize, token: &str| {
+        json!({"endpoint": "/push/send", "method": "POST", "ip": format!("198.51.100.{i}"),
+            "user_id": format!("sender-{i}"), "recipient": token})
+    };
+    for i in 0..10 {
+        let (status, body) = reason(app.limit_check(&push(i, token)).await).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["class"], "push");
+    }
+    let (status, body) = reason(app.limit_check(&push(11, &format!("push:{token}"))).await).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["details"]["budget"], "push-recipient");
+    // The token itself is nowhere in the answer.
+    assert!(!body.to_string().contains("APA91"), "{body}");
+}
+
+async fn a_destination_prefix_has_a_budget_tightened_for_premium_rate(app: TestApp) {
+    let app = TestApp::spawn_with(app.backend, |s| {
+        s.messaging.default_region = "GB".to_owned();
+        // 20 an hour per destination, so a tenth is 2.
+        let budget = s
+            .limits
+            .budgets
+            .iter_mut()
+            .find(|b| b.name == "otp-destination")
+            .unwrap();
+        budget.limit = 20;
+    })
+    .await
+    .expect("the backend exists");
+    // Premium-rate numbers (09xx in the UK): 2 messages to the whole range, from anyone.
+    for n in 0..2 {
+        let number = format!("+44 909 876 54{n:02}");
+        let (status, body) = reason(
+            app.limit_check(&otp(&format!("192.0.2.{n}"), &number))
+                .await,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{number}: {body}");
+    }
+    let (status, body) = reason(
+        app.limit_check(&otp("192.0.2.50", "+44 909 876 5499"))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let details = &body["error"]["details"];
+    assert_eq!(details["reason"], "destination_rate", "{body}");
+    assert_eq!(details["limit"], 2, "{body}");
+    // Ordinary mobiles of another range are not touched: 20 different numbers pass, the 21st
+    // of the same range does not.
+    for n in 0..20 {
+        let number = format!("+44 7700 9001{n:02}");
+        let (status, body) = reason(app.limit_check(&otp("203.0.113.1", &number)).await).await;
+        assert_eq!(status, StatusCode::OK, "{number}: {body}");
+    }
+    let (status, body) = reason(
+        app.limit_check(&otp("203.0.113.2", "+44 7700 900199"))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["details"]["reason"], "destination_rate");
+    assert_eq!(body["error"]["details"]["limit"], 20);
+}
+
+async fn forward_auth_and_envoy_name_the_recipient(app: TestApp) {
+    let app = on_gb(app).await;
+    let headers = |ip: &'static str, recipient: &'static str| {
+        [
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-uri", "/otp/send"),
+            ("x-forwarded-for", ip),
+            ("x-palisade-recipient", recipient),
+        ]
+    };
+    for (ip, recipient) in [
+        ("192.0.2.31", "+44 7700 900777"),
+        ("192.0.2.32", "07700900777"),
+    ] {
+        let response = forward(&app, Some(ADMIN_TOKEN), "", &headers(ip, recipient)).await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    // Envoy: a descriptor with the `recipient` entry is answered by the recipient's budget.
+    let mut envoy = Envoy::start(&app).await;
+    let request = palisade::api::envoy::proto::RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: vec![
+            descriptor(&[("remote_address", "192.0.2.33")]),
+            descriptor(&[("path", "/otp/send"), ("method", "POST")]),
+            descriptor(&[("recipient", "tel:+447700900777")]),
+        ],
+        hits_addend: 0,
+    };
+    let answer = envoy
+        .call(Some(ADMIN_TOKEN), request.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.overall_code,
+        palisade::api::envoy::proto::Code::Ok as i32
+    );
+    assert_eq!(answer.statuses[2].limit_remaining, 0, "the third of three");
+    let answer = envoy.call(Some(ADMIN_TOKEN), request).await.unwrap();
+    assert_eq!(
+        answer.overall_code,
+        palisade::api::envoy::proto::Code::OverLimit as i32
+    );
+    let limit = answer.statuses[2].current_limit.as_ref().unwrap();
+    assert_eq!(limit.name, "otp-recipient");
+    // And forward-auth refuses the same number spelled once more.
+    let response = forward(
+        &app,
+        Some(ADMIN_TOKEN),
+        "",
+        &headers("192.0.2.34", "0044 7700 900777"),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+async fn a_recipient_that_is_not_one_is_refused_with_a_reason(app: TestApp) {
+    for (recipient, says) in [
+        ("07700 900123", "messaging.default_region"),
+        ("+44 12", "not a"),
+        ("bob@@example.com", "not an e-mail address"),
+        ("", "1–512 characters"),
+    ] {
+        let (status, body) = reason(app.limit_check(&otp("192.0.2.40", recipient)).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{recipient:?}: {body}");
+        assert_eq!(body["error"]["code"], "INVALID_ARGUMENT", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{recipient:?}: {message}");
+    }
+}
