@@ -48,6 +48,8 @@ pub struct App {
     pub lockouts: Arc<Lockouts>,
     /// Auth-event batches.
     pub ingest: Ingest,
+    /// OTP delivery events and each destination's conversion.
+    pub messaging: crate::messaging::Messaging,
     /// IP/ASN reputation (range sources and ASN databases from the data dir).
     pub reputation: Arc<Reputation>,
     /// Manual allow/deny lists.
@@ -301,6 +303,11 @@ impl App {
             lockouts.clone(),
             scoring.clone(),
         );
+        let messaging = crate::messaging::Messaging::new(
+            stores.durable.clone(),
+            scoring.clone(),
+            settings.messaging.clone(),
+        );
         let lists = Arc::new(Lists::new(
             &stores,
             clock.clone(),
@@ -440,6 +447,7 @@ impl App {
             limiter,
             lockouts,
             ingest,
+            messaging,
             reputation,
             lists,
             scoring,

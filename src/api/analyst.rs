@@ -236,6 +236,10 @@ pub struct ClearPenalties {
     pub ip: Option<String>,
     /// A device.
     pub device_id: Option<String>,
+    /// A messaging destination, as the limit check's explanations and the `otp_conversion`
+    /// alert name it (`+44909`, `@example.com`) or as any recipient in it
+    /// (`+44 909 876 5432`): lifts a collapsed conversion's tightening.
+    pub destination: Option<String>,
     /// Why (1–500 characters; kept in the audit log).
     #[schema(pattern = "^[^\\u0000]{1,500}$")]
     pub reason: String,
@@ -265,12 +269,22 @@ async fn clear_penalties(
     ApiJson(body): ApiJson<ClearPenalties>,
 ) -> Result<Json<Cleared>, ApiError> {
     let reason = super::extract::parse_reason(Some(&body.reason))?;
-    let subject = super::extract::one_subject(
-        &app,
-        body.account.as_deref(),
-        body.ip.as_deref(),
-        body.device_id.as_deref(),
-    )?;
+    let subject = match body.destination.as_deref() {
+        Some(destination) => {
+            if body.account.is_some() || body.ip.is_some() || body.device_id.is_some() {
+                return Err(ApiError::invalid(
+                    "name exactly one of account, ip, device_id and destination",
+                ));
+            }
+            destination_key(&app, destination)?
+        }
+        None => super::extract::one_subject(
+            &app,
+            body.account.as_deref(),
+            body.ip.as_deref(),
+            body.device_id.as_deref(),
+        )?,
+    };
     let cleared = app
         .lockouts
         .clear_penalties(
@@ -284,6 +298,33 @@ async fn clear_penalties(
         subject: subject.to_string(),
         cleared,
     }))
+}
+
+/// A destination as written (`destination:+44909`, `+44909`, `@example.com`) or as a
+/// recipient in it (`+44 909 876 5432`, `bob@example.com`).
+fn destination_key(app: &AppState, text: &str) -> Result<crate::model::SubjectKey, ApiError> {
+    use crate::model::{SubjectKey, SubjectKind};
+    let bare = text
+        .trim()
+        .strip_prefix("destination:")
+        .unwrap_or(text.trim());
+    match crate::messaging::Recipient::parse(bare, &app.settings.messaging) {
+        Ok(recipient) => recipient
+            .destination
+            .ok_or_else(|| ApiError::invalid("a push token has no destination")),
+        // Too short for a number: a destination's own key.
+        Err(_)
+            if bare.len() > 1
+                && bare.starts_with('+')
+                && bare[1..].bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            Ok(SubjectKey::messaging(SubjectKind::Destination, bare))
+        }
+        Err(_) if bare.len() > 1 && bare.starts_with('@') && !bare[1..].contains('@') => Ok(
+            SubjectKey::messaging(SubjectKind::Destination, &bare.to_lowercase()),
+        ),
+        Err(err) => Err(ApiError::invalid(err.to_string())),
+    }
 }
 
 /// `GET /v1/stats/decisions` query.

@@ -22,6 +22,7 @@ pub mod layer;
 pub mod limit;
 pub mod lists;
 pub mod lockouts;
+pub mod messaging;
 mod policy;
 pub mod reputation;
 pub mod request_id;
@@ -152,6 +153,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(admin::routes())
         .merge(limit::routes())
         .merge(events::routes())
+        .merge(messaging::routes())
         .merge(lockouts::routes())
         .merge(analyst::routes())
         .merge(console::routes())

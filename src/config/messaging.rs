@@ -28,6 +28,59 @@ pub struct MessagingSettings {
     /// TOML `messaging.premium_rate_factor`, env `PALISADE_MESSAGING__PREMIUM_RATE_FACTOR`;
     /// default 0.1, 0–1.
     pub premium_rate_factor: f64,
+    /// Each destination's OTP conversion (`[messaging.conversion]`).
+    pub conversion: ConversionSettings,
+}
+
+/// When a destination's codes stop being verified (SMS pumping): its budgets are tightened
+/// until it recovers or an analyst clears it (`messaging::conversion`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConversionSettings {
+    /// Length of the windows codes sent and verified are counted in, seconds.
+    ///
+    /// TOML `messaging.conversion.window_s`, env `PALISADE_MESSAGING__CONVERSION__WINDOW_S`;
+    /// default 300, 60–86400.
+    pub window_s: u32,
+    /// Codes sent in a window for it to be judged (or learned from).
+    ///
+    /// TOML `messaging.conversion.min_sent`, env `PALISADE_MESSAGING__CONVERSION__MIN_SENT`;
+    /// default 20, at least 1.
+    pub min_sent: u64,
+    /// A window collapses below this share of the destination's learned rate.
+    ///
+    /// TOML `messaging.conversion.collapse_ratio`, env
+    /// `PALISADE_MESSAGING__CONVERSION__COLLAPSE_RATIO`; default 0.5, 0–1.
+    pub collapse_ratio: f64,
+    /// Before a destination's rate is learned (three busy windows), a window collapses below
+    /// this rate.
+    ///
+    /// TOML `messaging.conversion.floor_rate`, env
+    /// `PALISADE_MESSAGING__CONVERSION__FLOOR_RATE`; default 0.25, 0–1.
+    pub floor_rate: f64,
+    /// The destination's multiplier on `messaging` after a collapse.
+    ///
+    /// TOML `messaging.conversion.factor`, env `PALISADE_MESSAGING__CONVERSION__FACTOR`;
+    /// default 0.1, 0–1.
+    pub factor: f64,
+    /// How long that lasts, seconds (a later collapse renews it).
+    ///
+    /// TOML `messaging.conversion.hold_s`, env `PALISADE_MESSAGING__CONVERSION__HOLD_S`;
+    /// default 3600, 60–604800.
+    pub hold_s: u64,
+}
+
+impl Default for ConversionSettings {
+    fn default() -> Self {
+        Self {
+            window_s: 300,
+            min_sent: 20,
+            collapse_ratio: 0.5,
+            floor_rate: 0.25,
+            factor: 0.1,
+            hold_s: 3600,
+        }
+    }
 }
 
 impl Default for MessagingSettings {
@@ -36,6 +89,7 @@ impl Default for MessagingSettings {
             default_region: String::new(),
             destination_digits: 3,
             premium_rate_factor: 0.1,
+            conversion: ConversionSettings::default(),
         }
     }
 }
@@ -71,10 +125,39 @@ impl MessagingSettings {
                 "must be between 1 and 8",
             ));
         }
-        if !(0.0..=1.0).contains(&self.premium_rate_factor) {
+        let conversion = &self.conversion;
+        for (name, value) in [
+            ("messaging.premium_rate_factor", self.premium_rate_factor),
+            (
+                "messaging.conversion.collapse_ratio",
+                conversion.collapse_ratio,
+            ),
+            ("messaging.conversion.floor_rate", conversion.floor_rate),
+            ("messaging.conversion.factor", conversion.factor),
+        ] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(SettingError::new(
+                    setting_name(name),
+                    "must be between 0 and 1",
+                ));
+            }
+        }
+        if !(60..=86_400).contains(&conversion.window_s) {
             return Err(SettingError::new(
-                setting_name("messaging.premium_rate_factor"),
-                "must be between 0 and 1",
+                setting_name("messaging.conversion.window_s"),
+                "must be between 60 and 86400",
+            ));
+        }
+        if conversion.min_sent == 0 {
+            return Err(SettingError::new(
+                setting_name("messaging.conversion.min_sent"),
+                "must be at least 1",
+            ));
+        }
+        if !(60..=604_800).contains(&conversion.hold_s) {
+            return Err(SettingError::new(
+                setting_name("messaging.conversion.hold_s"),
+                "must be between 60 and 604800",
             ));
         }
         Ok(())

@@ -35,7 +35,7 @@ pub use limits::{
     BudgetSettings, ClassSettings, FailMode, LimitSettings, ScopeKind, SharedIpSettings, When,
 };
 pub use lockout::{Escalation, LockoutSettings, StuffingSettings, UnknownContext};
-pub use messaging::MessagingSettings;
+pub use messaging::{ConversionSettings, MessagingSettings};
 pub use privacy::PrivacySettings;
 pub use record::RecordSettings;
 pub use reputation::{RangeFormat, ReputationSettings, SourceSettings};

@@ -303,7 +303,7 @@ impl Lockouts {
 /// Signals whose factors an analyst may clear: what the engine concluded from behaviour.
 /// Lists and reputation are edited where they come from; attestation verdicts change by
 /// attesting again.
-pub const CLEARABLE: &[&str] = &[SIGNAL, "anomaly", "offender"];
+pub const CLEARABLE: &[&str] = &[SIGNAL, "anomaly", "offender", "messaging"];
 
 fn too_broad(what: &str, why: store::Search) -> Error {
     Error::TooBroad(match why {

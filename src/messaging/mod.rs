@@ -5,6 +5,9 @@
 //! destination, not only per sender, so SMS pumping and notification floods meet a limit
 //! however many accounts, devices and addresses they come from.
 
+pub mod conversion;
+pub mod events;
 mod recipient;
 
+pub use events::{DeliveryBatch, Messaging};
 pub use recipient::{InvalidRecipient, Kind, Recipient};

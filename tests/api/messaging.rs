@@ -16,6 +16,8 @@ on_both_backends!(
     a_destination_prefix_has_a_budget_tightened_for_premium_rate,
     forward_auth_and_envoy_name_the_recipient,
     a_recipient_that_is_not_one_is_refused_with_a_reason,
+    a_destination_whose_codes_stop_being_verified_is_tightened_until_cleared,
+    delivery_events_are_checked_and_stored_once,
 );
 
 async fn on_gb(app: TestApp) -> TestApp {
@@ -224,4 +226,190 @@ async fn a_recipient_that_is_not_one_is_refused_with_a_reason(app: TestApp) {
         let message = body["error"]["message"].as_str().unwrap();
         assert!(message.contains(says), "{recipient:?}: {message}");
     }
+}
+
+fn at(app: &TestApp, ago_ms: i64) -> String {
+    palisade::clock::rfc3339(app.app.clock.now_ms() - ago_ms)
+}
+
+async fn deliveries(app: &TestApp, events: Vec<Value>) -> (StatusCode, Value) {
+    reason(
+        app.post(
+            "/v1/events/messaging",
+            Some(ADMIN_TOKEN),
+            &json!({ "events": events }),
+        )
+        .await,
+    )
+    .await
+}
+
+/// `n` codes sent to numbers of `range` (`+44 7700 9001`), `verified` of them verified, all
+/// `ago_ms` before now (negative: ahead).
+fn window(
+    app: &TestApp,
+    tag: &str,
+    range: &str,
+    n: usize,
+    verified: usize,
+    ago_ms: i64,
+) -> Vec<Value> {
+    let mut events = Vec::new();
+    for i in 0..n {
+        let recipient = format!("{range}{i:02}");
+        events.push(
+            json!({"event_id": format!("{tag}-sent-{i}"), "type": "otp_sent",
+            "recipient": recipient, "ts": at(app, ago_ms - i as i64)}),
+        );
+        if i < verified {
+            events.push(
+                json!({"event_id": format!("{tag}-ok-{i}"), "type": "otp_verified",
+                "recipient": recipient, "ts": at(app, ago_ms - i as i64)}),
+            );
+        }
+    }
+    events
+}
+
+/// Codes allowed to the range before one is refused for its destination (at most `max`).
+async fn codes_until_refused(app: &TestApp, range: &str, max: usize) -> usize {
+    for i in 0..max {
+        let check = otp(
+            &format!("203.0.113.{}", i % 200),
+            &format!("{range}{:02}", i % 100),
+        );
+        let (status, body) = reason(app.limit_check(&check).await).await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(
+                body["error"]["details"]["reason"], "destination_rate",
+                "{body}"
+            );
+            return i;
+        }
+    }
+    max
+}
+
+async fn a_destination_whose_codes_stop_being_verified_is_tightened_until_cleared(app: TestApp) {
+    // One-minute windows: an event two minutes ahead closes the window of now.
+    let app = TestApp::spawn_with(app.backend, |s| s.messaging.conversion.window_s = 60)
+        .await
+        .expect("the backend exists");
+    // An honest range: 30 codes, 25 verified, 20 minutes ago; then a code now closes it.
+    let mut events = window(&app, "honest", "+44 7911 1234", 30, 25, 1_200_000);
+    events.extend(window(&app, "honest-now", "+44 7911 1235", 1, 1, 0));
+    let (status, body) = deliveries(&app, events).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["stored"], 57);
+    assert_eq!(body["tightened"], json!([]));
+    // A pumped range: 40 codes, 1 verified.
+    let mut events = window(&app, "pumped", "+44 7700 9001", 40, 1, 1_200_000);
+    events.extend(window(&app, "pumped-now", "+44 7700 9002", 1, 0, 0));
+    let (status, body) = deliveries(&app, events).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["tightened"], json!(["destination:+44770"]), "{body}");
+    // Its 100 codes an hour are now 10, whoever asks; the honest range keeps its 100.
+    assert_eq!(codes_until_refused(&app, "+44 7700 9003", 50).await, 10);
+    assert_eq!(codes_until_refused(&app, "+44 7911 2000", 50).await, 50);
+    // One alert for the incident, however often it collapses while tightened.
+    let mut again = window(&app, "pumped-2", "+44 7700 9004", 40, 0, 0);
+    again.extend(window(
+        &app,
+        "pumped-2-ahead",
+        "+44 7700 9005",
+        1,
+        0,
+        -120_000,
+    ));
+    let (_, body) = deliveries(&app, again).await;
+    assert_eq!(body["tightened"], json!(["destination:+44770"]), "{body}");
+    let alerts: Value = app
+        .get("/v1/alerts?limit=50", Some(ADMIN_TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let conversion: Vec<&Value> = alerts["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["kind"] == "otp_conversion")
+        .collect();
+    assert_eq!(conversion.len(), 1, "{alerts}");
+    assert_eq!(conversion[0]["subject"], "destination:+44770");
+    assert!(
+        conversion[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 of 40 codes verified"),
+        "{alerts}"
+    );
+    // An analyst clears it, naming the destination or any number in it.
+    let cleared = app
+        .post(
+            "/v1/penalties/clear",
+            Some(ADMIN_TOKEN),
+            &json!({"destination": "+44 7700 900999", "reason": "carrier confirmed an outage"}),
+        )
+        .await;
+    let (status, body) = reason(cleared).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["subject"], "destination:+44770");
+    assert_eq!(body["cleared"], json!(["messaging:otp_conversion"]));
+    // The destination's budget is its 100 again (what it spent at a tenth still counts).
+    let (status, body) = reason(
+        app.limit_check(&otp("203.0.113.250", "+44 7700 900600"))
+            .await,
+    )
+    .await;
+    let limit = if status == StatusCode::OK {
+        assert_eq!(body["budget"], "otp-destination", "{body}");
+        &body["limit"]
+    } else {
+        assert_eq!(
+            body["error"]["details"]["budget"], "otp-destination",
+            "{body}"
+        );
+        &body["error"]["details"]["limit"]
+    };
+    assert_eq!(limit, 100, "{body}");
+}
+
+async fn delivery_events_are_checked_and_stored_once(app: TestApp) {
+    let good = json!({"event_id": "d-1", "type": "otp_sent", "recipient": "+44 7700 900123"});
+    let (status, body) = deliveries(
+        &app,
+        vec![
+            good.clone(),
+            json!({"event_id": "d-2", "type": "otp_opened", "recipient": "+44 7700 900123"}),
+            json!({"event_id": "d-3", "type": "otp_sent", "recipient": "tel:not a number"}),
+            json!({"event_id": "d-4", "type": "otp_sent", "recipient": "+44 7700 900123",
+                "ts": "2001-01-01T00:00:00Z"}),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let indexes: Vec<u64> = body["error"]["details"]["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indexes, [1, 2, 3], "{body}");
+    // Nothing was stored: the good event is new on the next call, and a retry is not.
+    for expected in [1, 0] {
+        let (status, body) = deliveries(&app, vec![good.clone()]).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["stored"], expected, "{body}");
+    }
+    let (status, _) = reason(
+        app.post(
+            "/v1/events/messaging",
+            Some(ADMIN_TOKEN),
+            &json!({"events": []}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
 }
