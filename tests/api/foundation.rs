@@ -420,6 +420,7 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/audit"),
     ("post", "/v1/limit/check"),
     ("post", "/v1/events/auth"),
+    ("post", "/v1/events/messaging"),
     ("get", "/v1/accounts/{account}/status"),
     ("get", "/v1/lockouts"),
     ("get", "/v1/lockouts/{id}"),

@@ -11,6 +11,7 @@ const JSON_ROUTES: &[&str] = &[
     "/v1/admin/tokens",
     "/v1/limit/check",
     "/v1/events/auth",
+    "/v1/events/messaging",
     "/v1/lockouts/01ARZ3NDEKTSV4RRFFQ69G5FAV/release",
     "/v1/lists/deny",
     "/v1/lists/allow",

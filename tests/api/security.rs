@@ -17,6 +17,7 @@ const ROLE_TABLE: &[(&str, &str, Option<&str>)] = &[
     ("get", "/metrics", None),
     ("get", "/openapi.json", None),
     ("post", "/v1/events/auth", Some("ingest")),
+    ("post", "/v1/events/messaging", Some("ingest")),
     ("get", "/v1/accounts/{account}/status", Some("ingest")),
     ("post", "/v1/attestations/challenge", Some("ingest")),
     ("post", "/v1/attestations", Some("ingest")),
