@@ -1,5 +1,6 @@
 //! The lockout-DoS rule at the limiter: which refusals a context the account knows may lift,
-//! and how the request's scopes change when it does.
+//! and how the request's scopes change when it does (a tightened messaging destination
+//! included).
 
 use super::{Challenge, LimitRequest, Limiter, RawOutcome, Scope, is_user_scope, sanitized};
 use crate::config::ScopeKind;
@@ -25,6 +26,26 @@ impl Limiter {
         outcomes: &[RawOutcome],
     ) -> Option<Option<Challenge>> {
         let exemptions = self.exemptions.get()?;
+        // A destination tightened for its collapsed conversion (SMS pumping) refused a code
+        // asked from a device the account knows, or an attested one: the person is not the
+        // pump (whose requests spent the destination's budget), so the destination's budget
+        // is left out; the recipient's own still counts.
+        if request.user.is_some()
+            && request.device.is_some()
+            && blocked_only_by_tightened_destination(scopes, outcomes)
+        {
+            match exemptions.known_device(request).await {
+                Ok(true) => {
+                    scopes.retain(|s| s.kind != ScopeKind::Destination);
+                    return Some(None);
+                }
+                Ok(false) => return None,
+                Err(err) => {
+                    tracing::warn!(error.cause = %err, "known device unknown; the destination's tightening stands");
+                    return None;
+                }
+            }
+        }
         if request.user.is_some()
             && request.device.is_some()
             && blocked_only_by_shared_ceiling(scopes, outcomes)
@@ -207,6 +228,14 @@ fn blocked_by_lock_and_network(scopes: &[Scope], outcomes: &[RawOutcome]) -> boo
 fn blocked_only_by_shared_ceiling(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
     refused_only_by(scopes, outcomes, |s, o| {
         s.scale > 1.0 && is_ip_scope(s) && o.multiplier > 0.0
+    })
+}
+
+/// True when only destination scopes refused the request, each under a published multiplier
+/// below its default (a collapsed conversion's tightening).
+fn blocked_only_by_tightened_destination(scopes: &[Scope], outcomes: &[RawOutcome]) -> bool {
+    refused_only_by(scopes, outcomes, |s, o| {
+        s.kind == ScopeKind::Destination && o.multiplier < s.default_multiplier
     })
 }
 

@@ -526,11 +526,13 @@ impl Limiter {
             for (scope, outcome) in scopes.iter().zip(&outcomes) {
                 // A user blocked by a multiplier may be a locked account whose owner, in a
                 // context the account knows, must get through, and a shared address's ceiling
-                // lets known devices by: never answered from cache.
+                // and a tightened destination let known devices by: never answered from cache.
                 let contextual = self.exemptions.get().is_some()
                     && ((is_user_scope(scope) && outcome.multiplier <= 0.0)
                         || scope.network_blocked
-                        || (scope.scale > 1.0 && lift::is_ip_scope(scope)));
+                        || (scope.scale > 1.0 && lift::is_ip_scope(scope))
+                        || (scope.kind == ScopeKind::Destination
+                            && outcome.multiplier < scope.default_multiplier));
                 if outcome.enforced && !outcome.allowed && !contextual {
                     self.l1.remember(
                         &scope.bucket_key,

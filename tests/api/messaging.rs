@@ -311,6 +311,25 @@ async fn a_destination_whose_codes_stop_being_verified_is_tightened_until_cleare
     // Its 100 codes an hour are now 10, whoever asks; the honest range keeps its 100.
     assert_eq!(codes_until_refused(&app, "+44 7700 9003", 50).await, 10);
     assert_eq!(codes_until_refused(&app, "+44 7911 2000", 50).await, 50);
+    // The owner of a phone the account signed in from before still gets a code there; a
+    // new device of the same account does not.
+    app.post_auth(vec![
+        json!({"event_id": "alice-home", "type": "login_success",
+        "account": "alice", "ip": "192.0.2.77", "device_id": "alice-phone"}),
+    ])
+    .await;
+    let mut known = otp("192.0.2.78", "+44 7700 900555");
+    known["user_id"] = json!("alice");
+    known["device_id"] = json!("alice-phone");
+    let (status, body) = reason(app.limit_check(&known).await).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    known["device_id"] = json!("a-new-phone");
+    let (status, body) = reason(app.limit_check(&known).await).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(
+        body["error"]["details"]["reason"], "destination_rate",
+        "{body}"
+    );
     // One alert for the incident, however often it collapses while tightened.
     let mut again = window(&app, "pumped-2", "+44 7700 9004", 40, 0, 0);
     again.extend(window(
