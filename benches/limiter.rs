@@ -128,8 +128,9 @@ pub fn full_check(c: &mut Criterion) {
 }
 
 /// A messaging check (`POST /otp/send`, anonymous) in-process, without and with a recipient
-/// (a phone number: its parse to E.164 and the recipient and destination buckets), and the
-/// parse of a phone number, an e-mail address and a push token alone.
+/// (a phone number: its parse to E.164 and the recipient and destination buckets; first seen,
+/// and remembered from an earlier request), and the parse of a phone number, an e-mail
+/// address and a push token alone.
 pub fn messaging_check(c: &mut Criterion) {
     use palisade::config::MessagingSettings;
     use palisade::messaging::Recipient;
@@ -154,7 +155,7 @@ pub fn messaging_check(c: &mut Criterion) {
     let numbers: Vec<String> = (0..KEYS)
         .map(|i| format!("+44 7{:03} {:06}", 100 + i % 900, i))
         .collect();
-    let request = |i: usize, recipient: Option<Recipient>| LimitRequest {
+    let request = |i: usize, recipient: Option<palisade::limiter::RecipientKeys>| LimitRequest {
         method: "POST".to_owned(),
         endpoint: "/otp/send".to_owned(),
         ip: ClientIp::parse(
@@ -186,11 +187,28 @@ pub fn messaging_check(c: &mut Criterion) {
             clock.advance(Duration::from_micros(1));
             let recipient = Recipient::parse(&numbers[index], &messaging).unwrap();
             let decision = runtime
-                .block_on(limiter.check(&request(index, Some(recipient))))
+                .block_on(limiter.check(&request(index, Some(recipient.into()))))
                 .unwrap();
             black_box(decision.allowed)
         });
     });
+    // A resend, a flood or a pump repeats its spellings: the service remembers them.
+    let recipients = palisade::messaging::Recipients::new(MessagingSettings::default());
+    let repeated: Vec<String> = numbers.iter().take(1000).cloned().collect();
+    group.bench_function(
+        BenchmarkId::new("with_phone_recipient_remembered", 1000),
+        |b| {
+            b.iter(|| {
+                index = (index + 1) % numbers.len();
+                clock.advance(Duration::from_micros(1));
+                let recipient = recipients.parse(&repeated[index % repeated.len()]).unwrap();
+                let decision = runtime
+                    .block_on(limiter.check(&request(index, Some(recipient.into()))))
+                    .unwrap();
+                black_box(decision.allowed)
+            });
+        },
+    );
     for (name, raw) in [
         ("parse_phone", "+44 7700 900123"),
         ("parse_email", "J.Doe+news@gmail.com"),
@@ -203,6 +221,14 @@ pub fn messaging_check(c: &mut Criterion) {
             b.iter(|| black_box(Recipient::parse(black_box(raw), &messaging).unwrap()))
         });
     }
+    // Where a phone number's time goes: libphonenumber's parse, and its number type.
+    group.bench_function("phonenumber_parse", |b| {
+        b.iter(|| black_box(phonenumber::parse(None, black_box("+44 7700 900123")).unwrap()))
+    });
+    let number = phonenumber::parse(None, "+44 7700 900123").unwrap();
+    group.bench_function("phonenumber_type", |b| {
+        b.iter(|| black_box(black_box(&number).number_type(&phonenumber::metadata::DATABASE)))
+    });
     group.finish();
 }
 

@@ -308,7 +308,7 @@ fn destination_key(app: &AppState, text: &str) -> Result<crate::model::SubjectKe
         .trim()
         .strip_prefix("destination:")
         .unwrap_or(text.trim());
-    match crate::messaging::Recipient::parse(bare, &app.settings.messaging) {
+    match app.messaging.recipients().parse(bare) {
         Ok(recipient) => recipient
             .destination
             .ok_or_else(|| ApiError::invalid("a push token has no destination")),

@@ -186,9 +186,10 @@ pub(super) fn parse(app: &AppState, body: LimitCheck) -> Result<LimitRequest, Ap
     let recipient = body
         .recipient
         .as_deref()
-        .map(|raw| crate::messaging::Recipient::parse(raw, &app.settings.messaging))
+        .map(|raw| app.messaging.recipients().parse(raw))
         .transpose()
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
+        .map_err(|e| ApiError::invalid(e.to_string()))?
+        .map(Into::into);
     let cost = body.cost.unwrap_or(1);
     if cost == 0 || cost > limits.max_cost {
         return Err(ApiError::invalid(format!(

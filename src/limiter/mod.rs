@@ -32,7 +32,7 @@ use crate::telemetry::metrics as names;
 pub use budgets::Budgets;
 pub use request::{
     AttestedDevices, Challenge, Decision, DecisionSink, DefaultMultipliers, Defaults, Error,
-    Exemptions, LimitRequest, ScopeOutcome, TrafficSink, Verdict,
+    Exemptions, LimitRequest, RecipientKeys, ScopeOutcome, TrafficSink, Verdict,
 };
 pub use rules::{RuleBucket, RuleOutcome};
 

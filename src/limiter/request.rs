@@ -155,11 +155,22 @@ pub struct LimitRequest {
     pub tenant: Option<SubjectKey>,
     /// Who the message or notification goes to, canonical (keys the `recipient` and
     /// `destination` scopes).
-    pub recipient: Option<crate::messaging::Recipient>,
+    pub recipient: Option<RecipientKeys>,
     /// Tokens this request costs (≥ 1).
     pub cost: u32,
     /// False: answer without taking tokens.
     pub consume: bool,
+}
+
+/// The keys a message's recipient is limited by (`messaging::Recipient` makes them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecipientKeys {
+    /// `recipient:…`.
+    pub key: SubjectKey,
+    /// `destination:…`, if the recipient has one (not a push token).
+    pub destination: Option<SubjectKey>,
+    /// The multiplier of its destination budgets (a premium-rate number's fraction, else 1).
+    pub destination_factor: f64,
 }
 
 /// The verdict of one scope (one budget's bucket for one subject).

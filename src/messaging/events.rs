@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::Recipient;
+use super::Recipients;
 use super::conversion::{Collapse, Conversion, Outcome};
 use crate::config::MessagingSettings;
 use crate::ingest::EventError;
@@ -70,7 +70,7 @@ impl Outcome {
 pub struct Messaging {
     durable: Durable,
     scoring: Arc<Engine>,
-    settings: MessagingSettings,
+    recipients: Recipients,
     conversion: Conversion,
 }
 
@@ -89,9 +89,14 @@ impl Messaging {
         Self {
             durable,
             scoring,
-            settings,
+            recipients: Recipients::new(settings),
             conversion: Conversion::default(),
         }
+    }
+
+    /// Recipients made canonical (the limit check's and these events' alike).
+    pub fn recipients(&self) -> &Recipients {
+        &self.recipients
     }
 
     /// Validates a batch: every event, or every bad one's index and reason.
@@ -126,8 +131,10 @@ impl Messaging {
                 return Err(format!("type {other:.40?} is not otp_sent or otp_verified"));
             }
         };
-        let recipient =
-            Recipient::parse(&raw.recipient, &self.settings).map_err(|e| e.to_string())?;
+        let recipient = self
+            .recipients
+            .parse(&raw.recipient)
+            .map_err(|e| e.to_string())?;
         let ts_ms = match raw.ts.as_deref() {
             None => now_ms,
             Some(text) => chrono::DateTime::parse_from_rfc3339(text)
@@ -168,7 +175,7 @@ impl Messaging {
             stored: new.len() as u64,
             tightened: Vec::new(),
         };
-        let conversion = &self.settings.conversion;
+        let conversion = &self.recipients.settings().conversion;
         let collapses: Vec<Collapse> = deliveries
             .iter()
             .filter(|d| new.contains(&d.event_id))
@@ -191,7 +198,7 @@ impl Messaging {
         else {
             return Ok(());
         };
-        let settings = &self.settings.conversion;
+        let settings = &self.recipients.settings().conversion;
         let message = format!(
             "{}: {} of {} codes verified in {} min, below {:.0} % ({}): SMS pumping?",
             collapse.destination,

@@ -90,6 +90,56 @@ impl Recipient {
     }
 }
 
+impl From<Recipient> for crate::limiter::RecipientKeys {
+    fn from(recipient: Recipient) -> Self {
+        Self {
+            key: recipient.key,
+            destination: recipient.destination,
+            destination_factor: recipient.destination_factor,
+        }
+    }
+}
+
+/// Recipients made canonical under `[messaging]`, the recent spellings remembered: a phone
+/// number's parse with libphonenumber's metadata costs 15–25 µs, and a resend, a flood of one
+/// number or a pump over a range repeats the same spellings.
+#[derive(Debug)]
+pub struct Recipients {
+    settings: MessagingSettings,
+    recent: quick_cache::sync::Cache<String, Result<Recipient, InvalidRecipient>>,
+}
+
+/// Spellings remembered.
+const RECENT: usize = 20_000;
+
+impl Recipients {
+    /// Canonical forms under `settings`.
+    pub fn new(settings: MessagingSettings) -> Self {
+        Self {
+            settings,
+            recent: quick_cache::sync::Cache::new(RECENT),
+        }
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &MessagingSettings {
+        &self.settings
+    }
+
+    /// [`Recipient::parse`] of `raw`, remembered.
+    pub fn parse(&self, raw: &str) -> Result<Recipient, InvalidRecipient> {
+        if let Some(known) = self.recent.get(raw) {
+            return known;
+        }
+        let parsed = Recipient::parse(raw, &self.settings);
+        // Long inputs are rare and refused anyway: not worth a slot.
+        if raw.len() <= 128 {
+            self.recent.insert(raw.to_owned(), parsed.clone());
+        }
+        parsed
+    }
+}
+
 fn strip_scheme<'a>(raw: &'a str, scheme: &str) -> Option<&'a str> {
     raw.get(..scheme.len())
         .filter(|head| head.eq_ignore_ascii_case(scheme))
@@ -123,8 +173,12 @@ fn phone(raw: &str, settings: &MessagingSettings) -> Result<Recipient, InvalidRe
     let digits = national
         .get(..settings.destination_digits as usize)
         .unwrap_or(&national);
-    let premium_rate =
-        number.number_type(&phonenumber::metadata::DATABASE) == phonenumber::Type::PremiumRate;
+    // Only the premium-rate pattern of the number's region: the whole `number_type` tries
+    // every type's pattern in turn (10 µs a number, against under 1 µs for this one).
+    let premium_rate = number
+        .metadata(&phonenumber::metadata::DATABASE)
+        .and_then(|metadata| metadata.descriptors().premium_rate())
+        .is_some_and(|premium| premium.is_match(&national));
     Ok(Recipient {
         kind: Kind::Phone,
         key: SubjectKey::messaging(SubjectKind::Recipient, &e164),
