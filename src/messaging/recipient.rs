@@ -100,9 +100,10 @@ impl From<Recipient> for crate::limiter::RecipientKeys {
     }
 }
 
-/// Recipients made canonical under `[messaging]`, the recent spellings remembered: a phone
-/// number's parse with libphonenumber's metadata costs 15–25 µs, and a resend, a flood of one
-/// number or a pump over a range repeats the same spellings.
+/// Recipients made canonical under `[messaging]`, the recent spellings remembered.
+///
+/// A phone number's parse with libphonenumber's metadata costs 15–25 µs, and a resend, a
+/// flood of one number or a pump over a range repeats the same spellings.
 #[derive(Debug)]
 pub struct Recipients {
     settings: MessagingSettings,
