@@ -28,36 +28,8 @@ use crate::limiter::{Decision, ScopeOutcome};
 /// The rate limit service's full name, as health checks and reflection know it.
 pub const SERVICE_NAME: &str = <proto::RateLimitServiceServer<Service> as NamedService>::NAME;
 
-/// Envoy's messages, server and client, generated in `build.rs` from the vendored
-/// `proto/` (upstream's `rls.proto` and its imports), under Palisade's short names.
-pub mod proto {
-    /// Everything `rls.proto` declares and imports, one module per protobuf package.
-    #[allow(missing_docs, clippy::all, clippy::pedantic, unreachable_pub)]
-    pub mod generated {
-        include!(concat!(env!("OUT_DIR"), "/rls.rs"));
-    }
-
-    pub use generated::envoy::config::core::v3::HeaderValue;
-    pub use generated::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    pub use generated::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-        Entry, RateLimitOverride,
-    };
-    pub use generated::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
-    pub use generated::envoy::service::ratelimit::v3::rate_limit_response::{
-        Code, DescriptorStatus, RateLimit,
-    };
-    pub use generated::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-    pub use generated::envoy::service::ratelimit::v3::rate_limit_service_server::{
-        RateLimitService, RateLimitServiceServer,
-    };
-    pub use generated::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-    pub use prost_types::Duration;
-
-    /// The encoded `FileDescriptorSet` of `rls.proto` and every file it imports, with their
-    /// comments: what gRPC reflection serves.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/rls_descriptor_set.bin"));
-}
+pub use super::envoy_proto as proto;
+use super::envoy_proto::duration;
 
 use proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitResponse};
 
@@ -229,14 +201,6 @@ fn status(scope: Option<&ScopeOutcome>, allowed: bool) -> DescriptorStatus {
         limit_remaining: u32::try_from(scope.remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(duration(reset_ms)),
         ..DescriptorStatus::default()
-    }
-}
-
-/// A wait in milliseconds as a protobuf `Duration`.
-pub(super) fn duration(ms: u64) -> proto::Duration {
-    proto::Duration {
-        seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
-        nanos: i32::try_from((ms % 1000) * 1_000_000).unwrap_or(0),
     }
 }
 

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock, RwLock};
 
-use super::envoy::proto::{self, Code, DescriptorStatus, RateLimitRequest};
+use super::envoy_proto::{self as proto, Code, DescriptorStatus, RateLimitRequest};
 use crate::descriptors::{Entry, Matched, MultiplierSource, Rules, Unit};
 use crate::limiter::{LimitRequest, RuleBucket, RuleOutcome};
 use crate::telemetry::metrics as names;
@@ -237,7 +237,7 @@ fn status(m: &Matched, outcome: &RuleOutcome) -> DescriptorStatus {
         } else {
             0
         },
-        duration_until_reset: Some(super::envoy::duration(outcome.reset_ms)),
+        duration_until_reset: Some(super::envoy_proto::duration(outcome.reset_ms)),
         ..DescriptorStatus::default()
     }
 }

@@ -11,6 +11,7 @@ mod automatic;
 mod console;
 mod context;
 pub mod envoy;
+pub mod envoy_proto;
 mod envoy_rules;
 pub mod error;
 pub mod events;

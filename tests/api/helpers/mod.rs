@@ -53,6 +53,10 @@ macro_rules! on_both_backends {
         mod production {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[cfg_attr(
+                    not(production_tests),
+                    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+                )]
                 async fn $name() {
                     if let Some(app) = $crate::helpers::TestApp::spawn($crate::helpers::Backend::Production).await {
                         super::$name(app).await;
