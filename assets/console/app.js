@@ -575,9 +575,24 @@ async function policyView() {
     ] : [h("p", { class: "muted" }, "No canary policy is running. An admin loads one with POST /v1/policy/candidates.")]));
 }
 
+// Alerts; a messaging destination tightened for its collapsed OTP conversion can be lifted
+// here, with a reason (a carrier's outage, not SMS pumping).
 async function alertsView() {
   const page = await api("GET", "/v1/alerts?limit=200");
-  show("Alerts", alertsTable(page.items));
+  const tightened = [...new Set(page.items.filter((a) => a.kind === "otp_conversion").map((a) => a.subject))];
+  show("Alerts", alertsTable(page.items),
+    ...(tightened.length ? [h("h2", {}, "Messaging destinations tightened"), ...tightened.map(liftForm)] : []));
+}
+
+function liftForm(subject) {
+  const destination = subject.replace(/^destination:/, "");
+  const reason = h("input", { placeholder: "Why (kept in the audit log)", "aria-label": "Reason for lifting " + destination, size: 30 });
+  return h("div", { class: "actions" }, h("span", { class: "kind" }, subject), reason,
+    h("button", { type: "button", class: "secondary", onclick: guarded(async () => {
+      if (!reason.value.trim()) { say("Give a reason for lifting it.", "error"); reason.focus(); return; }
+      const answer = await api("POST", "/v1/penalties/clear", { destination, reason: reason.value.trim() });
+      say(`Lifted ${answer.cleared.join(", ") || "nothing"} on ${answer.subject}.`);
+    }) }, "Lift the tightening"));
 }
 
 async function auditView(params) {

@@ -165,6 +165,31 @@ async fn an_analyst_finds_reads_and_releases_in_a_real_browser() {
         )
         .await;
     }
+    // SMS pumping to one range: 40 codes sent 20 minutes ago, 1 verified; a code now closes
+    // the window and the destination is tightened, with an alert.
+    let ago = |ms: i64| palisade::clock::rfc3339(app.app.clock.now_ms() - ms);
+    let mut deliveries: Vec<serde_json::Value> = (0..40)
+        .map(|i| {
+            serde_json::json!({"event_id": format!("w-otp-{i}"), "type": "otp_sent",
+                "recipient": format!("+44 7700 9001{i:02}"), "ts": ago(1_200_000 - i)})
+        })
+        .collect();
+    deliveries.push(
+        serde_json::json!({"event_id": "w-otp-ok", "type": "otp_verified",
+        "recipient": "+44 7700 900100", "ts": ago(1_200_000)}),
+    );
+    deliveries.push(
+        serde_json::json!({"event_id": "w-otp-now", "type": "otp_sent",
+        "recipient": "+44 7700 900200", "ts": ago(0)}),
+    );
+    let response = app
+        .post(
+            "/v1/events/messaging",
+            Some(crate::helpers::ADMIN_TOKEN),
+            &serde_json::json!({ "events": deliveries }),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
     app.app.history.flush().await.unwrap();
     let (_, token) = app.create_token("analyst", "ana").await;
     let shots = std::env::var("PALISADE_CONSOLE_SCREENSHOTS").ok();

@@ -209,6 +209,18 @@ def main():
         page.get_by_role("link", name="ip:2001:db8:1::/64").click()
         expect(page.get_by_role("heading", name="Network 2001:db8:1::/64")).to_be_visible()
 
+        # A messaging destination tightened for SMS pumping is lifted from the alerts.
+        page.get_by_role("link", name="Alerts", exact=True).click()
+        expect(page.locator("tbody tr", has_text="otp_conversion")).to_have_count(1)
+        expect(page.get_by_role("heading", name="Messaging destinations tightened")).to_be_visible()
+        page.get_by_role("button", name="Lift the tightening").click()
+        expect(page.locator("#status .error")).to_have_text("Give a reason for lifting it.")
+        page.get_by_label("Reason for lifting +44770").fill("carrier outage, confirmed")
+        page.get_by_role("button", name="Lift the tightening").click()
+        expect(page.locator("#status .info")).to_have_text(
+            "Lifted messaging:otp_conversion on destination:+44770."
+        )
+
         # A search the API refuses: the error, the form to correct it, no stale results.
         page.goto(BASE + "/console#/lockouts?status=all")
         expect(page.locator("tbody tr").first).to_be_visible()
