@@ -77,6 +77,22 @@ pub fn in_process_vs_governor(c: &mut Criterion) {
     group.finish();
 }
 
+/// An in-process limiter with the default budgets, each so large that its buckets never
+/// refill to full within a run: every key stays resident.
+fn resident_limiter(clock: &ManualClock) -> Limiter {
+    let mut settings = LimitSettings::default();
+    for budget in &mut settings.budgets {
+        budget.limit = 1_000_000_000;
+        budget.period_s = 1_000_000_000;
+    }
+    Limiter::new(
+        &settings,
+        Hot::Memory(MemoryHot::new()),
+        Keys::new("pal"),
+        Arc::new(clock.clone()),
+    )
+}
+
 /// A whole `Limiter::check` in-process: classify, build the keys of every scope, read
 /// multipliers, check and consume atomically (read class with user and device: 4 scopes).
 pub fn full_check(c: &mut Criterion) {
@@ -86,18 +102,7 @@ pub fn full_check(c: &mut Criterion) {
         .build()
         .unwrap();
     let clock = ManualClock::new(1_800_000_000_000);
-    let mut settings = LimitSettings::default();
-    // Buckets that never refill to full within the run: every key stays resident.
-    for budget in &mut settings.budgets {
-        budget.limit = 1_000_000_000;
-        budget.period_s = 1_000_000_000;
-    }
-    let limiter = Limiter::new(
-        &settings,
-        Hot::Memory(MemoryHot::new()),
-        Keys::new("pal"),
-        Arc::new(clock.clone()),
-    );
+    let limiter = resident_limiter(&clock);
     let requests: Vec<LimitRequest> = (0..KEYS)
         .map(|i| LimitRequest {
             method: "GET".to_owned(),
@@ -140,17 +145,7 @@ pub fn messaging_check(c: &mut Criterion) {
         .build()
         .unwrap();
     let clock = ManualClock::new(1_800_000_000_000);
-    let mut settings = LimitSettings::default();
-    for budget in &mut settings.budgets {
-        budget.limit = 1_000_000_000;
-        budget.period_s = 1_000_000_000;
-    }
-    let limiter = Limiter::new(
-        &settings,
-        Hot::Memory(MemoryHot::new()),
-        Keys::new("pal"),
-        Arc::new(clock.clone()),
-    );
+    let limiter = resident_limiter(&clock);
     let messaging = MessagingSettings::default();
     let numbers: Vec<String> = (0..KEYS)
         .map(|i| format!("+44 7{:03} {:06}", 100 + i % 900, i))

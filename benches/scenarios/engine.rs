@@ -1021,22 +1021,13 @@ fn otp_attacker(
     per_s: u64,
     recipient: impl Fn(u64) -> String,
 ) {
-    let every_ms = 1000 / per_s.max(1);
-    let mut n = 0;
-    let mut at = 10_000;
-    while at < size.duration_s * 1000 {
-        requests.push(Request {
-            at_ms: at,
-            side: Side::Attacker,
-            user: 0,
-            kind: Kind::OtpSend,
-            account: Some(format!("fresh{n}")),
-            ip: pool_address(n, 7),
-            device: None,
-            recipient: Some(recipient(n)),
-        });
-        n += 1;
-        at += every_ms;
+    let first = requests.len();
+    attacker(requests, size, 10, per_s, |n| {
+        (pool_address(n, 7), format!("fresh{n}"), None)
+    });
+    for (n, request) in (0u64..).zip(&mut requests[first..]) {
+        request.kind = Kind::OtpSend;
+        request.recipient = Some(recipient(n));
     }
 }
 

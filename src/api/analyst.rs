@@ -276,7 +276,10 @@ async fn clear_penalties(
                     "name exactly one of account, ip, device_id and destination",
                 ));
             }
-            destination_key(&app, destination)?
+            app.messaging
+                .recipients()
+                .destination(destination)
+                .map_err(|e| ApiError::invalid(e.to_string()))?
         }
         None => super::extract::one_subject(
             &app,
@@ -298,33 +301,6 @@ async fn clear_penalties(
         subject: subject.to_string(),
         cleared,
     }))
-}
-
-/// A destination as written (`destination:+44909`, `+44909`, `@example.com`) or as a
-/// recipient in it (`+44 909 876 5432`, `bob@example.com`).
-fn destination_key(app: &AppState, text: &str) -> Result<crate::model::SubjectKey, ApiError> {
-    use crate::model::{SubjectKey, SubjectKind};
-    let bare = text
-        .trim()
-        .strip_prefix("destination:")
-        .unwrap_or(text.trim());
-    match app.messaging.recipients().parse(bare) {
-        Ok(recipient) => recipient
-            .destination
-            .ok_or_else(|| ApiError::invalid("a push token has no destination")),
-        // Too short for a number: a destination's own key.
-        Err(_)
-            if bare.len() > 1
-                && bare.starts_with('+')
-                && bare[1..].bytes().all(|b| b.is_ascii_digit()) =>
-        {
-            Ok(SubjectKey::messaging(SubjectKind::Destination, bare))
-        }
-        Err(_) if bare.len() > 1 && bare.starts_with('@') && !bare[1..].contains('@') => Ok(
-            SubjectKey::messaging(SubjectKind::Destination, &bare.to_lowercase()),
-        ),
-        Err(err) => Err(ApiError::invalid(err.to_string())),
-    }
 }
 
 /// `GET /v1/stats/decisions` query.
