@@ -3,11 +3,14 @@
 --        seeing the ones before, exactly as if each were its own call at the same instant.
 -- KEYS   per request, per scope: bucket key, then multiplier key (same {hash tag}); a key may
 --        appear again for another request of the call (e.g. the global bucket)
--- ARGV   [1] number of requests; then per request: cost, consume (1|0), number of scopes n,
+-- ARGV   [1] number of requests; then per request: cost, mode, number of scopes n,
 --        then per scope: capacity, refill per second, enforce (1) or shadow (0), the
 --        multiplier to use when none is published (scoring's local default: reputation,
 --        attestation), or '=' and the multiplier to use whatever is published (a locked
 --        account's owner in a context the account knows: the lockout-DoS rule)
+-- Mode   0 checks; 1 checks and consumes if every enforced scope allows; 2 gives back `cost`
+--        to every scope (on a cluster, what a check consumed in one slot when another slot
+--        refused it: the bucket is as if that request had not come)
 -- State  a bucket is one 8-byte double, struct 'd': the theoretical arrival time (GCRA) in µs,
 --        i.e. when the bucket is full again. Written with PSETEX <time until full> <value>,
 --        one command per bucket per call, integer milliseconds, so an idle key disappears
@@ -55,6 +58,7 @@ local a = 1 -- ARGV consumed so far
 for _ = 1, tonumber(ARGV[1]) do
   local cost = tonumber(ARGV[a + 1])
   local consume = ARGV[a + 2] == '1'
+  local refund = ARGV[a + 2] == '2'
   local n = tonumber(ARGV[a + 3])
   a = a + 3
   o = o + 1
@@ -90,7 +94,16 @@ for _ = 1, tonumber(ARGV[1]) do
       if deficit < 0 then deficit = 0 elseif deficit > window then deficit = window end
     end
     local allowed, remaining, reset, retry
-    if rate <= 0 or cost > limit + 1e-9 then
+    if refund then
+      allowed, remaining, reset, retry = true, 0, 0, 0
+      if tat and rate > 0 then
+        local back = tat - cost / rate
+        if back < now then back = now end
+        wn = wn + 1
+        wkey[wn] = key
+        wtat[wn] = back
+      end
+    elseif rate <= 0 or cost > limit + 1e-9 then
       allowed = false
       remaining = floor((window > deficit and window - deficit or 0) * rate + 1e-9)
       reset = deficit
@@ -126,7 +139,7 @@ for _ = 1, tonumber(ARGV[1]) do
   end
   if not admitted then
     out[head] = 0
-  elseif consume then
+  elseif consume or refund then
     -- Enforced scopes all allowed; shadow scopes are consumed where they allowed too.
     for j = 1, wn do
       local key = wkey[j]

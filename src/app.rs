@@ -64,6 +64,8 @@ pub struct App {
     pub envoy_rules: Option<Arc<crate::descriptors::watch::LiveRules>>,
     /// Notices a hot store that lost its data and rebuilds it from the durable store.
     pub recovery: crate::recovery::Recovery,
+    /// What this region shares with the others (`[regions]`).
+    pub regions: crate::regions::Regions,
     /// Wall and monotonic time for every domain.
     pub clock: Arc<dyn Clock>,
     /// Prometheus exposition of this process's metrics.
@@ -283,12 +285,33 @@ impl App {
             crate::telemetry::privacy::Pseudonyms::new(&settings.privacy),
         );
         let analyst = crate::analyst::Analyst::new(stores.durable.clone(), clock.clone());
-        let limiter = Arc::new(Limiter::new(
+        let regions_postgres = match (settings.regions.enabled(), stores.durable.pool()) {
+            (true, crate::store::Pool::Postgres(pool)) => Some(pool.clone()),
+            _ => None,
+        };
+        let shares = regions_postgres
+            .as_ref()
+            .filter(|_| !settings.regions.global_budgets.is_empty())
+            .map(|pool| {
+                Arc::new(crate::regions::shares::Shares::new(
+                    pool.clone(),
+                    &settings.regions.name,
+                    &clock.new_id().to_string(),
+                    settings.regions.count,
+                    settings.regions.renew_ms,
+                    settings.regions.global_budgets.clone(),
+                ))
+            });
+        let limiter = Limiter::new(
             &settings.limits,
             stores.hot.clone(),
             stores.keys.clone(),
             clock.clone(),
-        ));
+        );
+        let limiter = Arc::new(match &shares {
+            Some(shares) => limiter.with_shares(shares.clone()),
+            None => limiter,
+        });
         let scoring = Arc::new(Engine::new(&settings, &stores, clock.clone()));
         let lockouts = Arc::new(Lockouts::new(
             &stores,
@@ -408,6 +431,20 @@ impl App {
             ingest.clone(),
             settings.limits.ipv6_prefix_len,
         );
+        let regions = crate::regions::Regions {
+            changes: regions_postgres.map(|pool| {
+                Arc::new(crate::regions::changes::Changes::new(
+                    pool,
+                    &settings.regions.name,
+                    lockouts.clone(),
+                    scoring.clone(),
+                    stores.hot.clone(),
+                    stores.keys.clone(),
+                    clock.clone(),
+                ))
+            }),
+            shares,
+        };
         // Before serving: a hot store without its epoch marker (in process: every start) is
         // rebuilt from the durable store. A failure is retried every second once serving.
         if let Err(err) = recovery.check().await {
@@ -430,6 +467,7 @@ impl App {
         };
         Ok(App {
             recovery,
+            regions,
             settings: {
                 crate::telemetry::metrics::handle();
                 crate::telemetry::metrics::zero();
@@ -503,6 +541,7 @@ impl App {
         if let Some(rules) = &state.envoy_rules {
             rules.spawn_watch(shutdown.clone());
         }
+        state.regions.spawn(&shutdown);
         // A hot store that lost its data is noticed (and rebuilt) within a second or two.
         every(state, &shutdown, second, |app| async move {
             if let Err(err) = app.recovery.check().await {

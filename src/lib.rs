@@ -34,6 +34,7 @@ pub mod messaging;
 pub mod model;
 pub mod policy;
 pub mod recovery;
+pub mod regions;
 pub mod reputation;
 pub mod scoring;
 pub mod store;

@@ -140,7 +140,7 @@ fn items<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String
 }
 
 /// A list, or one comma-separated string; blank items dropped.
-fn one_or_many<'de, D: serde::Deserializer<'de>, T: From<String>>(
+pub(super) fn one_or_many<'de, D: serde::Deserializer<'de>, T: From<String>>(
     deserializer: D,
 ) -> Result<Vec<T>, D::Error> {
     Ok(items(deserializer)?

@@ -162,12 +162,12 @@ pub struct LimitSettings {
     /// TTL of the in-process L1 cache of blocked buckets, milliseconds (0 disables it).
     /// TOML `limits.l1_ttl_ms`, env `PALISADE_LIMITS__L1_TTL_MS`; default 250 (max 5000).
     pub l1_ttl_ms: u64,
-    /// Coalesce concurrent checks on a single Redis into shared script calls (each still
-    /// answered as if it ran alone). TOML `limits.coalesce`, env `PALISADE_LIMITS__COALESCE`;
-    /// default true. A Redis Cluster always gets one call per check.
+    /// Coalesce concurrent checks into shared script calls (each still answered as if it ran
+    /// alone): on one Redis, all checks; on a Redis Cluster, the checks' groups of one slot.
+    /// TOML `limits.coalesce`, env `PALISADE_LIMITS__COALESCE`; default true.
     pub coalesce: bool,
-    /// Script calls on their way to Redis at once before further checks queue for a shared
-    /// call (with `coalesce`). Fewer means more checks per call and less Redis CPU and
+    /// Script calls on their way to Redis at once (on a cluster: a quarter as many per
+    /// slot, at least 1) before further checks queue for a shared call (with `coalesce`). Fewer means more checks per call and less Redis CPU and
     /// fewer socket writes per check, for up to one call's round trip of waiting. TOML
     /// `limits.coalesce_in_flight`, env `PALISADE_LIMITS__COALESCE_IN_FLIGHT`; default 4
     /// (accepted 1–64).

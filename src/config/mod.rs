@@ -13,6 +13,7 @@ mod lockout;
 mod messaging;
 mod privacy;
 mod record;
+mod regions;
 mod reputation;
 mod scoring;
 mod store;
@@ -38,6 +39,7 @@ pub use lockout::{Escalation, LockoutSettings, StuffingSettings, UnknownContext}
 pub use messaging::{ConversionSettings, MessagingSettings};
 pub use privacy::PrivacySettings;
 pub use record::RecordSettings;
+pub use regions::RegionSettings;
 pub use reputation::{RangeFormat, ReputationSettings, SourceSettings};
 pub use scoring::{
     AnomalySettings, ClassBounds, OffenderSettings, ScoringSettings, WebhookSettings,
@@ -134,6 +136,8 @@ pub struct Settings {
     pub messaging: MessagingSettings,
     /// The traffic record for policy replay (`[record]`).
     pub record: RecordSettings,
+    /// Several regions sharing one Postgres (`[regions]`).
+    pub regions: RegionSettings,
 }
 
 impl Default for Settings {
@@ -165,6 +169,7 @@ impl Default for Settings {
             privacy: PrivacySettings::default(),
             messaging: MessagingSettings::default(),
             record: RecordSettings::default(),
+            regions: RegionSettings::default(),
         }
     }
 }
@@ -411,6 +416,17 @@ impl Settings {
         self.privacy.validate()?;
         self.messaging.validate()?;
         self.record.validate(self.privacy.pseudonym_key.is_some())?;
+        let budgets: Vec<&str> = self
+            .limits
+            .budgets
+            .iter()
+            .map(|b| b.name.as_str())
+            .collect();
+        self.regions.validate(
+            &budgets,
+            !self.database_url.starts_with("sqlite:"),
+            self.redis_url.is_some(),
+        )?;
         Ok(self)
     }
 }

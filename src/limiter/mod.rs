@@ -8,6 +8,7 @@
 
 pub mod bucket;
 pub mod budgets;
+mod cluster;
 mod degraded;
 mod l1;
 mod lift;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::config::{FailMode, LimitSettings, ScopeKind};
 use crate::model::{ClientIp, SubjectKey};
+use crate::store::keys;
 use crate::store::{Hot, Keys, MemoryHot};
 use crate::telemetry::metrics as names;
 
@@ -104,6 +106,8 @@ pub struct Limiter {
     /// False for a limiter that only predicts (a replay, a canary): its decisions are not
     /// counted in the decision metrics or the console's rates.
     observed: bool,
+    /// This region's leased shares of the budgets held across regions (`[regions]`).
+    shares: Option<Arc<crate::regions::shares::Shares>>,
 }
 
 /// The handles of the metrics every check records.
@@ -154,7 +158,15 @@ impl Limiter {
             metrics: Metrics::default(),
             rates,
             observed: true,
+            shares: None,
         }
+    }
+
+    /// The same limiter, spending this region's leased shares of the budgets held across
+    /// regions (`regions.global_budgets`).
+    pub fn with_shares(mut self, shares: Arc<crate::regions::shares::Shares>) -> Self {
+        self.shares = Some(shares);
+        self
     }
 
     /// The same limiter, its decisions counted nowhere (a replay's or a canary's: they
@@ -285,6 +297,16 @@ impl Limiter {
         let scope = |index: usize, kind, subject: SubjectKey, default_multiplier: f64| {
             let budget = &budgets.budgets[index];
             let (bucket_key, bucket_id) = self.bucket(&subject, &budget.name, None);
+            // A budget held across regions: this region spends its leased share (scaling
+            // capacity and rate alike keeps the bucket's window).
+            let share = self
+                .shares
+                .as_ref()
+                .and_then(|shares| {
+                    let global = shares.global(&budget.name)?;
+                    Some(shares.share(global, subject.as_str(), request.cost))
+                })
+                .unwrap_or(1.0);
             Scope {
                 budget: index,
                 kind,
@@ -298,8 +320,8 @@ impl Limiter {
                 subject,
                 label: None,
                 params: bucket::Params {
-                    capacity: f64::from(budget.capacity()),
-                    refill_per_s: budget.refill_per_s(),
+                    capacity: f64::from(budget.capacity()) * share,
+                    refill_per_s: budget.refill_per_s() * share,
                     multiplier: 1.0,
                 },
                 scale: 1.0,
@@ -319,7 +341,9 @@ impl Limiter {
             let budget = &budgets.budgets[index];
             match budget.scope {
                 ScopeKind::Global => {
-                    out.push(scope(index, budget.scope, SubjectKey::global(), 1.0));
+                    let mut global = scope(index, budget.scope, SubjectKey::global(), 1.0);
+                    self.global_part(&mut global, &ip_key(), &budget.name, &class_info.name);
+                    out.push(global);
                 }
                 ScopeKind::Ip | ScopeKind::EndpointIp => {
                     let ip = ip_key();
@@ -430,6 +454,24 @@ impl Limiter {
                 (self.keys.bucket(subject, &format!("{name}~{variant}")), 0)
             }
         }
+    }
+
+    /// On a Redis Cluster, a `global` budget is held in [`keys::SHARDS`] parts, one per
+    /// shard, each of 1/16 of its capacity and rate: a check spends from the part in its
+    /// address's shard, the slot its address's scopes are in, so the global budget is
+    /// neither a slot every check calls nor a call of its own. A budget too small to split
+    /// (under 16 tokens a part) stays whole. Its limit and remaining are the part's.
+    fn global_part(&self, scope: &mut Scope, ip: &SubjectKey, budget: &str, class: &str) {
+        const PARTS: f64 = keys::SHARDS as f64;
+        if !self.keys.is_sharded() || scope.params.capacity < 16.0 * PARTS {
+            return;
+        }
+        scope.bucket_key = self.keys.part_key(ip, &scope.subject, ":b:", budget);
+        if !scope.multiplier_key.is_empty() {
+            scope.multiplier_key = self.keys.part_key(ip, &scope.subject, ":m:", class);
+        }
+        scope.params.capacity /= PARTS;
+        scope.params.refill_per_s /= PARTS;
     }
 
     /// Makes a device's scope an IP-and-device one: its own bucket per address (in the

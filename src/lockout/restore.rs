@@ -46,6 +46,46 @@ impl Lockouts {
         Ok(())
     }
 
+    /// Makes this hot store's side of `account`'s lockouts what the durable store says (a
+    /// lockout made, extended or released in another region): the marker of the lockout in
+    /// force, expiring when it does; none, and the account's failure windows cleared, when
+    /// a stored lockout it still holds was released or has ended.
+    pub async fn sync_account(&self, account: &str) -> Result<(), Error> {
+        let Ok(subject) = SubjectKey::user(account, usize::MAX) else {
+            return Ok(());
+        };
+        let now = self.clock.now_ms();
+        let marker = velocity::lock_marker(&self.hot, &self.keys, &subject, now).await?;
+        match store::active_for(&self.durable, account, now).await? {
+            Some(lockout) => {
+                let ttl = lockout.locked_until_ms.saturating_sub(now).max(1);
+                match marker {
+                    Some(marker) if marker.lockout_id == lockout.id => {
+                        velocity::retime(&self.hot, &self.keys, &subject, &lockout.id, now, ttl)
+                            .await?;
+                    }
+                    // A marker not yet stored is a lockout this region is making: its
+                    // maker finishes it.
+                    Some(marker) if marker.stored => {
+                        velocity::unlock(&self.hot, &self.keys, &subject, &marker.lockout_id, now)
+                            .await?;
+                        self.restore_marker(&lockout, now).await?;
+                    }
+                    Some(_) => {}
+                    None => self.restore_marker(&lockout, now).await?,
+                }
+            }
+            None => {
+                if let Some(marker) = marker.filter(|m| m.stored) {
+                    velocity::unlock(&self.hot, &self.keys, &subject, &marker.lockout_id, now)
+                        .await?;
+                    velocity::clear(&self.hot, &[self.keys.windows(&subject)]).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Per account released since `since_ms`, when: its failures before then no longer count
     /// (a release clears the account's windows).
     pub async fn released_since(

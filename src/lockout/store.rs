@@ -484,6 +484,23 @@ pub(super) async fn active_after(
     Ok(rows.into_iter().map(Lockout::from).collect())
 }
 
+const ACTIVE_FOR: &str = "SELECT id, account, scope, reason, failures, level, created_at, locked_until, released_at, released_by, release_reason \
+    FROM lockouts WHERE account = $1 AND released_at IS NULL AND locked_until > $2 ORDER BY locked_until DESC LIMIT 1";
+
+/// The lockout of `account` in force at `now_ms` that ends last, if any.
+pub(super) async fn active_for(
+    durable: &Durable,
+    account: &str,
+    now_ms: i64,
+) -> Result<Option<Lockout>, Error> {
+    let row: Option<Row> = with_pool!(durable, |pool| sqlx::query_as(ACTIVE_FOR)
+        .bind(account)
+        .bind(now_ms)
+        .fetch_optional(pool)
+        .await)?;
+    Ok(row.map(Lockout::from))
+}
+
 const RELEASED_SINCE: &str =
     "SELECT account, MAX(released_at) FROM lockouts WHERE released_at >= $1 GROUP BY account";
 

@@ -392,6 +392,46 @@ impl Engine {
         }
     }
 
+    /// Makes `subject`'s factors in this hot store the stored ones (changed in another
+    /// region): the durable ones set, the ones only here deleted, and the subject published.
+    pub async fn sync_subject(&self, subject: &str) -> Result<(), Error> {
+        let Some(key) = SubjectKey::from_text(subject) else {
+            return Ok(());
+        };
+        let now = self.clock.now_ms();
+        let (stored, here) = tokio::join!(
+            store::durable::of_subject(&self.durable, subject, now),
+            self.store.read(&self.keys, &key, now),
+        );
+        let (stored, here) = (stored?, here?);
+        let mut changes: Vec<Change> = here
+            .iter()
+            .filter(|h| !stored.iter().any(|s| s.signal_code_is(&h.id())))
+            .map(|h| Change::Delete(h.id()))
+            .collect();
+        changes.extend(
+            stored
+                .into_iter()
+                .filter(|s| !here.contains(s))
+                .map(Change::Set),
+        );
+        if changes.is_empty() {
+            return Ok(());
+        }
+        // A network's or an ASN's block on `auth` is enforced for its every address.
+        for change in &changes {
+            if let Change::Set(factor) = change
+                && NetworkBlocks::is_network(&key)
+                && factor.value <= 0.0
+                && factor.classes.iter().any(|c| c == "auth")
+                && let Some(until) = factor.expires_at_ms
+            {
+                self.networks.block(&key, until).await?;
+            }
+        }
+        self.apply_hot(&[(&key, &changes)]).await
+    }
+
     /// Deletes the durable copies of factors expired by now; how many.
     pub async fn prune_factors(&self) -> Result<u64, Error> {
         Ok(store::durable::prune(&self.durable, self.clock.now_ms()).await?)

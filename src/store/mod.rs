@@ -260,12 +260,29 @@ impl Durable {
         max_connections: u32,
         timeout: Duration,
     ) -> Result<Durable, Error> {
+        Self::connect_in_region(url, max_connections, timeout, "").await
+    }
+
+    /// [`Durable::connect`] for an instance of region `region` (empty: one region). Its
+    /// Postgres sessions are named `palisade/<region>` and announce the changes other
+    /// regions must hear of (`migrations/postgres/0018_regions.sql`).
+    pub async fn connect_in_region(
+        url: &str,
+        max_connections: u32,
+        timeout: Duration,
+        region: &str,
+    ) -> Result<Durable, Error> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             // JIT off for this service's sessions: its statements are short, and a batch's
             // lockout queries (one statement for 500 accounts) crossed `jit_above_cost`,
             // so Postgres compiled each with LLVM: 38 % of the machine's CPU in a lockout
             // wave.
-            let options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
+            let mut options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
+            if !region.is_empty() {
+                options = options
+                    .application_name(&format!("palisade/{region}"))
+                    .options([("palisade.regions", "on")]);
+            }
             let pool = PgPoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(timeout)
@@ -401,10 +418,11 @@ impl Stores {
     /// Opens both stores from the settings and applies migrations.
     pub async fn open(settings: &Settings) -> Result<Stores, Error> {
         let store = &settings.store;
-        let durable = Durable::connect(
+        let durable = Durable::connect_in_region(
             &settings.database_url,
             store.db_max_connections,
             Duration::from_millis(store.db_timeout_ms),
+            &settings.regions.name,
         )
         .await?;
         durable.migrate().await?;
@@ -414,10 +432,10 @@ impl Stores {
             ),
             None => Hot::Memory(MemoryHot::new()),
         };
-        Ok(Stores {
-            durable,
-            hot,
-            keys: Keys::new(&store.redis_key_prefix),
-        })
+        let keys = match &hot {
+            Hot::Redis(redis) if redis.is_cluster() => Keys::sharded(&store.redis_key_prefix),
+            _ => Keys::new(&store.redis_key_prefix),
+        };
+        Ok(Stores { durable, hot, keys })
     }
 }

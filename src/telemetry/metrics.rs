@@ -15,6 +15,11 @@ pub const STORE_UNAVAILABLE_TOTAL: &str = "palisade_store_unavailable_total";
 pub const HOT_STORE_HEALTHY: &str = "palisade_hot_store_healthy";
 /// Redis Cluster connections rebuilt from the seed nodes because commands kept failing.
 pub const HOT_STORE_RECONNECTS_TOTAL: &str = "palisade_hot_store_reconnects_total";
+/// Changes made in another region applied to this region's hot store, by `kind`
+/// (`lockouts`, `factors`, `list_entries`, `reconcile`).
+pub const REGION_CHANGES_TOTAL: &str = "palisade_region_changes_total";
+/// Keys of the global budgets this instance holds a leased share of.
+pub const REGION_LEASED_KEYS: &str = "palisade_region_leased_keys";
 /// API-token authentications, by `outcome` (`ok`, `unknown`, `forbidden`).
 pub const ACCESS_CHECKS_TOTAL: &str = "palisade_access_checks_total";
 /// Uses of the bootstrap token, by outcome (`accepted`, `refused`: retired or expired).
@@ -126,6 +131,8 @@ pub const ALL: &[&str] = &[
     STORE_UNAVAILABLE_TOTAL,
     HOT_STORE_HEALTHY,
     HOT_STORE_RECONNECTS_TOTAL,
+    REGION_CHANGES_TOTAL,
+    REGION_LEASED_KEYS,
     ACCESS_CHECKS_TOTAL,
     ACCESS_STALE_TOTAL,
     BOOTSTRAP_USES_TOTAL,
@@ -264,6 +271,14 @@ fn describe() {
     metrics::describe_counter!(
         HOT_STORE_RECONNECTS_TOTAL,
         "Redis Cluster connections rebuilt from the seed nodes because commands kept failing"
+    );
+    metrics::describe_counter!(
+        REGION_CHANGES_TOTAL,
+        "Changes made in another region applied to this region's hot store, by kind"
+    );
+    metrics::describe_gauge!(
+        REGION_LEASED_KEYS,
+        "Keys of the global budgets this instance holds a leased share of"
     );
     metrics::describe_counter!(ACCESS_CHECKS_TOTAL, "API-token authentications by outcome");
     metrics::describe_counter!(
@@ -425,6 +440,7 @@ pub fn zero() {
     // Healthy until the hot store's commands fail (store::health).
     metrics::gauge!(HOT_STORE_HEALTHY).set(1.0);
     metrics::counter!(HOT_STORE_RECONNECTS_TOTAL).increment(0);
+    metrics::gauge!(REGION_LEASED_KEYS).set(0.0);
     let labelled: [(&'static str, &'static str, &[&'static str]); 12] = [
         (STORE_UNAVAILABLE_TOTAL, "store", &["durable", "hot"]),
         (

@@ -31,6 +31,7 @@ mod policy;
 mod recorder;
 mod recovery;
 mod refusals;
+mod regions;
 mod reputation;
 mod scaleout;
 mod scenarios;

@@ -162,6 +162,45 @@ async fn lockouts_and_releases_reach_every_instance(instances: &[TestApp; 3], ac
     }
 }
 
+/// Logins refused by the account's bucket take nothing from the address's: on a cluster the
+/// two live in different slots, and the address's share, consumed in its slot while the
+/// account's refused, is given back. Ten refused logins of `account` from one address
+/// (its bucket holds 10), then ten logins of other accounts from it: all admitted.
+async fn a_check_refused_in_one_slot_takes_nothing_in_another(instance: &TestApp, account: &str) {
+    let address = "198.51.100.150";
+    assert_ne!(
+        palisade::store::Keys::shard_tag(&format!("user:{account}")),
+        palisade::store::Keys::shard_tag(&format!("ip:{address}")),
+        "the account and the address must live in different shards for this test"
+    );
+    let login_from = |account: &str, ip: String| json!({"endpoint": "/auth/login", "method": "POST", "ip": ip, "user_id": account});
+    let status = |body: Value| async move {
+        instance
+            .post("/v1/limit/check", Some(ADMIN_TOKEN), &body)
+            .await
+            .status()
+    };
+    for i in 0..5 {
+        let ip = format!("192.0.2.{}", 10 + i);
+        assert_eq!(status(login_from(account, ip)).await, StatusCode::OK);
+    }
+    for _ in 0..10 {
+        assert_eq!(
+            status(login_from(account, address.to_owned())).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{account}'s bucket is empty"
+        );
+    }
+    for i in 0..10 {
+        let other = format!("{account}-other-{i}");
+        assert_eq!(
+            status(login_from(&other, address.to_owned())).await,
+            StatusCode::OK,
+            "login {i} of another account from {address}: the refused ones took nothing"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_one_redis_share_buckets_and_lockouts() {
     let Some(instances) = three_instances(None).await else {
@@ -169,6 +208,7 @@ async fn three_instances_on_one_redis_share_buckets_and_lockouts() {
     };
     concurrent_checks_admit_exactly_the_bucket(&instances, "scale-kim").await;
     lockouts_and_releases_reach_every_instance(&instances, "scale-lee").await;
+    a_check_refused_in_one_slot_takes_nothing_in_another(&instances[0], "scale-ray").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,4 +221,5 @@ async fn three_instances_on_a_redis_cluster_share_buckets_and_lockouts() {
     };
     concurrent_checks_admit_exactly_the_bucket(&instances, "cluster-kim").await;
     lockouts_and_releases_reach_every_instance(&instances, "cluster-lee").await;
+    a_check_refused_in_one_slot_takes_nothing_in_another(&instances[1], "cluster-ray").await;
 }

@@ -130,6 +130,27 @@ pub(crate) async fn live(
         .collect())
 }
 
+const OF_SUBJECT: &str = "SELECT body FROM factors \
+    WHERE subject = $1 AND (expires_at IS NULL OR expires_at > $2) ORDER BY id";
+
+/// The live factors of one subject (unexpired at `now_ms`), by id; a body that does not
+/// parse is skipped, as in [`live`].
+pub(crate) async fn of_subject(
+    durable: &Durable,
+    subject: &str,
+    now_ms: i64,
+) -> Result<Vec<Factor>, Error> {
+    let rows: Vec<(String,)> = with_pool!(durable, |pool| sqlx::query_as(OF_SUBJECT)
+        .bind(subject)
+        .bind(now_ms)
+        .fetch_all(pool)
+        .await)?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(body,)| serde_json::from_str(&body).ok())
+        .collect())
+}
+
 /// Deletes the factors expired at `now_ms`; how many.
 pub(crate) async fn prune(durable: &Durable, now_ms: i64) -> Result<u64, Error> {
     Ok(with_pool!(durable, |pool| sqlx::query(PRUNE)

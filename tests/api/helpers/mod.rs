@@ -261,6 +261,14 @@ impl TestApp {
         Self::start(self.backend, self.settings.clone(), self._dir.clone()).await
     }
 
+    /// Starts another instance with these settings changed (another region: its own hot
+    /// store, the same database).
+    pub async fn another_instance_with(&self, adjust: impl FnOnce(&mut Settings)) -> TestApp {
+        let mut settings = self.settings.clone();
+        adjust(&mut settings);
+        Self::start(self.backend, settings, self._dir.clone()).await
+    }
+
     /// Starts another instance on the same stores whose wall clock reads `wall_ms`.
     pub async fn another_instance_with_wall_clock(&self, wall_ms: i64) -> TestApp {
         let clock = ManualClock::new(wall_ms);

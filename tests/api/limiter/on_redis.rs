@@ -3,6 +3,34 @@
 use super::*;
 use crate::helpers::{Listen, OwnRedis, free_port, metric_value};
 
+/// One `token_bucket.lua` call of one request per mode in `modes` (0 check, 1 consume,
+/// 2 refund), each of cost 1 on `key` (capacity 2, refilling 1 token/s); per request its
+/// reply: admitted, then allowed, limit, remaining, reset_ms, retry_ms, multiplier,
+/// multiplier TTL.
+async fn bucket_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    modes: &[i64],
+) -> Vec<Vec<i64>> {
+    let multiplier = format!("{key}:m");
+    let mut invocation = palisade::store::scripts::TOKEN_BUCKET.prepare_invoke();
+    invocation.arg(modes.len());
+    for mode in modes {
+        invocation.key(key).key(&multiplier);
+        invocation.arg(1).arg(*mode).arg(1);
+        invocation.arg(2).arg(1).arg(1).arg(1);
+    }
+    let packed: Vec<u8> = invocation.invoke_async(conn).await.unwrap();
+    // Little-endian 8-byte integers.
+    let reply: Vec<i64> = packed
+        .chunks_exact(8)
+        .map(|v| i64::from_le_bytes(v.try_into().unwrap()))
+        .collect();
+    let requests: Vec<Vec<i64>> = reply.chunks(8).map(<[i64]>::to_vec).collect();
+    assert_eq!(requests.len(), modes.len(), "{reply:?}");
+    requests
+}
+
 /// Several requests in one `token_bucket.lua` call run one after another: a later request
 /// sees what an earlier one took from a shared bucket, a denied or `consume: false` request
 /// takes nothing, and the bucket is written once with its final state.
@@ -14,25 +42,8 @@ async fn one_script_call_with_several_requests_runs_them_in_order() {
     let client = redis::Client::open(redis_url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let key = format!("test:{{coalesce-{}}}:b", ulid::Ulid::new());
-    let multiplier = format!("{key}:m");
-    let mut invocation = palisade::store::scripts::TOKEN_BUCKET.prepare_invoke();
     // 4 requests on one bucket of capacity 2, refilling 1 token/s: take, peek, take, take.
-    invocation.arg(4);
-    for consume in [1, 0, 1, 1] {
-        invocation.key(&key).key(&multiplier);
-        invocation.arg(1).arg(consume).arg(1);
-        invocation.arg(2).arg(1).arg(1).arg(1);
-    }
-    let packed: Vec<u8> = invocation.invoke_async(&mut conn).await.unwrap();
-    // Little-endian 8-byte integers.
-    let reply: Vec<i64> = packed
-        .chunks_exact(8)
-        .map(|v| i64::from_le_bytes(v.try_into().unwrap()))
-        .collect();
-    // Per request: admitted, then allowed, limit, remaining, reset_ms, retry_ms, multiplier,
-    // multiplier TTL.
-    let requests: Vec<&[i64]> = reply.chunks(8).collect();
-    assert_eq!(requests.len(), 4, "{reply:?}");
+    let requests = bucket_calls(&mut conn, &key, &[1, 0, 1, 1]).await;
     assert_eq!(requests[0][..4], [1, 1, 2, 1], "first take: one left");
     assert_eq!(
         requests[1][..4],
@@ -55,6 +66,37 @@ async fn one_script_call_with_several_requests_runs_them_in_order() {
         (1980..=2000).contains(&ttl),
         "written once, full again in 2 s: {ttl}"
     );
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Mode 2 gives a consumed token back (a cluster's refund when another slot refused the
+/// check), never past a full bucket, and nothing to a bucket never taken from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_gives_back_what_was_taken_and_no_more() {
+    let Some((_, redis_url)) = production_urls() else {
+        return;
+    };
+    let client = redis::Client::open(redis_url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("test:{{refund-{}}}:b", ulid::Ulid::new());
+    // Refund a bucket never used, take, refund twice, take three times.
+    let requests = bucket_calls(&mut conn, &key, &[2, 1, 2, 2, 1, 1, 1]).await;
+    assert_eq!(
+        requests[1][..4],
+        [1, 1, 2, 1],
+        "a take after the refund of nothing"
+    );
+    assert_eq!(
+        requests[4][..4],
+        [1, 1, 2, 1],
+        "refunded to full, not past it"
+    );
+    assert_eq!(requests[5][..4], [1, 1, 2, 0]);
+    assert_eq!(requests[6][..3], [0, 0, 2], "two tokens, not three");
     let _: () = redis::cmd("DEL")
         .arg(&key)
         .query_async(&mut conn)

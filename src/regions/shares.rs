@@ -1,0 +1,200 @@
+//! This instance's leased shares of the global budgets (`regions.global_budgets`).
+//!
+//! Every check that meets a global budget counts its cost as demand for the key and spends
+//! the region's current share of it ([`Shares::share`]). Every `regions.renew_ms` the
+//! instance reports its smoothed demand for the keys it used and reads every region's
+//! reports for them, one round trip to Postgres ([`Shares::renew`]), and sizes each share
+//! with [`super::lease`]. Report times and liveness use the database's clock, the one clock
+//! every region shares (as token buckets use Redis `TIME`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use sqlx::postgres::PgPool;
+
+use super::lease::{Lease, Report, smooth, step};
+use crate::telemetry::metrics as names;
+
+/// The smallest share spent: a bucket scaled to nothing has no window, so a region with no
+/// lease on a key keeps a thousandth of it.
+pub const MIN_SHARE: f64 = 0.001;
+
+/// A demand below this (after smoothing) and no use in the last period: the key is dropped
+/// (its next use starts unleased).
+const IDLE: f64 = 0.01;
+
+#[derive(Debug, Default)]
+struct Entry {
+    /// The share leased at the last renewal; None before the first.
+    share: Option<f64>,
+    /// Cost checked since the last renewal.
+    period: f64,
+    /// What was reported last (smoothed).
+    reported: Option<f64>,
+}
+
+/// Leased shares of the global budgets, per key.
+#[derive(Debug)]
+pub struct Shares {
+    pool: PgPool,
+    region: String,
+    /// This instance: its region and a unique suffix (each instance reports its own demand).
+    origin: String,
+    lease: Lease,
+    renew: Duration,
+    budgets: Vec<String>,
+    keys: Mutex<HashMap<(usize, String), Entry>>,
+}
+
+const REPORT: &str = "INSERT INTO region_demand (budget, subject, origin, region, demand, at_ms) \
+    SELECT b, s, $3, $4, d, (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT \
+    FROM UNNEST($1::TEXT[], $2::TEXT[], $5::FLOAT8[]) AS t(b, s, d) \
+    ON CONFLICT (budget, subject, origin) DO UPDATE \
+    SET demand = excluded.demand, at_ms = excluded.at_ms, region = excluded.region";
+
+const READ: &str = "SELECT budget, subject, region, demand, at_ms, \
+    (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT \
+    FROM region_demand WHERE (budget, subject) IN (SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[]))";
+
+const PRUNE: &str = "DELETE FROM region_demand \
+    WHERE at_ms < (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT - $1";
+
+impl Shares {
+    /// The shares of `budgets` for an instance of `region` (`instance` tells it from the
+    /// region's other instances).
+    pub fn new(
+        pool: PgPool,
+        region: &str,
+        instance: &str,
+        regions: u32,
+        renew_ms: u64,
+        budgets: Vec<String>,
+    ) -> Self {
+        Self {
+            pool,
+            region: region.to_owned(),
+            origin: format!("{region}/{instance}"),
+            lease: Lease::new(regions, renew_ms),
+            renew: Duration::from_millis(renew_ms),
+            budgets,
+            keys: Mutex::default(),
+        }
+    }
+
+    /// Which global budget `budget` is (its place in `regions.global_budgets`), if any.
+    pub fn global(&self, budget: &str) -> Option<usize> {
+        self.budgets.iter().position(|b| b == budget)
+    }
+
+    /// The share of global budget `budget` (from [`Shares::global`]) this instance spends
+    /// for `subject` now, at least [`MIN_SHARE`]; `cost` counts as demand.
+    pub fn share(&self, budget: usize, subject: &str, cost: u32) -> f64 {
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = match keys.get_mut(&(budget, subject.to_owned())) {
+            Some(entry) => entry,
+            None => keys.entry((budget, subject.to_owned())).or_default(),
+        };
+        entry.period += f64::from(cost);
+        entry
+            .share
+            .unwrap_or_else(|| self.lease.unleased())
+            .max(MIN_SHARE)
+    }
+
+    /// Reports this instance's demand for the keys it used and sizes their shares from every
+    /// region's reports; keys idle since are dropped. Returns how many keys hold a lease.
+    pub async fn renew(&self) -> Result<usize, sqlx::Error> {
+        let (budgets, subjects, demands): (Vec<String>, Vec<String>, Vec<f64>) = {
+            let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+            keys.retain(|_, e| e.period > 0.0 || e.reported.is_some_and(|d| d >= IDLE));
+            let mut out = (Vec::new(), Vec::new(), Vec::new());
+            for ((budget, subject), entry) in keys.iter_mut() {
+                let demand = smooth(entry.reported, entry.period);
+                entry.reported = Some(demand);
+                entry.period = 0.0;
+                out.0.push(self.budgets[*budget].clone());
+                out.1.push(subject.clone());
+                out.2.push(demand);
+            }
+            out
+        };
+        if budgets.is_empty() {
+            metrics::gauge!(names::REGION_LEASED_KEYS).set(0.0);
+            return Ok(0);
+        }
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(REPORT)
+            .bind(&budgets)
+            .bind(&subjects)
+            .bind(&self.origin)
+            .bind(&self.region)
+            .bind(&demands)
+            .execute(&mut *tx)
+            .await?;
+        let rows: Vec<(String, String, String, f64, i64, i64)> = sqlx::query_as(READ)
+            .bind(&budgets)
+            .bind(&subjects)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let mut reports: HashMap<(&str, &str), Vec<Report<'_>>> = HashMap::new();
+        let mut now_ms = 0;
+        for (budget, subject, region, demand, at_ms, now) in &rows {
+            now_ms = *now;
+            reports
+                .entry((budget.as_str(), subject.as_str()))
+                .or_default()
+                .push(Report {
+                    region: region.as_str(),
+                    demand: *demand,
+                    at_ms: *at_ms,
+                });
+        }
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        for ((budget, subject), entry) in keys.iter_mut() {
+            if let Some(reports) = reports.get(&(self.budgets[*budget].as_str(), subject.as_str()))
+            {
+                let target = self.lease.share(&self.region, reports, now_ms);
+                entry.share = Some(step(entry.share, target));
+            }
+        }
+        let leased = keys.len();
+        metrics::gauge!(names::REGION_LEASED_KEYS).set(leased as f64);
+        Ok(leased)
+    }
+
+    /// Deletes reports older than ten leases (keys no region uses any more).
+    pub async fn prune(&self) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::query(PRUNE)
+            .bind(self.lease.lease_ms.saturating_mul(10))
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    /// Renews every `regions.renew_ms` until `shutdown` fires; a renewal that fails keeps
+    /// the shares leased before (a region cut off keeps its last lease).
+    pub fn spawn(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(self.renew);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut renewals = 0u64;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = shutdown.changed() => return,
+                }
+                if let Err(error) = self.renew().await {
+                    tracing::warn!(error.cause = %error, "renewing the global budgets' shares failed; the last leases stand");
+                }
+                renewals += 1;
+                if renewals.is_multiple_of(240)
+                    && let Err(error) = self.prune().await
+                {
+                    tracing::debug!(error.cause = %error, "pruning old demand reports failed");
+                }
+            }
+        });
+    }
+}

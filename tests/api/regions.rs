@@ -1,0 +1,219 @@
+//! Two regions on one machine, as an operator deploys them: one Postgres, a Redis each (the
+//! second started here), an instance each. What is made in one region is enforced in the
+//! other within 2 s (lockouts, releases, deny-list entries); a budget held across regions
+//! (`regions.global_budgets`) admits no more than its limit over both.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::helpers::{ADMIN_TOKEN, Backend, OwnRedis, TestApp, free_port};
+
+struct TwoRegions {
+    eu: TestApp,
+    us: TestApp,
+    _redis: OwnRedis,
+    /// Stops both regions' listeners and renewals when dropped.
+    _stop: tokio::sync::watch::Sender<bool>,
+}
+
+/// Regions `eu` and `us`; `global` names the budgets they share.
+async fn two_regions(global: &[&str]) -> Option<TwoRegions> {
+    let global: Vec<String> = global.iter().map(|b| (*b).to_owned()).collect();
+    let eu = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.regions.name = "eu".to_owned();
+        settings.regions.count = 2;
+        settings.regions.global_budgets = global;
+    })
+    .await?;
+    let redis = OwnRedis::start(free_port(), tempfile::tempdir().unwrap()).await;
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let us = eu
+        .another_instance_with(|settings| {
+            settings.regions.name = "us".to_owned();
+            settings.redis_url = Some(url);
+        })
+        .await;
+    // What `palisade serve` starts in the background: listening and renewing.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    eu.app.regions.spawn(&stopped);
+    us.app.regions.spawn(&stopped);
+    Some(TwoRegions {
+        eu,
+        us,
+        _redis: redis,
+        _stop: stop,
+    })
+}
+
+fn login(account: &str, ip: &str) -> serde_json::Value {
+    json!({"endpoint": "/auth/login", "method": "POST", "ip": ip, "user_id": account})
+}
+
+/// Polls `refused` every 20 ms until it holds; how long that took (panics after 5 s).
+async fn until<F, Fut>(what: &str, mut holds: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !holds().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: not within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
+
+/// True when `app` refuses `body` for `reason` (the 429's `details.reason`).
+async fn refused_for(app: &TestApp, body: serde_json::Value, reason: &str) -> bool {
+    let response = app.limit_check(&body).await;
+    if response.status() != StatusCode::TOO_MANY_REQUESTS {
+        return false;
+    }
+    let body: serde_json::Value = response.json().await.unwrap();
+    body["error"]["details"]["reason"] == reason
+}
+
+async fn status_of(app: &TestApp, body: serde_json::Value) -> StatusCode {
+    let response = app.limit_check(&body).await;
+    let status = response.status();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        println!("503: {}", response.text().await.unwrap());
+    }
+    status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_one_region_enforces_the_other_does_within_two_seconds() {
+    let Some(regions) = two_regions(&[]).await else {
+        return;
+    };
+    let (eu, us) = (&regions.eu, &regions.us);
+    // Lockouts made in eu, refused in us (from an address neither region has seen).
+    let mut lags = Vec::new();
+    for n in 0..8 {
+        let account = format!("traveller-{n}");
+        let fresh_ip = format!("198.51.100.{}", 10 + n);
+        assert_eq!(
+            status_of(us, login(&account, &fresh_ip)).await,
+            StatusCode::OK
+        );
+        // Timed from the moment eu acknowledged the batch that locked the account.
+        eu.fail(&format!("reg-{n}"), &account, &["192.0.2.60"], 10)
+            .await;
+        lags.push(
+            until("a lockout made in eu refused in us", || {
+                let body = login(&account, &fresh_ip);
+                async move { refused_for(us, body, "account_locked").await }
+            })
+            .await,
+        );
+        assert_eq!(eu.lockouts(&format!("?account={account}")).await.len(), 1);
+    }
+    lags.sort();
+    println!("lockout eu → us: {lags:?}");
+    assert!(
+        lags.last().unwrap() < &Duration::from_secs(2),
+        "slowest {:?}",
+        lags.last()
+    );
+    assert_eq!(
+        us.status("traveller-0", "198.51.100.99", None).await["action"],
+        "lockout",
+        "the lock marker too"
+    );
+
+    // Released in us, admitted in eu again.
+    let id = eu.lockouts("?account=traveller-1").await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let released = us
+        .post(
+            &format!("/v1/lockouts/{id}/release"),
+            Some(ADMIN_TOKEN),
+            &json!({"reason": "verified by phone"}),
+        )
+        .await;
+    assert_eq!(released.status(), StatusCode::OK);
+    let lag = until("a release in us admitted in eu", || async {
+        status_of(eu, login("traveller-1", "198.51.100.200")).await == StatusCode::OK
+    })
+    .await;
+    println!("release us → eu: {lag:?}");
+    assert!(lag < Duration::from_secs(2), "{lag:?}");
+    assert_eq!(
+        eu.status("traveller-1", "198.51.100.201", None).await["action"],
+        "none"
+    );
+
+    // A deny-list entry added in eu, refused in us.
+    let read = json!({"endpoint": "/v1/feed", "ip": "203.0.113.66"});
+    assert_eq!(status_of(us, read.clone()).await, StatusCode::OK);
+    let added = eu
+        .post(
+            "/v1/lists/deny",
+            Some(ADMIN_TOKEN),
+            &json!({"value": "203.0.113.66", "reason": "scraper"}),
+        )
+        .await;
+    assert_eq!(added.status(), StatusCode::CREATED);
+    let lag = until("a deny entry of eu refused in us", || {
+        let read = read.clone();
+        async move { refused_for(us, read, "ip_blocked").await }
+    })
+    .await;
+    println!("deny entry eu → us: {lag:?}");
+    assert!(lag < Duration::from_secs(2), "{lag:?}");
+}
+
+/// One account's logins (5 a minute) tried in both regions at once, from addresses of their
+/// own: both regions together admit the budget, give or take the one token a share's swing
+/// may hand over (a region whose share rises spends the new share of its bucket's window
+/// whatever the other spent: docs/MULTI-REGION.md); without shares each would admit 5. A
+/// region with the account to itself spends the whole budget after its first renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_budget_holds_across_regions() {
+    let Some(regions) = two_regions(&["auth-account"]).await else {
+        return;
+    };
+    let (eu, us) = (&regions.eu, &regions.us);
+    let mut admitted = 0;
+    for round in 0..6 {
+        for (region, app) in [("eu", eu), ("us", us)] {
+            for i in 0..3 {
+                let ip = format!("10.{round}.{i}.{}", if region == "eu" { 1 } else { 2 });
+                if status_of(app, login("shared-account", &ip)).await == StatusCode::OK {
+                    admitted += 1;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    println!("shared-account: {admitted} admitted of 36 tried over both regions");
+    assert!(
+        admitted <= 6,
+        "{admitted} admitted: more than the budget and one swing"
+    );
+    assert!(admitted >= 3, "{admitted} admitted: the budget is starved");
+
+    // One region alone: after its first renewal its share is the whole budget.
+    assert_eq!(
+        status_of(us, login("homebody", "10.9.0.1")).await,
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut alone = 1;
+    for i in 0..10 {
+        if status_of(us, login("homebody", &format!("10.9.1.{i}"))).await == StatusCode::OK {
+            alone += 1;
+        }
+    }
+    println!("homebody: {alone} admitted in one region");
+    assert!(alone >= 4, "{alone}: the region's share did not grow");
+    assert!(alone <= 5, "{alone}");
+}
