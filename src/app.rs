@@ -41,7 +41,7 @@ pub struct App {
     /// A candidate policy run beside the live one, never enforced.
     pub canary: Arc<crate::policy::canary::Canary>,
     /// Rendered `/v1/multipliers` answers (the HTTP edge's cache).
-    pub explanations: crate::api::scoring::Explanations,
+    pub explanations: crate::scoring::Explanations,
     /// Layered token buckets (shared with the `tower` middleware, hence the `Arc`).
     pub limiter: Arc<Limiter>,
     /// Login velocity, challenges, lockouts.
@@ -309,7 +309,9 @@ impl App {
             clock.clone(),
         );
         let limiter = Arc::new(match &shares {
-            Some(shares) => limiter.with_shares(shares.clone()),
+            Some(shares) => {
+                limiter.with_shares(shares.clone() as Arc<dyn crate::limiter::GlobalShares>)
+            }
             None => limiter,
         });
         let scoring = Arc::new(Engine::new(&settings, &stores, clock.clone()));

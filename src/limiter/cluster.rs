@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::redis_backend::{MAX_BATCH, Mode, parse, reply_len, write_args, write_keys};
+use super::script::{MAX_BATCH, Mode, parse, reply_len, write_args, write_keys};
 use super::{LimitRequest, RawOutcome, Scope};
 use crate::store::keys::{self, Keys};
 use crate::store::scripts::TOKEN_BUCKET;

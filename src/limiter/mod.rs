@@ -18,6 +18,7 @@ pub mod rates;
 mod redis_backend;
 mod request;
 mod rules;
+mod script;
 pub mod target;
 mod verdict;
 
@@ -34,7 +35,7 @@ use crate::telemetry::metrics as names;
 pub use budgets::Budgets;
 pub use request::{
     AttestedDevices, Challenge, Decision, DecisionSink, DefaultMultipliers, Defaults, Error,
-    Exemptions, LimitRequest, RecipientKeys, ScopeOutcome, TrafficSink, Verdict,
+    Exemptions, GlobalShares, LimitRequest, RecipientKeys, ScopeOutcome, TrafficSink, Verdict,
 };
 pub use rules::{RuleBucket, RuleOutcome};
 
@@ -107,7 +108,7 @@ pub struct Limiter {
     /// counted in the decision metrics or the console's rates.
     observed: bool,
     /// This region's leased shares of the budgets held across regions (`[regions]`).
-    shares: Option<Arc<crate::regions::shares::Shares>>,
+    shares: Option<Arc<dyn GlobalShares>>,
 }
 
 /// The handles of the metrics every check records.
@@ -164,7 +165,7 @@ impl Limiter {
 
     /// The same limiter, spending this region's leased shares of the budgets held across
     /// regions (`regions.global_budgets`).
-    pub fn with_shares(mut self, shares: Arc<crate::regions::shares::Shares>) -> Self {
+    pub fn with_shares(mut self, shares: Arc<dyn GlobalShares>) -> Self {
         self.shares = Some(shares);
         self
     }

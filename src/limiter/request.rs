@@ -45,6 +45,16 @@ impl Default for Defaults {
     }
 }
 
+/// This region's leased shares of the budgets held across regions (the socket
+/// `regions::shares::Shares` fills).
+pub trait GlobalShares: Send + Sync + std::fmt::Debug {
+    /// Which budget held across regions `budget` is (an index for [`GlobalShares::share`]).
+    fn global(&self, budget: &str) -> Option<usize>;
+    /// The share of global budget `global` this region spends for `subject` now; `cost`
+    /// counts as demand for it.
+    fn share(&self, global: usize, subject: &str, cost: u32) -> f64;
+}
+
 /// The socket scoring plugs into: default multipliers of a request's subjects (the limiter
 /// never imports scoring; `app` wires it).
 pub trait DefaultMultipliers: Send + Sync + std::fmt::Debug {

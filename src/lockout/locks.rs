@@ -4,7 +4,6 @@
 
 use futures_util::StreamExt;
 
-use super::record::ReadMarkers;
 use super::*;
 
 pub(super) const PERMANENT_MS: i64 = 100 * 365 * 86_400_000;
@@ -29,6 +28,10 @@ pub(super) type LockAlert<'c> = (&'static str, &'c SubjectKey, String, serde_jso
 
 /// Subjects whose consequences run at the same time (each is a few hot-store round trips,
 /// a lock also a few SQL statements on the pool).
+/// Per account of a batch, its lock marker as read with the batch's windows: None if it had
+/// none, else whether its lockout was stored. An account not in it was not read.
+pub(super) type ReadMarkers<'a> = std::collections::HashMap<&'a SubjectKey, Option<bool>>;
+
 pub(super) const LANES_AT_ONCE: usize = 8;
 
 /// Runs `run` on every item, at most [`LANES_AT_ONCE`] at a time, each future made when it

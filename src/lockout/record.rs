@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use super::locks::at_most_lanes;
+use super::locks::{ReadMarkers, at_most_lanes};
 use super::*;
 
 /// Per account of `events`, the smallest gap between the claimed times (clamped to `now`)
@@ -46,10 +46,6 @@ pub(super) enum Consequence<'a> {
     /// The source (IP or device) failed on `spray_accounts` accounts or more.
     Spraying { distinct: u32 },
 }
-
-/// Per account of a batch, its lock marker as read with the batch's windows: None if it had
-/// none, else whether its lockout was stored. An account not in it was not read.
-pub(super) type ReadMarkers<'a> = std::collections::HashMap<&'a SubjectKey, Option<bool>>;
 
 impl Lockouts {
     /// Records a failed login (idempotent by `event_id`); locks the account when its

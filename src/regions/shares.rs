@@ -82,26 +82,6 @@ impl Shares {
         }
     }
 
-    /// Which global budget `budget` is (its place in `regions.global_budgets`), if any.
-    pub fn global(&self, budget: &str) -> Option<usize> {
-        self.budgets.iter().position(|b| b == budget)
-    }
-
-    /// The share of global budget `budget` (from [`Shares::global`]) this instance spends
-    /// for `subject` now, at least [`MIN_SHARE`]; `cost` counts as demand.
-    pub fn share(&self, budget: usize, subject: &str, cost: u32) -> f64 {
-        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = match keys.get_mut(&(budget, subject.to_owned())) {
-            Some(entry) => entry,
-            None => keys.entry((budget, subject.to_owned())).or_default(),
-        };
-        entry.period += f64::from(cost);
-        entry
-            .share
-            .unwrap_or_else(|| self.lease.unleased())
-            .max(MIN_SHARE)
-    }
-
     /// Reports this instance's demand for the keys it used and sizes their shares from every
     /// region's reports; keys idle since are dropped. Returns how many keys hold a lease.
     pub async fn renew(&self) -> Result<usize, sqlx::Error> {
@@ -196,5 +176,25 @@ impl Shares {
                 }
             }
         });
+    }
+}
+
+impl crate::limiter::GlobalShares for Shares {
+    fn global(&self, budget: &str) -> Option<usize> {
+        self.budgets.iter().position(|b| b == budget)
+    }
+
+    /// At least [`MIN_SHARE`]; a key never leased gets the fair slice.
+    fn share(&self, global: usize, subject: &str, cost: u32) -> f64 {
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = match keys.get_mut(&(global, subject.to_owned())) {
+            Some(entry) => entry,
+            None => keys.entry((global, subject.to_owned())).or_default(),
+        };
+        entry.period += f64::from(cost);
+        entry
+            .share
+            .unwrap_or_else(|| self.lease.unleased())
+            .max(MIN_SHARE)
     }
 }

@@ -37,6 +37,7 @@ use arc_swap::ArcSwap;
 
 pub use alerts::{Alert, Alerts};
 pub use baseline::Anomaly;
+pub use explain::Explanations;
 pub use factor::{Combined, Contribution, Effect, Factor, Policy, combine, combine_multiplier};
 pub use guard::LoginGuard;
 pub use shared::{NetworkBlocks, SharedIps};
