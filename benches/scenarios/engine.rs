@@ -74,6 +74,57 @@ pub struct Request {
     pub device: Option<String>,
     /// Who a message goes to ([`Kind::OtpSend`]).
     pub recipient: Option<String>,
+    /// How the client retries a 429 (None: it does not).
+    pub retry: Option<Retry>,
+    /// Which attempt this is (0: the first).
+    pub attempt: u32,
+}
+
+/// A retry waiting for its time, ordered by (time, side, user, sequence), earliest first.
+struct RetryEntry(std::cmp::Reverse<(u64, Side, u32, u64)>, Request);
+
+impl PartialEq for RetryEntry {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl Eq for RetryEntry {}
+impl PartialOrd for RetryEntry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for RetryEntry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+
+/// How a client retries a refused request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// As docs/CLIENTS.md asks and its Kotlin client does: after `retry_after_ms` plus full
+    /// jitter of up to min(2 s, 100 ms · 2^attempt), 3 attempts in all.
+    Honours,
+    /// Every 250 ms whatever the answer says, at most 20 times.
+    Ignores,
+}
+
+impl Retry {
+    /// When attempt `attempt + 1` of a request refused at `at_ms` goes, or None when the
+    /// client gives up. The jitter is a hash of the user and attempt (the run stays
+    /// deterministic).
+    fn next(self, at_ms: u64, retry_after_ms: u64, user: u32, attempt: u32) -> Option<u64> {
+        match self {
+            Retry::Honours if attempt < 2 => {
+                let cap = (100u64 << attempt.min(10)).min(2_000);
+                let jitter = (u64::from(user) * 7_919 + u64::from(attempt) * 104_729) % (cap + 1);
+                Some(at_ms + retry_after_ms + jitter)
+            }
+            Retry::Ignores if attempt < 20 => Some(at_ms + 250),
+            _ => None,
+        }
+    }
 }
 
 /// A scenario: what it models, its traffic, and what must be loaded first.
@@ -121,6 +172,9 @@ pub struct Report {
     pub users_challenged: u64,
     /// Refusal reasons of honest requests.
     pub honest_reasons: BTreeMap<String, u64>,
+    /// Honest requests with a retry policy, per policy (honours, ignores): requests (first
+    /// attempts), attempts in all, and requests never admitted (the client gave up).
+    pub retried: [(u64, u64, u64); 2],
     /// Wall time of the run.
     pub wall: Duration,
 }
@@ -221,6 +275,9 @@ pub async fn run(app: &TestApp, scenario: &Scenario, scale: u64) -> Report {
     }
     let mut requests = scenario.requests.clone();
     requests.sort_by_key(|r| (r.at_ms, r.side, r.user));
+    // Retries of refused requests, earliest first.
+    let mut retries: std::collections::BinaryHeap<RetryEntry> = std::collections::BinaryHeap::new();
+    let mut retry_seq = 0u64;
     let mut report = Report {
         name: scenario.name,
         ..Report::default()
@@ -238,12 +295,35 @@ pub async fn run(app: &TestApp, scenario: &Scenario, scale: u64) -> Report {
     let mut now_ms = 0u64;
     let mut tick_started = Instant::now();
     let mut next = 0;
-    while next < requests.len() {
+    while next < requests.len() || !retries.is_empty() {
         let tick_end = now_ms + tick_ms;
         let mut events = Vec::new();
-        while next < requests.len() && requests[next].at_ms < tick_end {
-            let request = &requests[next];
-            next += 1;
+        loop {
+            // The earlier of the next planned request and the next retry, in this tick.
+            let planned = requests
+                .get(next)
+                .filter(|r| r.at_ms < tick_end)
+                .map(|r| (r.at_ms, r.side, r.user));
+            let retry = retries
+                .peek()
+                .filter(|entry| (entry.0).0.0 < tick_end)
+                .map(|entry| ((entry.0).0.0, (entry.0).0.1, (entry.0).0.2));
+            let owned;
+            let request = match (planned, retry) {
+                (None, None) => break,
+                (Some(p), Some(r)) if r < p => {
+                    owned = retries.pop().expect("peeked").1;
+                    &owned
+                }
+                (Some(_), _) => {
+                    next += 1;
+                    &requests[next - 1]
+                }
+                (None, Some(_)) => {
+                    owned = retries.pop().expect("peeked").1;
+                    &owned
+                }
+            };
             let response = app.limit_check(&check_body(request)).await;
             let status = response.status();
             assert!(
@@ -278,6 +358,43 @@ pub async fn run(app: &TestApp, scenario: &Scenario, scale: u64) -> Report {
                 }
                 Side::Honest => {
                     report.honest.0 += 1;
+                    if let Some(policy) = request.retry {
+                        let counts = &mut report.retried[usize::from(policy == Retry::Ignores)];
+                        counts.0 += u64::from(request.attempt == 0);
+                        counts.1 += 1;
+                        if !allowed {
+                            // The service's clock runs `scale` times slower than the
+                            // simulation: its wait is that many simulated ms.
+                            let retry_after = body["error"]["details"]["retry_after_ms"]
+                                .as_u64()
+                                .unwrap_or(1_000)
+                                * scale;
+                            match policy.next(
+                                request.at_ms,
+                                retry_after,
+                                request.user,
+                                request.attempt,
+                            ) {
+                                Some(at_ms) => {
+                                    retry_seq += 1;
+                                    retries.push(RetryEntry(
+                                        std::cmp::Reverse((
+                                            at_ms,
+                                            request.side,
+                                            request.user,
+                                            retry_seq,
+                                        )),
+                                        Request {
+                                            at_ms,
+                                            attempt: request.attempt + 1,
+                                            ..request.clone()
+                                        },
+                                    ));
+                                }
+                                None => counts.2 += 1,
+                            }
+                        }
+                    }
                     if !allowed {
                         report.honest.1 += 1;
                         hurt.insert(request.user);
@@ -347,7 +464,13 @@ async fn post_events(app: &TestApp, events: Vec<Value>) {
             &json!({ "events": events }),
         )
         .await;
-    assert_eq!(response.status(), reqwest::StatusCode::OK, "auth events");
+    let status = response.status();
+    assert_eq!(
+        status,
+        reqwest::StatusCode::OK,
+        "auth events: {}",
+        response.text().await.unwrap_or_default()
+    );
 }
 
 /// How big a scenario is.
@@ -389,6 +512,8 @@ fn honest_user(
         ip,
         device,
         recipient: None,
+        retry: None,
+        attempt: 0,
     };
     login_then_read(rng, out, &base, reads, end + 11_000);
 }
@@ -478,6 +603,8 @@ fn attacker(
             ip,
             device,
             recipient: None,
+            retry: None,
+            attempt: 0,
         });
         n += 1;
         at += every_ms;
@@ -660,6 +787,8 @@ pub fn slow_stuffing(size: Size) -> Scenario {
             ip: pool_address(n, 9),
             device: None,
             recipient: None,
+            retry: None,
+            attempt: 0,
         });
         n += 1;
         at += 3_750;
@@ -726,6 +855,8 @@ pub fn diluted_stuffing_after(size: Size, quiet_s: u64) -> Scenario {
             ip: pool_address(n + 128 * 38_400, 77),
             device: None,
             recipient: None,
+            retry: None,
+            attempt: 0,
         });
         n += 1;
         at += 1000 / 12;
@@ -760,6 +891,8 @@ pub fn forced_relogin(size: Size) -> Scenario {
             ip,
             device: Some(device),
             recipient: None,
+            retry: None,
+            attempt: 0,
         };
         login_then_read(&mut rng, &mut requests, &base, 3, size.duration_s * 1000);
     }
@@ -793,6 +926,8 @@ pub fn asn_spraying(size: Size) -> Scenario {
                 ip: format!("1.{}.{}.7", 130 + source, source * 3),
                 device: None,
                 recipient: None,
+                retry: None,
+                attempt: 0,
             });
         }
     }
@@ -823,6 +958,8 @@ pub fn datacenter_scraper(size: Size) -> Scenario {
                 ip: ip.clone(),
                 device: None,
                 recipient: None,
+                retry: None,
+                attempt: 0,
             });
         }
     }
@@ -839,6 +976,8 @@ pub fn datacenter_scraper(size: Size) -> Scenario {
             ip: "1.12.0.5".to_owned(),
             device: None,
             recipient: None,
+            retry: None,
+            attempt: 0,
         });
         at += every_ms;
     }
@@ -931,6 +1070,8 @@ pub fn flash_crowd(size: Size) -> Scenario {
             ip,
             device: Some(format!("fan-phone{user}")),
             recipient: None,
+            retry: None,
+            attempt: 0,
         };
         let reads: Vec<u64> = (0..10)
             .map(|k| 1_000 + k * rng.random_range(500..3_000))
@@ -970,6 +1111,8 @@ pub fn carrier_flash_crowd(size: Size) -> Scenario {
             ip: nat.to_owned(),
             device: Some(device),
             recipient: None,
+            retry: None,
+            attempt: 0,
         };
         let reads: Vec<u64> = (0..3).map(|k| 1_000 + k * 2_000).collect();
         login_then_reads(&mut requests, login, &reads);
@@ -977,6 +1120,71 @@ pub fn carrier_flash_crowd(size: Size) -> Scenario {
     Scenario {
         name: "carrier_flash_crowd",
         what: "a push notification behind one carrier NAT: every customer logs in within 5 s with the phone it used there before",
+        requests,
+        history,
+        data: false,
+    }
+}
+
+/// Queued reads each app sends at once when the service is back.
+const STORM_READS: u32 = 600;
+
+/// The service comes back from an outage and every app at once signs in again (from the phone
+/// and home address its account knows; 3 % mistype first) and sends the reads it queued: more
+/// than a user's read budget holds. Half the apps retry a 429 as docs/CLIENTS.md asks, half
+/// every 250 ms whatever it says.
+pub fn retry_storm(size: Size) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(17);
+    let mut requests = Vec::new();
+    let mut history = Vec::new();
+    // A tenth of the users: each sends hundreds of requests.
+    for user in 0..(size.users / 10).max(10) {
+        let account = format!("returning{user}");
+        let device = format!("returning-phone{user}");
+        let ip = format!("198.18.{}.{}", 100 + user / 250, user % 250 + 1);
+        history.push(
+            json!({"event_id": format!("storm-history-{user}"), "type": "login_success",
+                            "account": account, "ip": ip, "device_id": device, "ago_s": 43_200}),
+        );
+        let back_at = 30_000 + rng.random_range(0..3_000);
+        let login = Request {
+            at_ms: back_at,
+            side: Side::Honest,
+            user,
+            kind: Kind::Login,
+            account: Some(account),
+            ip,
+            device: Some(device),
+            recipient: None,
+            retry: Some(if user % 2 == 0 {
+                Retry::Honours
+            } else {
+                Retry::Ignores
+            }),
+            attempt: 0,
+        };
+        if rng.random_bool(0.03) {
+            requests.push(Request {
+                kind: Kind::BadLogin,
+                retry: None,
+                ..login.clone()
+            });
+        }
+        for k in 0..STORM_READS {
+            requests.push(Request {
+                at_ms: back_at + 500 + u64::from(k),
+                kind: Kind::Read,
+                ..login.clone()
+            });
+        }
+        requests.push(Request {
+            at_ms: back_at + 200,
+            ..login
+        });
+    }
+    Scenario {
+        name: "retry_storm",
+        what: "back from an outage, every app signs in again and sends the reads it queued, over its budget; half retry as asked, half every 250 ms",
         requests,
         history,
         data: false,
@@ -1002,6 +1210,8 @@ fn otp_users(rng: &mut StdRng, requests: &mut Vec<Request>, size: Size) {
             ip: format!("198.18.{}.{}", user / 250, user % 250 + 1),
             device: None,
             recipient: Some(mobile),
+            retry: None,
+            attempt: 0,
         };
         if rng.random_bool(0.05) {
             requests.push(Request {
@@ -1101,5 +1311,6 @@ pub fn all(size: Size) -> Vec<Scenario> {
         sms_pumping(size),
         otp_flood(size),
         forced_relogin(size),
+        retry_storm(size),
     ]
 }

@@ -135,5 +135,28 @@ fn render(rows: &[(&str, Backend, Report)], scale: u64) -> String {
             Report::pct((r.users.0, r.users_challenged)),
         );
     }
+    let retried: Vec<_> = rows
+        .iter()
+        .filter(|(_, _, r)| r.retried.iter().any(|(requests, ..)| *requests > 0))
+        .collect();
+    if !retried.is_empty() {
+        out.push_str(
+            "\nClients that retry a 429, per kind: requests (first attempts), attempts in all, and requests never admitted (the client gave up).\n\n\
+             | scenario | backend | retry as docs/CLIENTS.md asks: requests | attempts | gave up | retry every 250 ms: requests | attempts | gave up |\n\
+             |---|---|---|---|---|---|---|---|\n",
+        );
+        for (_, backend, r) in retried {
+            let [(p, pa, pg), (i, ia, ig)] = r.retried;
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {p} | {pa} | {pg} | {i} | {ia} | {ig} |",
+                r.name,
+                match backend {
+                    Backend::Embedded => "embedded",
+                    Backend::Production => "Postgres + Redis",
+                },
+            );
+        }
+    }
     out
 }

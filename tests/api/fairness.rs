@@ -1075,6 +1075,35 @@ async fn an_instance_started_during_the_guards_hold_enforces_it() {
     );
 }
 
+/// What one instance learned of the service's normal is kept in Redis: an instance that
+/// starts later judges with it at once instead of learning three windows again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_started_later_takes_the_learned_normal() {
+    let Some(first) = one_second_window().await else {
+        return;
+    };
+    let guard = first.app.scoring.login_guard();
+    // Five quiet windows of a few failures each: the normal is learned from three.
+    for window in 0..5 {
+        first.post_auth(stuffing(window * 4, 4)).await;
+        guard.flush().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1_050)).await;
+    }
+    guard.flush().await.unwrap();
+    let learned = guard.state();
+    assert!(learned.learned, "{learned:?}");
+    let second = first.another_instance().await;
+    let newcomer = second.app.scoring.login_guard();
+    assert!(
+        !newcomer.state().learned,
+        "nothing learned before its first flush"
+    );
+    newcomer.flush().await.unwrap();
+    let taken = newcomer.state();
+    assert!(taken.learned, "{taken:?}");
+    assert_eq!(taken.normal, learned.normal);
+}
+
 /// A release on one instance ends every instance's hold: when it runs out, the guard stays
 /// off until new failures turn it on (no instance brings back the hold it had judged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

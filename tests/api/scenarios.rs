@@ -16,6 +16,7 @@ on_both_backends!(
     a_forced_re_login_of_every_user_challenges_nobody,
     sms_pumping_to_a_premium_range_is_stopped_and_honest_codes_go_out,
     a_flooded_phone_gets_no_more_codes_than_its_budget,
+    a_retry_storm_challenges_nobody_and_polite_clients_send_less,
 );
 
 /// Time 20x faster than production.
@@ -164,4 +165,24 @@ async fn a_flooded_phone_gets_no_more_codes_than_its_budget(app: TestApp) {
     let sent = report.attacker.0 - report.attacker.1;
     assert!(sent <= 4, "{sent} codes reached the phone: {report:?}");
     assert!(engine::Report::pct(report.users) <= 0.5, "{report:?}");
+}
+
+/// Back from an outage, every app signs in again and sends more queued reads than its
+/// budget: nobody is challenged (the guard stays off: every login is from a known context),
+/// and a client that retries as docs/CLIENTS.md asks sends fewer requests for the same
+/// reads than one that retries every 250 ms.
+async fn a_retry_storm_challenges_nobody_and_polite_clients_send_less(app: TestApp) {
+    let report = run_users(app, engine::retry_storm, 100).await;
+    assert_eq!(report.users_challenged, 0, "{report:?}");
+    assert!(
+        report.honest.1 > 0,
+        "the storm is over the budget: {report:?}"
+    );
+    println!("{report:?}");
+    let [(polite, polite_attempts, _), (rude, rude_attempts, _)] = report.retried;
+    let per_request = |attempts: u64, requests: u64| attempts as f64 / requests.max(1) as f64;
+    assert!(
+        per_request(rude_attempts, rude) > per_request(polite_attempts, polite),
+        "{report:?}"
+    );
 }

@@ -23,7 +23,8 @@
 //! The window is [`SLOTS`] time slots. In process the counts here are the whole truth; with
 //! Redis each instance adds what it counted to one hash per slot each second and reads
 //! every instance's sums back ([`LoginGuard::flush`]), so all instances judge the same totals;
-//! the guard's end is shared the same way, so an instance started during a hold enforces it.
+//! the guard's end is shared the same way, so an instance started during a hold enforces it,
+//! and so is the learned normal, so an instance that starts judges with it at once.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -295,6 +296,16 @@ impl LoginGuard {
         self.settings.min_failures.max(surge)
     }
 
+    /// The last window the baseline learned from (0 before any).
+    fn learned_through(&self) -> i64 {
+        let baseline = self.baseline.lock().unwrap_or_else(PoisonError::into_inner);
+        if baseline.is_empty() {
+            0
+        } else {
+            baseline.sampled
+        }
+    }
+
     /// At the first judgement of a window, the window before it (the `SLOTS` slots before
     /// `slot`), for the baseline to learn; taken before this judgement's counts go in.
     fn previous(&self, counts: &Counts, slot: i64) -> Option<(i64, Sums)> {
@@ -405,12 +416,31 @@ impl LoginGuard {
         // Until when another instance's judgement keeps the guard on (one restarted in the
         // middle of a hold learns it here).
         let until_key = format!("{}:until", self.key);
+        let baseline_key = format!("{}:baseline", self.key);
+        pipe.cmd("GET").arg(&baseline_key);
         pipe.cmd("GET").arg(format!("{}:released", self.key));
         pipe.cmd("GET").arg(&until_key);
         let result: Result<Vec<redis::Value>, Error> = redis.query_pipeline(&pipe).await;
         let shared_until: i64;
+        let learned_before = self.learned_through();
         let state = {
             let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+            // What the instances learned, before this one's first window is taken.
+            if let Ok(replies) = &result
+                && let Some(shared) = replies
+                    .len()
+                    .checked_sub(3)
+                    .and_then(|at| {
+                        redis::from_redis_value::<Option<String>>(replies[at].clone()).ok()
+                    })
+                    .flatten()
+                    .and_then(|json| serde_json::from_str::<Baseline>(&json).ok())
+            {
+                self.baseline
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .adopt(shared);
+            }
             let previous = self.previous(&counts, slot);
             match result {
                 Ok(mut replies) => {
@@ -423,6 +453,7 @@ impl LoginGuard {
                     };
                     shared_until = number();
                     let released = number();
+                    replies.pop(); // the baseline, taken above
                     self.released_until.fetch_max(released, Ordering::AcqRel);
                     if released > now {
                         // An analyst's release ends this instance's hold too: when it
@@ -468,6 +499,23 @@ impl LoginGuard {
             (sums(&counts, slot), previous)
         };
         self.judge(state, now);
+        // A window learned here is kept for the other instances and the next start (a
+        // month: every hour of the day is learned again long before).
+        if self.learned_through() > learned_before {
+            let json = {
+                let baseline = self.baseline.lock().unwrap_or_else(PoisonError::into_inner);
+                serde_json::to_string(&*baseline).unwrap_or_default()
+            };
+            redis
+                .query::<()>(
+                    redis::cmd("SET")
+                        .arg(&baseline_key)
+                        .arg(json)
+                        .arg("PX")
+                        .arg(30 * 86_400_000_i64),
+                )
+                .await?;
+        }
         // This instance's end of the guard, when later than the one read, for the others.
         let until = self.active_until.load(Ordering::Acquire);
         // Not when an analyst released the guard since the read above: the release wins.

@@ -5,8 +5,10 @@
 pub(super) const BASELINE_SAMPLES: u32 = 3;
 
 /// The service's normal count of failures from unknown contexts in one window, per hour of
-/// the day (UTC): a moving average of the windows judged while the guard was off.
-#[derive(Debug, Default)]
+/// the day (UTC): a moving average of the windows judged while the guard was off. With
+/// Redis it is kept there too (JSON), so an instance that starts takes what the others
+/// learned.
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(super) struct Baseline {
     /// Per hour: the normal, how many windows it has seen, and the first of them.
     hours: [Hour; 24],
@@ -15,7 +17,7 @@ pub(super) struct Baseline {
 }
 
 /// What one hour of the day has learned.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Hour {
     normal: f64,
     samples: u32,
@@ -23,6 +25,19 @@ struct Hour {
 }
 
 impl Baseline {
+    /// True before any window was learned (an instance that just started).
+    pub(super) fn is_empty(&self) -> bool {
+        self.hours.iter().all(|h| h.samples == 0)
+    }
+
+    /// Takes `shared` (what the instances learned, read from the hot store) when this one
+    /// has learned nothing yet or `shared` has seen a later window.
+    pub(super) fn adopt(&mut self, shared: Baseline) {
+        if !shared.is_empty() && (self.is_empty() || shared.sampled > self.sampled) {
+            *self = shared;
+        }
+    }
+
     /// The learned normal for the hour of `now_ms`, once it has seen enough windows.
     pub(super) fn normal(&self, now_ms: i64) -> Option<f64> {
         let hour = &self.hours[hour(now_ms)];
