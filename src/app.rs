@@ -300,6 +300,7 @@ impl App {
                     settings.regions.count,
                     settings.regions.renew_ms,
                     settings.regions.global_budgets.clone(),
+                    clock.clone(),
                 ))
             });
         let limiter = Limiter::new(

@@ -305,7 +305,8 @@ impl Limiter {
                 .as_ref()
                 .and_then(|shares| {
                     let global = shares.global(&budget.name)?;
-                    Some(shares.share(global, subject.as_str(), request.cost))
+                    let fails_closed = class_info.fail == crate::config::FailMode::Closed;
+                    Some(shares.share(global, subject.as_str(), request.cost, fails_closed))
                 })
                 .unwrap_or(1.0);
             Scope {

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use sqlx::postgres::PgPool;
 
+use crate::clock::Clock;
+
 use super::lease::{Lease, Report, smooth, step};
 use crate::telemetry::metrics as names;
 
@@ -45,6 +47,10 @@ pub struct Shares {
     renew: Duration,
     budgets: Vec<String>,
     keys: Mutex<HashMap<(usize, String), Entry>>,
+    clock: Arc<dyn Clock>,
+    /// When the last renewal answered (monotonic µs): a region cut off from the database
+    /// longer than a lease holds none for the classes that fail closed.
+    renewed_us: std::sync::atomic::AtomicU64,
 }
 
 const REPORT: &str = "INSERT INTO region_demand (budget, subject, origin, region, demand, at_ms) \
@@ -70,6 +76,7 @@ impl Shares {
         regions: u32,
         renew_ms: u64,
         budgets: Vec<String>,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
             pool,
@@ -79,6 +86,8 @@ impl Shares {
             renew: Duration::from_millis(renew_ms),
             budgets,
             keys: Mutex::default(),
+            renewed_us: std::sync::atomic::AtomicU64::new(clock.monotonic_us()),
+            clock,
         }
     }
 
@@ -100,6 +109,8 @@ impl Shares {
             out
         };
         if budgets.is_empty() {
+            // Nothing to renew: no lease to lose either.
+            self.renewed();
             metrics::gauge!(names::REGION_LEASED_KEYS).set(0.0);
             return Ok(0);
         }
@@ -118,6 +129,7 @@ impl Shares {
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
+        self.renewed();
         let mut reports: HashMap<(&str, &str), Vec<Report<'_>>> = HashMap::new();
         let mut now_ms = 0;
         for (budget, subject, region, demand, at_ms, now) in &rows {
@@ -142,6 +154,13 @@ impl Shares {
         let leased = keys.len();
         metrics::gauge!(names::REGION_LEASED_KEYS).set(leased as f64);
         Ok(leased)
+    }
+
+    fn renewed(&self) {
+        self.renewed_us.store(
+            self.clock.monotonic_us(),
+            std::sync::atomic::Ordering::Release,
+        );
     }
 
     /// Deletes reports older than ten leases (keys no region uses any more).
@@ -185,13 +204,21 @@ impl crate::limiter::GlobalShares for Shares {
     }
 
     /// At least [`MIN_SHARE`]; a key never leased gets the fair slice.
-    fn share(&self, global: usize, subject: &str, cost: u32) -> f64 {
+    fn share(&self, global: usize, subject: &str, cost: u32, fails_closed: bool) -> f64 {
+        let cut_off = fails_closed && {
+            let renewed = self.renewed_us.load(std::sync::atomic::Ordering::Acquire);
+            let lease_us = u64::try_from(self.lease.lease_ms).unwrap_or(0) * 1000;
+            self.clock.monotonic_us().saturating_sub(renewed) > lease_us
+        };
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
         let entry = match keys.get_mut(&(global, subject.to_owned())) {
             Some(entry) => entry,
             None => keys.entry((global, subject.to_owned())).or_default(),
         };
         entry.period += f64::from(cost);
+        if cut_off {
+            return MIN_SHARE;
+        }
         entry
             .share
             .unwrap_or_else(|| self.lease.unleased())

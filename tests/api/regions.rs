@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{ADMIN_TOKEN, Backend, OwnRedis, TestApp, free_port};
+use crate::helpers::{ADMIN_TOKEN, Backend, ChaosProxy, OwnRedis, TestApp, free_port, socket_of};
 
 struct TwoRegions {
     eu: TestApp,
@@ -216,4 +216,51 @@ async fn a_global_budget_holds_across_regions() {
     println!("homebody: {alone} admitted in one region");
     assert!(alone >= 4, "{alone}: the region's share did not grow");
     assert!(alone <= 5, "{alone}");
+}
+
+/// A region cut off from Postgres keeps its last leases for a lease's time (2 s), then, for
+/// a class that fails closed (`auth`), spends next to nothing of a global budget: the other
+/// regions have taken its share over by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_cut_off_from_the_database_gives_up_its_fail_closed_shares() {
+    let Some(eu) = TestApp::spawn_with(Backend::Production, |settings| {
+        settings.regions.name = "eu".to_owned();
+        settings.regions.count = 2;
+        settings.regions.global_budgets = vec!["auth-account".to_owned()];
+    })
+    .await
+    else {
+        return;
+    };
+    let proxy = ChaosProxy::start(socket_of(&eu.settings.database_url)).await;
+    let redis = OwnRedis::start(free_port(), tempfile::tempdir().unwrap()).await;
+    let (database, redis_url) = (
+        proxy.proxied_url(&eu.settings.database_url),
+        format!("redis://127.0.0.1:{}", redis.port),
+    );
+    let us = eu
+        .another_instance_with(|settings| {
+            settings.regions.name = "us".to_owned();
+            settings.database_url = database;
+            settings.redis_url = Some(redis_url);
+        })
+        .await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    us.app.regions.spawn(&stopped);
+    // Leased: the account is us's alone, its share grows to the whole budget.
+    assert_eq!(
+        status_of(&us, login("islander", "10.20.0.1")).await,
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        status_of(&us, login("islander", "10.20.0.2")).await,
+        StatusCode::OK
+    );
+    proxy.blackhole();
+    tokio::time::sleep(Duration::from_millis(2_600)).await;
+    let refused = us.limit_check(&login("islander", "10.20.0.3")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    proxy.restore();
+    drop(stop);
 }
