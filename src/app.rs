@@ -334,6 +334,10 @@ impl App {
             scoring.clone(),
             settings.messaging.clone(),
         );
+        // Each destination's conversion windows, from the deliveries of the last day.
+        if let Err(err) = messaging.replay(clock.now_ms()).await {
+            tracing::warn!(error.cause = %err, "could not count the stored deliveries into the conversions; they start empty");
+        }
         let lists = Arc::new(Lists::new(
             &stores,
             clock.clone(),
@@ -617,6 +621,9 @@ impl App {
             }
             if let Err(err) = app.history.prune().await {
                 tracing::warn!(error.cause = %err, "pruning the decision history failed; will retry");
+            }
+            if let Err(err) = app.messaging.prune(cutoff).await {
+                tracing::warn!(error.cause = %err, "pruning delivery events failed; will retry");
             }
             if let Err(err) = app.ingest.prune_requests_once(telemetry_cutoff).await {
                 tracing::warn!(error.cause = %err, "pruning request telemetry failed; will retry");

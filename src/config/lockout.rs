@@ -84,7 +84,8 @@ pub struct LockoutSettings {
     /// How long a successful login's IP and device stay "known" for the lockout-DoS rule,
     /// days. Default 90.
     pub known_for_days: u64,
-    /// Raw auth events older than this are pruned, days (lockouts are kept). Default 30.
+    /// Raw auth events and OTP delivery events older than this are pruned, days (lockouts
+    /// are kept). Default 30.
     pub retention_days: u64,
     /// Factor on the `auth` class of an account with `challenge_after` or more failures in
     /// the window (before any lockout). Default 0.5.

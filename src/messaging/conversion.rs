@@ -9,7 +9,8 @@
 //! **collapse**: the caller tightens the destination and raises an alert once.
 //!
 //! Counts live in this process (each instance judges the events it ingests, which behind a
-//! load balancer is a fair sample of the rate) and start empty after a restart.
+//! load balancer is a fair sample of the rate); an instance that starts counts the stored
+//! deliveries of the last day first (`Messaging::replay`).
 
 use std::collections::HashMap;
 

@@ -192,6 +192,45 @@ impl Messaging {
         Ok(Ok(ingested))
     }
 
+    /// Counts the stored events of the last day into the conversions (an instance that
+    /// starts judges the windows in progress and knows each destination's normal). A window
+    /// that collapsed before is not tightened again: its factor is stored. Returns the events
+    /// counted.
+    pub async fn replay(&self, now_ms: i64) -> Result<u64, Error> {
+        const PAGE: i64 = 10_000;
+        let conversion = &self.recipients.settings().conversion;
+        let mut after = (now_ms - crate::ingest::MAX_AGE_MS, String::new());
+        let mut counted = 0u64;
+        loop {
+            let page = since(&self.durable, (after.0, &after.1), PAGE).await?;
+            for (_, kind, destination, ts) in &page {
+                let outcome = match kind.as_str() {
+                    "otp_verified" => Outcome::Verified,
+                    _ => Outcome::Sent,
+                };
+                if !destination.is_empty() {
+                    self.conversion
+                        .record(conversion, destination, outcome, *ts);
+                    counted += 1;
+                }
+            }
+            match page.last() {
+                Some((id, _, _, ts)) if page.len() as i64 == PAGE => after = (*ts, id.clone()),
+                _ => return Ok(counted),
+            }
+        }
+    }
+
+    /// Deletes the stored events older than `before_ms`; how many.
+    pub async fn prune(&self, before_ms: i64) -> Result<u64, Error> {
+        Ok(with_pool!(&self.durable, |pool| sqlx::query(PRUNE)
+            .bind(before_ms)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))
+        .map_err(crate::store::Error::from)?)
+    }
+
     async fn tighten(&self, collapse: &Collapse, now_ms: i64) -> Result<(), Error> {
         let Some(subject) = SubjectKey::from_text(&collapse.destination)
             .filter(|s| s.kind() == SubjectKind::Destination)
@@ -242,6 +281,25 @@ impl Messaging {
         Ok(())
     }
 }
+
+const SINCE: &str = "SELECT event_id, kind, destination, ts FROM messaging_events \
+    WHERE (ts, event_id) > ($1, $2) ORDER BY ts, event_id LIMIT $3";
+
+/// A page of the stored events after `(ts, event_id)`, in that order.
+async fn since(
+    durable: &Durable,
+    after: (i64, &str),
+    limit: i64,
+) -> Result<Vec<(String, String, String, i64)>, crate::store::Error> {
+    Ok(with_pool!(durable, |pool| sqlx::query_as(SINCE)
+        .bind(after.0)
+        .bind(after.1)
+        .bind(limit)
+        .fetch_all(pool)
+        .await)?)
+}
+
+const PRUNE: &str = "DELETE FROM messaging_events WHERE ts < $1";
 
 const INSERT: &str = "INSERT INTO messaging_events (event_id, kind, destination, ts) ";
 

@@ -18,6 +18,7 @@ on_both_backends!(
     a_recipient_that_is_not_one_is_refused_with_a_reason,
     a_destination_whose_codes_stop_being_verified_is_tightened_until_cleared,
     delivery_events_are_checked_and_stored_once,
+    an_instance_that_starts_counts_the_stored_deliveries,
 );
 
 async fn on_gb(app: TestApp) -> TestApp {
@@ -431,4 +432,25 @@ async fn delivery_events_are_checked_and_stored_once(app: TestApp) {
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+/// The conversion windows are counted again from the stored deliveries when an instance
+/// starts: the pumped window reported to one instance collapses on another started after it,
+/// when that one is told of the next window.
+async fn an_instance_that_starts_counts_the_stored_deliveries(app: TestApp) {
+    let app = TestApp::spawn_with(app.backend, |s| s.messaging.conversion.window_s = 60)
+        .await
+        .expect("the backend exists");
+    let (status, body) = deliveries(
+        &app,
+        window(&app, "before", "+44 7700 9001", 40, 1, 1_200_000),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["tightened"], json!([]), "the window is still open");
+    let later = app.another_instance().await;
+    let (status, body) =
+        deliveries(&later, window(&later, "after", "+44 7700 9002", 1, 0, 0)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["tightened"], json!(["destination:+44770"]), "{body}");
 }
