@@ -10,6 +10,7 @@ pub mod attestations;
 mod automatic;
 mod console;
 mod context;
+pub mod decisions;
 pub mod envoy;
 pub mod envoy_proto;
 mod envoy_rules;
@@ -157,6 +158,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(messaging::routes())
         .merge(lockouts::routes())
         .merge(analyst::routes())
+        .merge(decisions::routes())
         .merge(console::routes())
         .merge(policy::routes())
         .merge(reputation::routes())
