@@ -20,17 +20,23 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::Error;
+
+mod net; // where and how to connect
+mod resp; // the protocol spoken
+
+use net::{Socket, connect};
+pub use net::{Target, TargetCell};
+use resp::{Reply, bulk, command, parse};
 
 /// Why a call failed; shared by every part of the call.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -56,187 +62,6 @@ fn unavailable(error: PipeError) -> Error {
     }
 }
 
-/// Where and as whom to connect.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    addr: Addr,
-    db: i64,
-    username: Option<String>,
-    password: Option<String>,
-}
-
-impl Target {
-    /// The address of a `redis://`, `rediss://` or `redis+unix://` URL's connection info;
-    /// `None` for TLS with client certificates or roots of its own (only redis-rs' API sets
-    /// them, never a URL).
-    pub fn of(info: &redis::ConnectionInfo) -> Option<Self> {
-        let addr = match info.addr() {
-            redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
-            redis::ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure,
-                tls_params: None,
-            } => Addr::Tls(host.clone(), *port, *insecure),
-            redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
-            _ => return None,
-        };
-        let settings = info.redis_settings();
-        Some(Self {
-            addr,
-            db: settings.db(),
-            username: settings.username().map(str::to_owned),
-            password: settings.password().map(str::to_owned),
-        })
-    }
-}
-
-/// Where a pipe connects, replaceable: a Sentinel failover promotes another node.
-///
-/// A pipe connected to an earlier target drops that connection (failing its calls in
-/// flight) and connects to the current one.
-#[derive(Debug)]
-pub struct TargetCell {
-    current: arc_swap::ArcSwap<Target>,
-    generation: std::sync::atomic::AtomicU64,
-}
-
-impl TargetCell {
-    /// A cell holding `target`.
-    pub fn new(target: Target) -> Arc<Self> {
-        Arc::new(Self {
-            current: arc_swap::ArcSwap::from_pointee(target),
-            generation: std::sync::atomic::AtomicU64::new(0),
-        })
-    }
-
-    /// The target to connect to now.
-    pub fn get(&self) -> Arc<Target> {
-        self.current.load_full()
-    }
-
-    /// Replaces the target; pipes reconnect.
-    pub fn set(&self, target: Target) {
-        self.current.store(Arc::new(target));
-        self.generation
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
-    }
-
-    fn generation(&self) -> u64 {
-        self.generation.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Addr {
-    Tcp(String, u16),
-    /// Host, port, and whether to skip checking the server's certificate (`#insecure`).
-    Tls(String, u16, bool),
-    Unix(std::path::PathBuf),
-}
-
-impl std::fmt::Display for Addr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Addr::Tcp(host, port) | Addr::Tls(host, port, _) => write!(f, "{host}:{port}"),
-            Addr::Unix(path) => write!(f, "{}", path.display()),
-        }
-    }
-}
-
-/// The connection's socket: TCP (with `TCP_NODELAY`), TLS over it, or a Unix socket.
-trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
-
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Socket for T {}
-
-async fn connect(addr: &Addr) -> Result<Box<dyn Socket>, PipeError> {
-    Ok(match addr {
-        Addr::Tcp(host, port) => {
-            let stream = TcpStream::connect((host.as_str(), *port)).await?;
-            stream.set_nodelay(true)?;
-            Box::new(stream)
-        }
-        Addr::Tls(host, port, insecure) => {
-            let stream = TcpStream::connect((host.as_str(), *port)).await?;
-            stream.set_nodelay(true)?;
-            let name = rustls::pki_types::ServerName::try_from(host.clone())
-                .map_err(|error| PipeError::new(format!("{host}: {error}")))?;
-            let connector = tokio_rustls::TlsConnector::from(tls_config(*insecure)?);
-            Box::new(connector.connect(name, stream).await?)
-        }
-        Addr::Unix(path) => Box::new(UnixStream::connect(path).await?),
-    })
-}
-
-/// TLS as redis-rs speaks it for the same URL: the system's roots, or no check of the
-/// server's certificate with `#insecure`.
-fn tls_config(insecure: bool) -> Result<Arc<rustls::ClientConfig>, PipeError> {
-    let builder = rustls::ClientConfig::builder();
-    let mut config = if insecure {
-        let provider = rustls::crypto::CryptoProvider::get_default()
-            .ok_or_else(|| PipeError::new("no crypto provider for rustls"))?;
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate(
-                provider.signature_verification_algorithms,
-            )))
-            .with_no_client_auth()
-    } else {
-        let mut roots = rustls::RootCertStore::empty();
-        let mut found = rustls_native_certs::load_native_certs();
-        if let Some(error) = found.errors.pop() {
-            return Err(PipeError::new(format!("the system's roots: {error}")));
-        }
-        for certificate in found.certs {
-            roots
-                .add(certificate)
-                .map_err(|error| PipeError::new(format!("the system's roots: {error}")))?;
-        }
-        builder.with_root_certificates(roots).with_no_client_auth()
-    };
-    config.enable_sni = !insecure;
-    Ok(Arc::new(config))
-}
-
-/// `#insecure`: any certificate, any signature (what redis-rs accepts for the same URL).
-#[derive(Debug)]
-struct AnyCertificate(rustls::crypto::WebPkiSupportedAlgorithms);
-
-impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &rustls::pki_types::ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &rustls::pki_types::CertificateDer<'_>,
-        _dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        _message: &[u8],
-        _cert: &rustls::pki_types::CertificateDer<'_>,
-        _dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.supported_schemes()
-    }
-}
-
 /// How the pipe calls its script.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -257,14 +82,6 @@ pub struct Part {
     key_count: usize,
     args: Vec<u8>,
     arg_count: usize,
-}
-
-fn bulk(out: &mut Vec<u8>, value: &[u8]) {
-    out.push(b'$');
-    out.extend_from_slice(itoa::Buffer::new().format(value.len()).as_bytes());
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 impl Part {
@@ -530,13 +347,6 @@ struct Conn {
 /// Bytes one read takes at most.
 const CHUNK: usize = 64 * 1024;
 
-/// One reply.
-enum Reply {
-    Bulk(Bytes),
-    Error(String),
-    Ok,
-}
-
 impl Conn {
     async fn open(shared: &Shared) -> Result<Conn, PipeError> {
         let generation = shared.target.generation();
@@ -739,64 +549,6 @@ fn answer_parts(waiters: Vec<Waiter>, mut answer: Bytes) {
     for waiter in waiters {
         let mine = answer.split_to(waiter.reply_len.min(answer.len()));
         let _ = waiter.tx.send(Ok(mine));
-    }
-}
-
-fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
-    out.push(b'*');
-    out.extend_from_slice(itoa::Buffer::new().format(args.len()).as_bytes());
-    out.extend_from_slice(b"\r\n");
-    for arg in args {
-        bulk(out, arg);
-    }
-}
-
-/// Redis' own bound on a bulk string (`proto-max-bulk-len`'s default): a longer length is
-/// not a reply to wait for.
-const MAX_BULK: usize = 512 * 1024 * 1024;
-
-/// The next whole reply in `input`, taken from it; `None` until one has arrived.
-fn parse(input: &mut BytesMut) -> Result<Option<Reply>, PipeError> {
-    let Some(end) = input.windows(2).position(|w| w == b"\r\n") else {
-        return Ok(None);
-    };
-    if end == 0 {
-        return Err(PipeError::new("an empty reply line from Redis"));
-    }
-    let line = &input[1..end];
-    match input.first() {
-        Some(b'$') => {
-            let len = std::str::from_utf8(line)
-                .ok()
-                .and_then(|n| n.parse::<i64>().ok())
-                .ok_or_else(|| PipeError::new("a malformed bulk length from Redis"))?;
-            if len < 0 {
-                input.advance(end + 2);
-                return Ok(Some(Reply::Error("a nil reply to a script call".into())));
-            }
-            let len = usize::try_from(len)
-                .ok()
-                .filter(|&len| len <= MAX_BULK)
-                .ok_or_else(|| PipeError::new("a bulk length from Redis past its own limit"))?;
-            let whole_len = end + 2 + len + 2;
-            if input.len() < whole_len {
-                return Ok(None);
-            }
-            let mut whole = input.split_to(whole_len).freeze();
-            whole.advance(end + 2);
-            whole.truncate(len);
-            Ok(Some(Reply::Bulk(whole)))
-        }
-        Some(b'-') => {
-            let message = String::from_utf8_lossy(line).into_owned();
-            input.advance(end + 2);
-            Ok(Some(Reply::Error(message)))
-        }
-        Some(b'+') => {
-            input.advance(end + 2);
-            Ok(Some(Reply::Ok))
-        }
-        _ => Err(PipeError::new("an unexpected reply type from Redis")),
     }
 }
 
