@@ -3,7 +3,7 @@
 
 use criterion::{Criterion, Throughput};
 use palisade::config::LimitSettings;
-use palisade::policy::record::Recorded;
+use palisade::policy::record::{Multipliers, Recorded};
 use palisade::policy::replay::{Replayer, Report};
 
 const RECORDS: usize = 100_000;
@@ -31,6 +31,8 @@ fn records() -> Vec<Recorded> {
                 tenant: None,
                 cost: 1,
                 consume: true,
+                outcome: None,
+                multipliers: Multipliers::default(),
             }
         })
         .collect()

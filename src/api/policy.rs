@@ -13,7 +13,8 @@ use super::lockouts::parse_time;
 use super::request_id::current_request_id;
 use crate::app::AppState;
 use crate::policy::overrides::Override;
-use crate::policy::replay::{Replayer, Report};
+use crate::policy::record::why_empty;
+use crate::policy::replay::{Report, Signals, Window, replay_window};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -22,6 +23,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(delete_override))
         .routes(routes!(load_canary))
         .routes(routes!(canary_report, discard_canary))
+        .routes(routes!(last_canary))
         .routes(routes!(promote_canary))
         .routes(routes!(live_policy))
         .routes(routes!(revert_policy))
@@ -41,6 +43,9 @@ pub struct Simulate {
     /// Before this RFC 3339 time (default: now).
     #[schema(format = DateTime)]
     pub to: Option<String>,
+    /// How scoring is modelled: `recorded` (default; each check's multipliers as the live
+    /// limiter applied them) or `one` (every multiplier held at 1).
+    pub signals: Option<String>,
 }
 
 /// Checks one simulation replays at most (longer windows: `palisade replay`).
@@ -48,9 +53,11 @@ const MAX_RECORDS: usize = 1_000_000;
 
 /// Replays the recorded traffic of a window (at most one million checks) through the live
 /// `[limits]` and a candidate's and reports the difference: per class, per deciding scope,
-/// and the keys it changes most; and the window's stored logins (at most 100,000) through
-/// both `[lockout]`s under `logins` (role `admin`). Needs `[record]` on for the checks; an
-/// empty record gives an empty report.
+/// and the keys it changes most, with how far the replay of the live policy is from what the
+/// live limiter answered (`recorded`, `refused_recorded`, `refused_replayed` per class); and
+/// the window's stored logins (at most 100,000) through both `[lockout]`s under `logins`
+/// (role `admin`). Needs `[record]` on for the checks; an empty window says why it may be
+/// empty in `empty`.
 #[utoipa::path(operation_id = "simulate_policy", post, path = "/v1/policy/simulate", tag = "admin", security(("bearer" = [])),
     request_body = Simulate,
     responses((status = 200, body = Object), (status = 400, body = Envelope),
@@ -71,33 +78,29 @@ async fn simulate(
     if from_ms >= to_ms {
         return Err(ApiError::invalid("from must be before to"));
     }
-    let started = std::time::Instant::now();
-    let mut report = Report::default();
-    let mut replayer: Option<Replayer> = None;
+    let signals = match body.signals.as_deref() {
+        None => Signals::Recorded,
+        Some(text) => Signals::parse(text)
+            .ok_or_else(|| ApiError::invalid("signals must be `recorded` or `one`"))?,
+    };
     let live = app.canary.live_limits();
-    let mut after: Option<(i64, String)> = None;
-    let mut seen = 0usize;
-    while seen < MAX_RECORDS {
-        let page = crate::policy::record::read(
-            &app.stores.durable,
-            from_ms,
-            to_ms,
-            after.as_ref(),
-            20_000,
-        )
-        .await?;
-        let Some(last) = page.last() else {
-            break;
-        };
-        after = Some((last.at_ms, last.id.clone()));
-        let replayer =
-            replayer.get_or_insert_with(|| Replayer::new(&live, &candidate.limits, page[0].at_ms));
-        for record in page.iter().take(MAX_RECORDS - seen) {
-            report.add(&replayer.step(record).await);
-        }
-        seen += page.len();
+    let window = Window {
+        from_ms,
+        to_ms,
+        max: MAX_RECORDS,
+    };
+    let mut report = replay_window(
+        &app.stores.durable,
+        &live,
+        &candidate.limits,
+        window,
+        signals,
+        |_, _| {},
+    )
+    .await?;
+    if report.requests == 0 {
+        report.empty = Some(why_empty(&app.settings.record, from_ms, now));
     }
-    report.finish(10, started.elapsed());
     let events =
         crate::policy::logins::read(&app.stores.durable, from_ms, to_ms, MAX_EVENTS).await?;
     let logins = if events.is_empty() {
@@ -334,11 +337,14 @@ pub struct CanaryLoaded {
 
 /// Loads a candidate `[limits]` as the canary: every instance runs it beside the live policy
 /// within a second, never enforcing it, and counts where it would answer differently
-/// (role `admin`). Replaces a canary in force; audited as `policy.canary_load`.
+/// (role `admin`). Replaces a canary in force; audited as `policy.canary_load`. 409 when its
+/// classes differ from those in force (a promotion keeps them, so such a canary could never
+/// be promoted).
 #[utoipa::path(post, path = "/v1/policy/candidates", tag = "admin", security(("bearer" = [])),
     request_body = NewCanary,
     responses((status = 201, body = CanaryLoaded), (status = 400, body = Envelope),
-        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
+        (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 409, body = Envelope),
+        (status = 503, body = Envelope)))]
 async fn load_canary(
     auth: Authorized<role::Admin>,
     State(app): State<AppState>,
@@ -451,6 +457,23 @@ async fn canary_report(
         .report()
         .map(Json)
         .ok_or_else(|| ApiError::not_found("no canary policy is in force"))
+}
+
+/// The last canary that ended, promoted or discarded, with its report as the instance that
+/// ended it had counted it (the same report is in the audit entry of the promotion or the
+/// discard) (role `analyst`). 404 when none has ended.
+#[utoipa::path(get, path = "/v1/policy/candidates/last", tag = "analyst", security(("bearer" = [])),
+    responses((status = 200, body = crate::policy::canary::Ended), (status = 401, body = Envelope),
+        (status = 403, body = Envelope), (status = 404, body = Envelope), (status = 503, body = Envelope)))]
+async fn last_canary(
+    _auth: Authorized<role::Analyst>,
+    State(app): State<AppState>,
+) -> Result<Json<crate::policy::canary::Ended>, ApiError> {
+    app.canary
+        .last()
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("no canary policy has ended"))
 }
 
 /// Discards the canary in force on every instance within a second (role `admin`);

@@ -67,6 +67,10 @@ pub enum Command {
         /// Before this RFC 3339 time (default: now).
         #[arg(long)]
         to: Option<String>,
+        /// How scoring is modelled: `recorded` (each check's multipliers as the live
+        /// limiter applied them) or `one` (every multiplier held at 1).
+        #[arg(long, default_value = "recorded")]
+        signals: String,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -315,13 +319,23 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
         }
         Command::Policy {
             action: PolicyCommand::Check { file, json },
-        } => policy_check(&settings, &file, json),
+        } => policy_check(&settings, &file, json).await,
         Command::Replay {
             policy,
             from,
             to,
+            signals,
             json,
-        } => replay(&settings, &policy, from.as_deref(), to.as_deref(), json).await,
+        } => {
+            replay(
+                &settings,
+                &policy,
+                (from.as_deref(), to.as_deref()),
+                &signals,
+                json,
+            )
+            .await
+        }
         Command::Migrate => {
             let durable = Durable::connect(
                 &settings.database_url,
@@ -526,19 +540,43 @@ fn rfc3339_ms(name: &str, value: Option<&str>) -> anyhow::Result<Option<i64>> {
         .transpose()
 }
 
+/// The live `[limits]` for a tool beside the service: the promoted policy's when the
+/// database holds one, else the settings file's; with a line saying which. The database
+/// out of reach leaves the settings file's, and says so.
+async fn live_limits(settings: &Settings) -> (crate::config::LimitSettings, String) {
+    let durable =
+        Durable::connect(&settings.database_url, 1, std::time::Duration::from_secs(3)).await;
+    let stored = match durable {
+        Ok(durable) => crate::policy::canary::stored_live_limits(&durable, &settings.limits)
+            .await
+            .map_err(|err| err.to_string()),
+        Err(err) => Err(err.to_string()),
+    };
+    match stored {
+        Ok((limits, Some(id))) => (limits, format!("the live [limits] (promoted policy {id})")),
+        Ok((limits, None)) => (limits, "the live [limits] (the settings file's)".to_owned()),
+        Err(err) => (
+            settings.limits.clone(),
+            format!("the settings file's [limits] (the database does not say what is live: {err})"),
+        ),
+    }
+}
+
 /// `palisade replay`: pages through the record in order and reports.
 async fn replay(
     settings: &Settings,
     policy: &std::path::Path,
-    from: Option<&str>,
-    to: Option<&str>,
+    window: (Option<&str>, Option<&str>),
+    signals: &str,
     json: bool,
 ) -> anyhow::Result<()> {
     use std::io::IsTerminal;
 
     let candidate = Settings::candidate(policy).map_err(|err| anyhow::anyhow!("{err}"))?;
-    let from_ms = rfc3339_ms("from", from)?.unwrap_or(i64::MIN);
-    let to_ms = rfc3339_ms("to", to)?.unwrap_or(i64::MAX);
+    let signals = crate::policy::replay::Signals::parse(signals)
+        .context("--signals must be `recorded` or `one`")?;
+    let from_ms = rfc3339_ms("from", window.0)?.unwrap_or(i64::MIN);
+    let to_ms = rfc3339_ms("to", window.1)?.unwrap_or(i64::MAX);
     let durable = Durable::connect(
         &settings.database_url,
         1,
@@ -546,37 +584,43 @@ async fn replay(
     )
     .await
     .context("cannot connect to PALISADE_DATABASE_URL")?;
-    let started = std::time::Instant::now();
+    let (live, against) = live_limits(settings).await;
     let progress = std::io::stderr().is_terminal();
-    let mut report = crate::policy::replay::Report::default();
-    let mut replayer = None;
-    let mut after: Option<(i64, String)> = None;
-    loop {
-        let page =
-            crate::policy::record::read(&durable, from_ms, to_ms, after.as_ref(), 20_000).await?;
-        let Some(last) = page.last() else {
-            break;
-        };
-        after = Some((last.at_ms, last.id.clone()));
-        let replayer = replayer.get_or_insert_with(|| {
-            crate::policy::replay::Replayer::new(&settings.limits, &candidate.limits, page[0].at_ms)
-        });
-        for record in &page {
-            let step = replayer.step(record).await;
-            report.add(&step);
-        }
-        if progress {
-            eprint!(
-                "\rreplayed {} checks, up to {}",
-                report.requests,
-                crate::clock::rfc3339(last.at_ms)
-            );
-        }
-    }
-    if progress {
+    let mut report = crate::policy::replay::replay_window(
+        &durable,
+        &live,
+        &candidate.limits,
+        crate::policy::replay::Window {
+            from_ms,
+            to_ms,
+            max: usize::MAX,
+        },
+        signals,
+        |report, at_ms| {
+            if progress {
+                eprint!(
+                    "\rreplayed {} checks, up to {}",
+                    report.requests,
+                    crate::clock::rfc3339(at_ms)
+                );
+            }
+        },
+    )
+    .await?;
+    if progress && report.requests > 0 {
         eprintln!();
     }
-    report.finish(10, started.elapsed());
+    if report.requests == 0 {
+        let now = chrono::Utc::now().timestamp_millis();
+        report.empty = Some(crate::policy::record::why_empty(
+            &settings.record,
+            from_ms,
+            now,
+        ));
+    }
+    if !json {
+        println!("Compared with {against}.\n");
+    }
     // The logins of the window through both `[lockout]`s, when any were stored.
     let events = crate::policy::logins::read(&durable, from_ms, to_ms, 2_000_000).await?;
     let logins = if events.is_empty() {
@@ -610,12 +654,17 @@ async fn replay(
 }
 
 /// `palisade policy check FILE`: findings as `FILE:LINE:COL: level: message` lines.
-fn policy_check(settings: &Settings, file: &std::path::Path, json: bool) -> anyhow::Result<()> {
+async fn policy_check(
+    settings: &Settings,
+    file: &std::path::Path,
+    json: bool,
+) -> anyhow::Result<()> {
     use crate::policy::check::{Level, check};
 
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let findings = check(&text, &settings.limits);
+    let (live, against) = live_limits(settings).await;
+    let findings = check(&text, &live);
     if json {
         println!("{}", serde_json::to_string_pretty(&findings)?);
     } else {
@@ -633,7 +682,7 @@ fn policy_check(settings: &Settings, file: &std::path::Path, json: bool) -> anyh
         }
         let count = |l: Level| findings.iter().filter(|f| f.level == l).count();
         println!(
-            "{} error(s), {} warning(s), {} change(s) against the live [limits]",
+            "{} error(s), {} warning(s), {} change(s) against {against}",
             count(Level::Error),
             count(Level::Warning),
             count(Level::Change)

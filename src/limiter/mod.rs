@@ -230,7 +230,7 @@ impl Limiter {
     pub async fn check(&self, request: &LimitRequest) -> Result<Decision, Error> {
         let decision = self.decide(request).await?;
         if let Some(recorder) = self.recorder.get() {
-            recorder.note(request, decision.now_ms);
+            recorder.note(request, &decision);
         }
         if (!decision.allowed || decision.challenge.is_some())
             && let Some(history) = self.history.get()

@@ -144,8 +144,8 @@ pub trait DecisionSink: Send + Sync + std::fmt::Debug {
 /// Where the inputs of every decided check go to be recorded (the traffic record for policy
 /// replay); called on the request path, so it must only note them and return.
 pub trait TrafficSink: Send + Sync + std::fmt::Debug {
-    /// Notes one check decided at `now_ms`.
-    fn note(&self, request: &LimitRequest, now_ms: i64);
+    /// Notes one check and what was decided.
+    fn note(&self, request: &LimitRequest, decision: &Decision);
 }
 
 /// One limit check, already parsed and normalised.

@@ -492,6 +492,11 @@ impl SubjectKey {
         &self.text
     }
 
+    /// The id without its kind: `203.0.113.7` of `ip:203.0.113.7` (what logs pseudonymise).
+    pub fn id(&self) -> &str {
+        self.text.split_once(':').map_or(&*self.text, |(_, id)| id)
+    }
+
     /// The text form, shared (cheap to clone).
     pub fn shared(&self) -> std::sync::Arc<str> {
         self.text.clone()

@@ -60,6 +60,29 @@ pub struct Report {
     pub scopes: BTreeMap<String, Counts>,
 }
 
+/// A canary that ended, as `GET /v1/policy/candidates/last` shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Ended {
+    /// The candidate's id.
+    pub id: String,
+    /// Why it was loaded.
+    pub reason: String,
+    /// Who loaded it.
+    pub created_by: String,
+    /// When, Unix ms.
+    pub created_at_ms: i64,
+    /// When it ended, Unix ms.
+    pub ended_at_ms: i64,
+    /// Who ended it.
+    pub ended_by: String,
+    /// Promoted (true) or discarded.
+    pub promoted: bool,
+    /// Its report as the instance that ended it had counted it (absent when that instance
+    /// had not loaded it yet).
+    #[schema(value_type = Option<Object>)]
+    pub report: Option<serde_json::Value>,
+}
+
 struct Loaded {
     id: String,
     reason: String,
@@ -165,6 +188,33 @@ fn renamed(limits: &LimitSettings) -> LimitSettings {
 
 type Row = (String, String, String, i64, String);
 
+/// The promoted policy in force: id, TOML, when and by whom; None when none is.
+async fn promoted_row(durable: &Durable) -> Result<Option<(String, String, i64, String)>, Error> {
+    Ok(with_pool!(durable, |pool| sqlx::query_as(
+        "SELECT id, policy, promoted_at, promoted_by FROM policy_candidates \
+         WHERE promoted_at IS NOT NULL AND reverted_at IS NULL \
+         ORDER BY promoted_at DESC, id DESC LIMIT 1"
+    )
+    .fetch_optional(pool)
+    .await)?)
+}
+
+/// The live `[limits]` as the store holds them, for tools that run beside the service: the
+/// promoted policy's (with its id), else `configured` (the settings file's).
+pub async fn stored_live_limits(
+    durable: &Durable,
+    configured: &LimitSettings,
+) -> Result<(LimitSettings, Option<String>), CanaryError> {
+    match promoted_row(durable).await? {
+        Some((id, policy, _, _)) => {
+            let settings = Settings::candidate_toml(&policy)
+                .map_err(|e| CanaryError::Invalid(format!("the promoted policy {id}: {e}")))?;
+            Ok((settings.limits, Some(id)))
+        }
+        None => Ok((configured.clone(), None)),
+    }
+}
+
 impl Canary {
     /// No canary yet; `sockets` are the live limiter's.
     pub fn new(
@@ -197,7 +247,13 @@ impl Canary {
         actor: &Actor,
         request_id: &str,
     ) -> Result<String, CanaryError> {
-        Settings::candidate_toml(policy).map_err(|e| CanaryError::Invalid(e.to_string()))?;
+        let settings =
+            Settings::candidate_toml(policy).map_err(|e| CanaryError::Invalid(e.to_string()))?;
+        // Refused now rather than at promotion: a canary that could never be promoted.
+        self.sockets
+            .live
+            .same_classes(&settings.limits)
+            .map_err(CanaryError::Conflict)?;
         let id = self.clock.new_id().to_string();
         let now = self.clock.now_ms();
         with_pool!(&self.durable, |pool| sqlx::query(
@@ -237,8 +293,8 @@ impl Canary {
         self.end(
             [
                 "SELECT id FROM policy_candidates WHERE discarded_at IS NULL",
-                "UPDATE policy_candidates SET discarded_at = $1, discarded_by = $2 \
-                     WHERE discarded_at IS NULL",
+                "UPDATE policy_candidates SET discarded_at = $1, discarded_by = $2, \
+                     report = $3 WHERE discarded_at IS NULL",
             ],
             "policy.canary_discard",
             (reason, actor, request_id),
@@ -261,21 +317,23 @@ impl Canary {
             return Ok(false);
         }
         let now = self.clock.now_ms();
-        with_pool!(&self.durable, |pool| sqlx::query(update)
-            .bind(now)
-            .bind(&actor.name)
-            .execute(pool)
-            .await
-            .map(|_| ()))?;
+        // The canary's report as this instance counted it (a revert has none to keep).
+        let report = self.report().filter(|r| ids.contains(&r.id));
+        let report_text = report.as_ref().and_then(|r| serde_json::to_string(r).ok());
+        with_pool!(&self.durable, |pool| {
+            let mut query = sqlx::query(update).bind(now).bind(&actor.name);
+            if update.contains("$3") {
+                query = query.bind(report_text.as_deref());
+            }
+            query.execute(pool).await.map(|_| ())
+        })?;
         for id in &ids {
+            let mut details = serde_json::json!({ "reason": reason });
+            if let Some(report) = report.as_ref().filter(|r| &r.id == id) {
+                details["report"] = serde_json::to_value(report).unwrap_or_default();
+            }
             self.audit
-                .record(
-                    actor,
-                    action,
-                    id,
-                    serde_json::json!({ "reason": reason }),
-                    request_id,
-                )
+                .record(actor, action, id, details, request_id)
                 .await?;
         }
         self.refresh().await?;
@@ -308,25 +366,26 @@ impl Canary {
             .same_classes(&settings.limits)
             .map_err(CanaryError::Conflict)?;
         let now = self.clock.now_ms();
+        let report = self.report().filter(|r| r.id == id);
+        let report_text = report.as_ref().and_then(|r| serde_json::to_string(r).ok());
         with_pool!(&self.durable, |pool| sqlx::query(
             "UPDATE policy_candidates SET promoted_at = $1, promoted_by = $2, \
-             discarded_at = $1, discarded_by = $2 WHERE id = $3"
+             discarded_at = $1, discarded_by = $2, report = $4 WHERE id = $3"
         )
         .bind(now)
         .bind(&actor.name)
         .bind(&id)
+        .bind(&report_text)
         .execute(pool)
         .await
         .map(|_| ()))
         .map_err(Error::from)?;
+        let mut details = serde_json::json!({ "reason": reason });
+        if let Some(report) = &report {
+            details["report"] = serde_json::to_value(report).unwrap_or_default();
+        }
         self.audit
-            .record(
-                actor,
-                "policy.promote",
-                &id,
-                serde_json::json!({ "reason": reason }),
-                request_id,
-            )
+            .record(actor, "policy.promote", &id, details, request_id)
             .await?;
         self.refresh().await?;
         Ok(Some(id))
@@ -380,14 +439,7 @@ impl Canary {
 
     /// Puts the promoted policy in force if it changed (every second and at start).
     async fn refresh_promoted(&self) -> Result<(), Error> {
-        let row: Option<(String, String, i64, String)> =
-            with_pool!(&self.durable, |pool| sqlx::query_as(
-                "SELECT id, policy, promoted_at, promoted_by FROM policy_candidates \
-                 WHERE promoted_at IS NOT NULL AND reverted_at IS NULL \
-                 ORDER BY promoted_at DESC, id DESC LIMIT 1"
-            )
-            .fetch_optional(pool)
-            .await)?;
+        let row = promoted_row(&self.durable).await?;
         let current = self.promoted.load_full();
         match (row, current) {
             (None, None) => {}
@@ -544,6 +596,42 @@ impl Canary {
                 );
             }
         });
+    }
+
+    /// The last canary that ended (promoted or discarded), with the report the instance that
+    /// ended it had counted; None when none has ended.
+    pub async fn last(&self) -> Result<Option<Ended>, Error> {
+        type EndedRow = (
+            String,
+            String,
+            String,
+            i64,
+            i64,
+            String,
+            Option<i64>,
+            Option<String>,
+        );
+        let row: Option<EndedRow> = with_pool!(&self.durable, |pool| sqlx::query_as(
+            "SELECT id, reason, created_by, created_at, discarded_at, discarded_by, \
+             promoted_at, report FROM policy_candidates WHERE discarded_at IS NOT NULL \
+             ORDER BY discarded_at DESC, id DESC LIMIT 1"
+        )
+        .fetch_optional(pool)
+        .await)?;
+        Ok(row.map(
+            |(id, reason, created_by, created_at_ms, ended_at_ms, ended_by, promoted, report)| {
+                Ended {
+                    id,
+                    reason,
+                    created_by,
+                    created_at_ms,
+                    ended_at_ms,
+                    ended_by,
+                    promoted: promoted.is_some(),
+                    report: report.and_then(|text| serde_json::from_str(&text).ok()),
+                }
+            },
+        ))
     }
 
     /// What this instance has seen of the canary in force; None when there is none.

@@ -1,22 +1,160 @@
 //! The traffic record: the inputs of limit checks, written each second when recording.
 //!
-//! Users, devices and tenants are keyed pseudonyms and each client a synthetic IPv6 address standing
-//! for its address (IPv4) or prefix (IPv6).
+//! Users, devices and tenants are the keyed pseudonyms logs show (`anon-` and 16 hex digits of
+//! HMAC-SHA256(`privacy.pseudonym_key`, id)), and each client a synthetic IPv6 address standing
+//! for its address (IPv4) or prefix (IPv6): `fd` and the first 14 hex digits of the address's
+//! pseudonym, so `fd3f:a2b1:c4d5:e6f7::1` is the client logs name `anon-3fa2b1c4d5e6f7…`.
+//!
+//! Each check keeps what the live limiter answered and the multipliers it applied, so a replay
+//! can hold the day's signals (offenders, anomalies, lockouts, deny lists) as they were.
 
 use std::net::Ipv6Addr;
 use std::sync::{Arc, Mutex};
 
 use crate::clock::Clock;
 use crate::config::RecordSettings;
-use crate::limiter::{LimitRequest, TrafficSink};
+use crate::config::ScopeKind;
+use crate::limiter::{Decision, LimitRequest, TrafficSink};
 use crate::model::SubjectKey;
 use crate::store::with_pool;
 use crate::store::{Durable, Error};
 use crate::telemetry::metrics as names;
 use crate::telemetry::privacy::Pseudonyms;
 
+/// What the live limiter answered a recorded check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Allowed.
+    Allowed,
+    /// Refused.
+    Refused,
+    /// Allowed on condition of a step-up (a challenge).
+    Challenged,
+}
+
+impl Outcome {
+    /// Of a decision.
+    pub fn of(decision: &Decision) -> Self {
+        match (decision.allowed, decision.challenge.is_some()) {
+            (false, _) => Outcome::Refused,
+            (true, true) => Outcome::Challenged,
+            (true, false) => Outcome::Allowed,
+        }
+    }
+
+    fn code(self) -> i64 {
+        match self {
+            Outcome::Allowed => 0,
+            Outcome::Refused => 1,
+            Outcome::Challenged => 2,
+        }
+    }
+
+    fn from_code(code: i64) -> Option<Self> {
+        match code {
+            0 => Some(Outcome::Allowed),
+            1 => Some(Outcome::Refused),
+            2 => Some(Outcome::Challenged),
+            _ => None,
+        }
+    }
+}
+
+/// The multipliers a check's subjects had (1: none), per kind of subject: an address's
+/// applies to its `ip` and `endpoint_ip` budgets, a device's to `device` and `ip_device`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Multipliers {
+    /// The client address's.
+    pub ip: f64,
+    /// The user's.
+    pub user: f64,
+    /// The device's.
+    pub device: f64,
+    /// The tenant's.
+    pub tenant: f64,
+}
+
+impl Default for Multipliers {
+    fn default() -> Self {
+        Self {
+            ip: 1.0,
+            user: 1.0,
+            device: 1.0,
+            tenant: 1.0,
+        }
+    }
+}
+
+impl Multipliers {
+    /// The ones a decision applied (the lowest where two budgets of one subject differ).
+    pub fn of(decision: &Decision) -> Self {
+        let mut out = Self::default();
+        for scope in &decision.scopes {
+            let slot = match scope.scope {
+                ScopeKind::Ip | ScopeKind::EndpointIp => &mut out.ip,
+                ScopeKind::User | ScopeKind::EndpointUser => &mut out.user,
+                ScopeKind::Device | ScopeKind::IpDevice => &mut out.device,
+                ScopeKind::Tenant => &mut out.tenant,
+                ScopeKind::Global | ScopeKind::Recipient | ScopeKind::Destination => continue,
+            };
+            *slot = slot.min(scope.multiplier);
+        }
+        out
+    }
+
+    /// Whether any subject was scaled down (a signal flagged it).
+    pub fn flagged(&self) -> bool {
+        self.each().any(|(_, value)| value < 1.0)
+    }
+
+    fn each(&self) -> impl Iterator<Item = (&'static str, f64)> {
+        [
+            ("ip", self.ip),
+            ("user", self.user),
+            ("device", self.device),
+            ("tenant", self.tenant),
+        ]
+        .into_iter()
+    }
+
+    /// As stored: `ip=0.5 user=0`, the ones that are not 1; None when all are.
+    pub fn text(&self) -> Option<String> {
+        let parts: Vec<String> = self
+            .each()
+            .filter(|(_, value)| *value != 1.0)
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(" "))
+    }
+
+    /// From [`Self::text`]'s form; what it cannot read stays 1.
+    pub fn parse(text: &str) -> Self {
+        let mut out = Self::default();
+        for part in text.split_whitespace() {
+            let Some((name, value)) = part.split_once('=') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            if !value.is_finite() || value < 0.0 {
+                continue;
+            }
+            match name {
+                "ip" => out.ip = value,
+                "user" => out.user = value,
+                "device" => out.device = value,
+                "tenant" => out.tenant = value,
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
 /// One recorded check as the replay reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Recorded {
     /// ULID.
     pub id: String,
@@ -38,6 +176,10 @@ pub struct Recorded {
     pub cost: u32,
     /// Whether it took them.
     pub consume: bool,
+    /// What the live limiter answered (None: recorded before answers were kept).
+    pub outcome: Option<Outcome>,
+    /// The multipliers it applied.
+    pub multipliers: Multipliers,
 }
 
 #[derive(Debug)]
@@ -51,6 +193,8 @@ struct Raw {
     tenant: Option<SubjectKey>,
     cost: u32,
     consume: bool,
+    outcome: Outcome,
+    multipliers: Multipliers,
 }
 
 /// Notes checks on the request path, writes them each second, prunes them.
@@ -78,7 +222,7 @@ fn stable_hash(text: &str) -> u64 {
 }
 
 impl TrafficSink for Recorder {
-    fn note(&self, request: &LimitRequest, now_ms: i64) {
+    fn note(&self, request: &LimitRequest, decision: &Decision) {
         let ip_key = SubjectKey::ip(&request.ip);
         if self.settings.sample < 1.0 {
             let client = request.user.as_ref().unwrap_or(&ip_key);
@@ -94,7 +238,7 @@ impl TrafficSink for Recorder {
             return;
         }
         buffer.push(Raw {
-            at_ms: now_ms,
+            at_ms: decision.now_ms,
             method: request.method.clone(),
             endpoint: request.endpoint.clone(),
             ip_key,
@@ -103,11 +247,13 @@ impl TrafficSink for Recorder {
             tenant: request.tenant.clone(),
             cost: request.cost,
             consume: request.consume,
+            outcome: Outcome::of(decision),
+            multipliers: Multipliers::of(decision),
         });
     }
 }
 
-/// Rows per multi-row insert: 10 binds each, under SQLite's 32,766.
+/// Rows per multi-row insert: 12 binds each, under SQLite's 32,766.
 const ROWS_PER_STATEMENT: usize = 1000;
 
 impl Recorder {
@@ -132,11 +278,11 @@ impl Recorder {
         self.settings.enabled
     }
 
-    /// The synthetic address standing for a client key: `fd` and 56 bits of its keyed
-    /// digest in the top 64 bits, so each client has its own /64 (an IPv6 client's prefix
-    /// stays one client).
+    /// The synthetic address standing for a client key: `fd` and the first 56 bits of the
+    /// address's pseudonym in the top 64 bits, so each client has its own /64 (an IPv6
+    /// client's prefix stays one client).
     fn synthetic_ip(&self, ip_key: &SubjectKey) -> String {
-        let d = self.pseudonyms.digest(ip_key.as_str()).unwrap_or_default();
+        let d = self.pseudonyms.digest(ip_key.id()).unwrap_or_default();
         Ipv6Addr::new(
             0xfd00 | u16::from(d[0]),
             u16::from_be_bytes([d[1], d[2]]),
@@ -164,18 +310,20 @@ impl Recorder {
                 method: r.method,
                 endpoint: r.endpoint,
                 ip: self.synthetic_ip(&r.ip_key),
-                user: r.user.map(|u| self.pseudonyms.of(u.as_str())),
-                device: r.device.map(|d| self.pseudonyms.of(d.as_str())),
-                tenant: r.tenant.map(|t| self.pseudonyms.of(t.as_str())),
+                user: r.user.map(|u| self.pseudonyms.of(u.id())),
+                device: r.device.map(|d| self.pseudonyms.of(d.id())),
+                tenant: r.tenant.map(|t| self.pseudonyms.of(t.id())),
                 cost: r.cost,
                 consume: r.consume,
+                outcome: Some(r.outcome),
+                multipliers: r.multipliers,
             })
             .collect();
         for chunk in rows.chunks(ROWS_PER_STATEMENT) {
             let written = with_pool!(&self.durable, |pool| {
                 let mut builder = sqlx::QueryBuilder::new(
                     "INSERT INTO traffic_record (id, at, method, endpoint, ip, user_key, \
-                     device_key, tenant_key, cost, consume) ",
+                     device_key, tenant_key, cost, consume, outcome, multipliers) ",
                 );
                 builder.push_values(chunk, |mut row, r| {
                     row.push_bind(r.id.as_str())
@@ -187,7 +335,9 @@ impl Recorder {
                         .push_bind(r.device.as_deref())
                         .push_bind(r.tenant.as_deref())
                         .push_bind(i64::from(r.cost))
-                        .push_bind(i64::from(r.consume));
+                        .push_bind(i64::from(r.consume))
+                        .push_bind(r.outcome.map(Outcome::code))
+                        .push_bind(r.multipliers.text());
                 });
                 builder.build().execute(pool).await.map(|_| ())
             });
@@ -214,6 +364,33 @@ impl Recorder {
     }
 }
 
+/// Why a window of the record holds no checks, as far as the settings tell: recording off,
+/// a window older than the retention, clients left out by sampling, or none made yet.
+pub fn why_empty(settings: &RecordSettings, from_ms: i64, now_ms: i64) -> String {
+    if !settings.enabled {
+        return "recording is off (`record.enabled = false`), so no checks are kept".to_owned();
+    }
+    let mut reasons = Vec::new();
+    let hours = i64::try_from(settings.retention_hours).unwrap_or(i64::MAX);
+    let kept_from = now_ms.saturating_sub(hours.saturating_mul(3_600_000));
+    if from_ms < kept_from {
+        reasons.push(format!(
+            "checks are kept {} hours (`record.retention_hours`), so the window's start is pruned",
+            settings.retention_hours
+        ));
+    }
+    if settings.sample < 1.0 {
+        reasons.push(format!(
+            "{} % of clients are recorded (`record.sample`)",
+            settings.sample * 100.0
+        ));
+    }
+    reasons.push(
+        "no checks were made in the window, or they are not written yet (each second)".to_owned(),
+    );
+    reasons.join("; or ")
+}
+
 type Row = (
     String,
     i64,
@@ -225,6 +402,8 @@ type Row = (
     Option<String>,
     i64,
     i64,
+    Option<i64>,
+    Option<String>,
 );
 
 /// Recorded checks from `from_ms` to before `to_ms` after the position `after` (`(at, id)`),
@@ -239,9 +418,10 @@ pub async fn read(
     let (after_at, after_id) = after
         .map(|(at, id)| (*at, id.clone()))
         .unwrap_or((i64::MIN, String::new()));
-    let rows: Vec<Row> = with_pool!(durable, |pool| sqlx::query_as(
-        "SELECT id, at, method, endpoint, ip, user_key, device_key, tenant_key, cost, consume \
-         FROM traffic_record WHERE at >= $1 AND at < $2 AND (at > $3 OR (at = $3 AND id > $4)) \
+    let rows: Vec<Row> = with_pool!(durable, |pool| {
+        sqlx::query_as(
+        "SELECT id, at, method, endpoint, ip, user_key, device_key, tenant_key, cost, consume, \
+         outcome, multipliers FROM traffic_record WHERE at >= $1 AND at < $2 AND (at > $3 OR (at = $3 AND id > $4)) \
          ORDER BY at, id LIMIT $5"
     )
     .bind(from_ms)
@@ -250,11 +430,25 @@ pub async fn read(
     .bind(after_id)
     .bind(i64::from(limit))
     .fetch_all(pool)
-    .await)?;
+    .await
+    })?;
     Ok(rows
         .into_iter()
         .map(
-            |(id, at_ms, method, endpoint, ip, user, device, tenant, cost, consume)| Recorded {
+            |(
+                id,
+                at_ms,
+                method,
+                endpoint,
+                ip,
+                user,
+                device,
+                tenant,
+                cost,
+                consume,
+                outcome,
+                multipliers,
+            )| Recorded {
                 id,
                 at_ms,
                 method,
@@ -265,6 +459,11 @@ pub async fn read(
                 tenant,
                 cost: u32::try_from(cost).unwrap_or(1),
                 consume: consume != 0,
+                outcome: outcome.and_then(Outcome::from_code),
+                multipliers: multipliers
+                    .as_deref()
+                    .map(Multipliers::parse)
+                    .unwrap_or_default(),
             },
         )
         .collect())

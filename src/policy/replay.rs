@@ -2,24 +2,55 @@
 //!
 //! Each policy runs on its own in-process limiter (the twin of the Redis script); the
 //! difference is reported per class and scope, with the keys it changes most.
+//!
+//! Scoring is modelled by replaying the multipliers recorded with each check
+//! ([`Signals::Recorded`], the default): both policies see every subject scaled as the live
+//! limiter scaled it at that moment (an offender halved, a locked account at 0). Checks
+//! recorded before answers were kept replay at 1, as does [`Signals::One`]. The replay of
+//! the live policy is compared with what the live limiter answered, per class, so a report
+//! says how far its prediction can be trusted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use super::record::Recorded;
+use super::record::{Multipliers, Outcome, Recorded, read};
 use crate::clock::{Clock, ManualClock};
 use crate::config::LimitSettings;
 use crate::limiter::{LimitRequest, Limiter, Verdict};
 use crate::model::{ClientIp, SubjectKey};
-use crate::store::{Hot, Keys, MemoryHot};
+use crate::store::{Durable, Error, Hot, Keys, MemoryHot};
+
+/// How a replay models what scoring did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Signals {
+    /// Each check's subjects get the multipliers the live limiter applied to it.
+    #[default]
+    Recorded,
+    /// Every multiplier is held at 1 (the budgets alone).
+    One,
+}
+
+impl Signals {
+    /// `recorded` or `one`.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "recorded" => Some(Signals::Recorded),
+            "one" => Some(Signals::One),
+            _ => None,
+        }
+    }
+}
 
 /// One policy's limiter over its own in-process buckets.
 struct Side {
     limiter: Limiter,
     ipv6_prefix_len: u8,
+    /// The multiplier in force per subject key (absent: 1).
+    published: HashMap<SubjectKey, f64>,
 }
 
 impl Side {
@@ -33,6 +64,35 @@ impl Side {
             )
             .unobserved(),
             ipv6_prefix_len: settings.ipv6_prefix_len,
+            published: HashMap::new(),
+        }
+    }
+
+    /// Puts `recorded` in force for the request's subjects, writing only what changed (most
+    /// checks carry no multiplier, and the limiter then looks none up).
+    async fn hold(&mut self, request: &LimitRequest, recorded: &Multipliers) {
+        let subjects = [
+            Some((SubjectKey::ip(&request.ip), recorded.ip)),
+            request.user.clone().map(|s| (s, recorded.user)),
+            request.device.clone().map(|s| (s, recorded.device)),
+            request.tenant.clone().map(|s| (s, recorded.tenant)),
+        ];
+        for (subject, value) in subjects.into_iter().flatten() {
+            let now = self.published.get(&subject).copied().unwrap_or(1.0);
+            if now == value {
+                continue;
+            }
+            // In-process writes cannot fail.
+            if value == 1.0 {
+                let _ = self.limiter.clear_multiplier(&subject, None).await;
+                self.published.remove(&subject);
+            } else {
+                let _ = self
+                    .limiter
+                    .publish_multiplier(&subject, None, value, None)
+                    .await;
+                self.published.insert(subject, value);
+            }
         }
     }
 
@@ -68,9 +128,11 @@ impl Side {
     }
 }
 
-/// Both policies' answers to one recorded check.
+/// Both policies' answers to one recorded check, and the live limiter's.
 #[derive(Debug, Clone)]
 pub struct Step {
+    /// What the live limiter answered when the check was made (None: not recorded).
+    pub recorded: Option<Outcome>,
     /// The live policy's verdict (None: the check was invalid under it, e.g. a cost above
     /// every capacity).
     pub live: Option<Verdict>,
@@ -84,11 +146,23 @@ pub struct Replayer {
     start_ms: i64,
     live: Side,
     candidate: Side,
+    signals: Signals,
 }
 
 impl Replayer {
-    /// Both policies' limiters with empty buckets, time standing at `start_ms`.
+    /// Both policies' limiters with empty buckets, time standing at `start_ms`, recorded
+    /// multipliers replayed.
     pub fn new(live: &LimitSettings, candidate: &LimitSettings, start_ms: i64) -> Self {
+        Self::with_signals(live, candidate, start_ms, Signals::Recorded)
+    }
+
+    /// As [`Self::new`], scoring modelled as `signals` says.
+    pub fn with_signals(
+        live: &LimitSettings,
+        candidate: &LimitSettings,
+        start_ms: i64,
+        signals: Signals,
+    ) -> Self {
         let clock = ManualClock::new(start_ms);
         let shared: Arc<dyn Clock> = Arc::new(clock.clone());
         Self {
@@ -96,6 +170,7 @@ impl Replayer {
             candidate: Side::new(candidate, shared),
             clock,
             start_ms,
+            signals,
         }
     }
 
@@ -114,15 +189,29 @@ impl Replayer {
         } else {
             Some(self.candidate.request(r))
         };
+        let held = match self.signals {
+            Signals::Recorded => r.multipliers,
+            Signals::One => Multipliers::default(),
+        };
         let live = match &live_request {
-            Some(request) => self.live.verdict(request).await,
+            Some(request) => {
+                self.live.hold(request, &held).await;
+                self.live.verdict(request).await
+            }
             None => None,
         };
         let candidate = match candidate_request.as_ref().unwrap_or(&live_request) {
-            Some(request) => self.candidate.verdict(request).await,
+            Some(request) => {
+                self.candidate.hold(request, &held).await;
+                self.candidate.verdict(request).await
+            }
             None => None,
         };
-        Step { live, candidate }
+        Step {
+            recorded: r.outcome,
+            live,
+            candidate,
+        }
     }
 }
 
@@ -139,6 +228,26 @@ pub struct Change {
     pub newly_refused: u64,
     /// Refused live, allowed by the candidate.
     pub newly_allowed: u64,
+    /// Checks whose live answer was recorded.
+    pub recorded: u64,
+    /// Of those, refused by the live limiter when they were made.
+    pub refused_recorded: u64,
+    /// Of those, refused by the replay of the live policy.
+    pub refused_replayed: u64,
+    /// Of those, the replay of the live policy answered otherwise.
+    pub mispredicted: u64,
+}
+
+impl Change {
+    /// How far the replay's refusals of the live policy are from the live limiter's, as a
+    /// share of the recorded checks (0 when none were recorded).
+    pub fn prediction_error(&self) -> f64 {
+        if self.recorded == 0 {
+            return 0.0;
+        }
+        let replayed = self.refused_replayed as f64;
+        (replayed - self.refused_recorded as f64).abs() / self.recorded as f64
+    }
 }
 
 /// The difference between two policies on recorded traffic.
@@ -156,6 +265,11 @@ pub struct Report {
     pub top_keys: Vec<KeyChange>,
     /// Decisions per second the replay made (both policies counted).
     pub decisions_per_s: f64,
+    /// How scoring was modelled.
+    pub signals: Signals,
+    /// Why the window may hold no checks (set when it held none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub empty: Option<String>,
     #[serde(skip)]
     keys: BTreeMap<String, (u64, u64)>,
     #[serde(skip)]
@@ -197,12 +311,19 @@ impl Report {
             self.reclassified += 1;
         }
         let (was, is) = (refused(live), refused(candidate));
+        let recorded = step.recorded.map(|o| o == Outcome::Refused);
         let count = |change: &mut Change| {
             change.requests += 1;
             change.refused_live += u64::from(was);
             change.refused_candidate += u64::from(is);
             change.newly_refused += u64::from(is && !was);
             change.newly_allowed += u64::from(was && !is);
+            if let Some(refused) = recorded {
+                change.recorded += 1;
+                change.refused_recorded += u64::from(refused);
+                change.refused_replayed += u64::from(was);
+                change.mispredicted += u64::from(was != refused);
+            }
         };
         count(entry(&mut self.classes, class));
         // The deciding scope of the side that refused (the candidate's when both did).
@@ -256,15 +377,36 @@ impl Report {
 
     /// The report as Markdown.
     pub fn markdown(&self) -> String {
+        if let Some(why) = &self.empty {
+            return format!("Replayed no checks: {why}\n");
+        }
+        let signals = match self.signals {
+            Signals::Recorded => "multipliers as recorded",
+            Signals::One => "multipliers held at 1",
+        };
         let mut out = format!(
-            "Replayed {} checks ({} reclassified), {:.0} decisions/s.\n\n",
+            "Replayed {} checks ({} reclassified, {signals}), {:.0} decisions/s.\n\n",
             self.requests, self.reclassified, self.decisions_per_s
         );
-        out.push_str("| class | checks | refused live | refused candidate | newly refused | newly allowed |\n|---|---:|---:|---:|---:|---:|\n");
+        out.push_str("| class | checks | refused live | refused candidate | newly refused | newly allowed | live refused when recorded | prediction error |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
         for (class, c) in &self.classes {
+            let recorded = if c.recorded == 0 {
+                ("–".to_owned(), "–".to_owned())
+            } else {
+                (
+                    format!("{} of {}", c.refused_recorded, c.recorded),
+                    format!("{:.2} %", 100.0 * c.prediction_error()),
+                )
+            };
             out.push_str(&format!(
-                "| {class} | {} | {} | {} | {} | {} |\n",
-                c.requests, c.refused_live, c.refused_candidate, c.newly_refused, c.newly_allowed
+                "| {class} | {} | {} | {} | {} | {} | {} | {} |\n",
+                c.requests,
+                c.refused_live,
+                c.refused_candidate,
+                c.newly_refused,
+                c.newly_allowed,
+                recorded.0,
+                recorded.1
             ));
         }
         if !self.scopes.is_empty() {
@@ -289,18 +431,76 @@ impl Report {
     }
 }
 
+/// A stretch of the traffic record.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// From, Unix ms.
+    pub from_ms: i64,
+    /// Before, Unix ms.
+    pub to_ms: i64,
+    /// Checks replayed at most.
+    pub max: usize,
+}
+
+/// Replays the record's checks in `window`, page by page in the order they were decided;
+/// `progress` sees the report so far and the time reached after each page.
+pub async fn replay_window(
+    durable: &Durable,
+    live: &LimitSettings,
+    candidate: &LimitSettings,
+    window: Window,
+    signals: Signals,
+    mut progress: impl FnMut(&Report, i64),
+) -> Result<Report, Error> {
+    let started = std::time::Instant::now();
+    let mut report = Report {
+        signals,
+        ..Report::default()
+    };
+    let mut replayer: Option<Replayer> = None;
+    let mut after: Option<(i64, String)> = None;
+    let mut seen = 0usize;
+    while seen < window.max {
+        let page = read(
+            durable,
+            window.from_ms,
+            window.to_ms,
+            after.as_ref(),
+            20_000,
+        )
+        .await?;
+        let Some(last) = page.last() else {
+            break;
+        };
+        after = Some((last.at_ms, last.id.clone()));
+        let replayer = replayer
+            .get_or_insert_with(|| Replayer::with_signals(live, candidate, page[0].at_ms, signals));
+        for record in page.iter().take(window.max - seen) {
+            report.add(&replayer.step(record).await);
+        }
+        seen += page.len();
+        progress(&report, last.at_ms);
+    }
+    report.finish(10, started.elapsed());
+    Ok(report)
+}
+
 /// Replays `records` (in the order given) and reports; `each` sees every step.
 pub async fn replay(
     live: &LimitSettings,
     candidate: &LimitSettings,
     records: impl IntoIterator<Item = Recorded>,
+    signals: Signals,
     mut each: impl FnMut(&Recorded, &Step),
 ) -> Report {
     let started = std::time::Instant::now();
     let mut records = records.into_iter().peekable();
     let start = records.peek().map_or(0, |r| r.at_ms);
-    let mut replayer = Replayer::new(live, candidate, start);
-    let mut report = Report::default();
+    let mut replayer = Replayer::with_signals(live, candidate, start, signals);
+    let mut report = Report {
+        signals,
+        ..Report::default()
+    };
     for record in records {
         let step = replayer.step(&record).await;
         report.add(&step);

@@ -32,6 +32,7 @@ mod recorder;
 mod recovery;
 mod refusals;
 mod regions;
+mod replay;
 mod reputation;
 mod scaleout;
 mod scenarios;

@@ -162,6 +162,7 @@ async fn a_replay_predicts_exactly_what_the_candidate_does() {
         &live_app.settings.limits,
         &candidate.limits,
         rows,
+        palisade::policy::replay::Signals::Recorded,
         |_, step| {
             predicted_live.push(step.live.as_ref().is_some_and(|d| d.allowed));
             predicted.push(step.candidate.as_ref().is_some_and(|d| d.allowed));
@@ -287,7 +288,12 @@ async fn the_replay_command_reports_on_the_record() {
         "2100-01-01T00:00:00Z",
     ]);
     let text = String::from_utf8(output.stdout).unwrap();
-    assert!(text.starts_with("Replayed 0 checks"), "{text}");
+    // Run without the service's `[record]`, the command says recording is off.
+    assert!(
+        text.contains("Compared with the live [limits] (the settings file's)")
+            && text.contains("Replayed no checks: recording is off"),
+        "{text}"
+    );
     std::fs::write(&policy, "[limits]\nl1_ttl_ms = \"soon\"\n").unwrap();
     let output = replay(&["--policy", policy.to_str().unwrap()]);
     assert!(!output.status.success());
@@ -673,6 +679,7 @@ async fn a_replay_predicts_the_candidate_on_redis_too() {
         &live_app.settings.limits,
         &candidate.limits,
         rows,
+        palisade::policy::replay::Signals::Recorded,
         |_, step| {
             predicted_live.push(step.live.as_ref().is_some_and(|d| d.allowed));
             predicted.push(step.candidate.as_ref().is_some_and(|d| d.allowed));
@@ -836,6 +843,21 @@ async fn a_promoted_canary_is_live_everywhere_until_reverted(app: TestApp) {
         .unwrap();
     let analyst = app.create_token("analyst", "ana").await.1;
     assert_envelope(
+        app.get("/v1/policy/candidates/last", Some(&analyst)).await,
+        StatusCode::NOT_FOUND,
+        "NOT_FOUND",
+    )
+    .await;
+    // The canary counts 70 reads of one address: 40 the live policy allows it would refuse.
+    assert_eq!(reads_allowed("192.0.2.40").await, 60);
+    for _ in 0..200 {
+        let counted = app.app.canary.report().unwrap().classes["read"].checks;
+        if counted >= 70 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_envelope(
         app.post(
             "/v1/policy/candidates/current/promote",
             Some(&analyst),
@@ -851,6 +873,24 @@ async fn a_promoted_canary_is_live_everywhere_until_reverted(app: TestApp) {
     let live: Value = response.json().await.unwrap();
     assert_eq!(live["source"], "promoted");
     assert_eq!(live["id"], loaded["id"]);
+    // Its report stays readable, and is in the promotion's audit entry.
+    let last: Value = app
+        .get("/v1/policy/candidates/last", Some(&analyst))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(last["id"], loaded["id"]);
+    assert_eq!(last["promoted"], true);
+    assert_eq!(
+        last["report"]["classes"]["read"]["would_refuse"], 40,
+        "{last}"
+    );
+    let audit = app.admin_json("/v1/audit?action=policy.promote").await;
+    assert_eq!(
+        audit["items"][0]["details"]["report"], last["report"],
+        "{audit}"
+    );
     assert_eq!(
         reads_allowed("192.0.2.41").await,
         20,
@@ -889,11 +929,19 @@ async fn a_promoted_canary_is_live_everywhere_until_reverted(app: TestApp) {
             &json!({"policy": other_classes, "reason": "a search class"}),
         )
         .await;
-    assert_eq!(response.status(), StatusCode::CREATED);
+    // Refused at submission, with the message a promotion would give.
+    let refused = assert_envelope(response, StatusCode::CONFLICT, "CONFLICT").await;
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("a promotion keeps the classes in force"),
+        "{refused}"
+    );
     assert_envelope(
         promote("a search class").await,
-        StatusCode::CONFLICT,
-        "CONFLICT",
+        StatusCode::NOT_FOUND,
+        "NOT_FOUND",
     )
     .await;
     assert_eq!(
