@@ -14,3 +14,4 @@ pub mod logins;
 pub mod overrides;
 pub mod record;
 pub mod replay;
+pub mod suggest;

@@ -1,0 +1,596 @@
+//! Budgets from real traffic: for every budget, how many checks each key made per period of
+//! that budget, over the keys the engine did not flag, and a candidate `[limits]` that keeps
+//! a chosen share of them under every budget.
+//!
+//! One pass over the record in time order. Each budget counts its keys' checks in fixed
+//! windows of its own period (and the busiest tenth of each window); when a window ends, each
+//! key's count goes into a histogram and the key is forgotten, so memory grows with the keys
+//! of one window and the number of budgets, never with the record. The histograms
+//! (HdrHistogram, two significant digits) merge and answer both "the count at this quantile"
+//! and "how many key-windows exceed this value".
+//!
+//! A key-window is **flagged** (left out of the honest population) when any of its checks
+//! had a multiplier below 1 (deny lists, offenders, anomalies, lockouts, datacenter and Tor
+//! ranges), was challenged, or when it was refused more often than allowed (a client that
+//! kept asking after its 429s). Budgets keyed by a message's recipient or destination are not
+//! in the record and keep their values.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::record::{Outcome, Recorded};
+use crate::config::{LimitSettings, ScopeKind};
+use crate::limiter::Budgets;
+use crate::limiter::budgets::Present;
+
+/// How a suggestion is made.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Options {
+    /// Percent of honest key-windows each suggested budget keeps under it (e.g. 99.9).
+    pub honest: f64,
+    /// The suggested value is the honest quantile times this, rounded up to a readable
+    /// number.
+    pub headroom: f64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            honest: 99.9,
+            headroom: 1.25,
+        }
+    }
+}
+
+impl Options {
+    /// Checks the ranges: `honest` in (0, 100], `headroom` in [1, 10].
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.honest > 0.0 && self.honest <= 100.0) {
+            return Err("honest must be a percentage above 0 and at most 100".to_owned());
+        }
+        if !(1.0..=10.0).contains(&self.headroom) {
+            return Err("headroom must be between 1 and 10".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// One key's checks in the current window of one budget.
+#[derive(Debug, Default)]
+struct KeyWindow {
+    count: u32,
+    refused: u32,
+    flagged: bool,
+    /// The tenth of the window the last check fell in, its checks, and the most in any tenth.
+    tenth: i64,
+    tenth_count: u32,
+    busiest_tenth: u32,
+}
+
+/// Flagged key-windows kept by name per budget, the largest first.
+const TOP_FLAGGED: usize = 5;
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, u64::from(u32::MAX), 2).expect("valid histogram bounds")
+}
+
+/// One budget's counts.
+#[derive(Debug)]
+struct Tally {
+    period_ms: i64,
+    window: i64,
+    keys: HashMap<String, KeyWindow>,
+    honest: Histogram<u64>,
+    flagged: Histogram<u64>,
+    /// The busiest tenth of honest key-windows.
+    burst: Histogram<u64>,
+    checks: u64,
+    top_flagged: Vec<(u32, String)>,
+}
+
+impl Tally {
+    fn new(period_s: u32) -> Self {
+        Self {
+            period_ms: i64::from(period_s.max(1)) * 1000,
+            window: i64::MIN,
+            keys: HashMap::new(),
+            honest: histogram(),
+            flagged: histogram(),
+            burst: histogram(),
+            checks: 0,
+            top_flagged: Vec::new(),
+        }
+    }
+
+    /// Ends the current window: every key's count into the histograms.
+    fn roll(&mut self) {
+        for (key, w) in self.keys.drain() {
+            let count = u64::from(w.count);
+            let flagged = w.flagged || w.refused > w.count - w.refused;
+            if flagged {
+                self.flagged.saturating_record(count);
+                let smallest = self.top_flagged.last().map_or(0, |(c, _)| *c);
+                if self.top_flagged.len() < TOP_FLAGGED || w.count > smallest {
+                    self.top_flagged.push((w.count, key));
+                    self.top_flagged
+                        .sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+                    self.top_flagged.truncate(TOP_FLAGGED);
+                }
+            } else {
+                self.honest.saturating_record(count);
+                self.burst.saturating_record(u64::from(w.busiest_tenth.max(1)));
+            }
+        }
+    }
+
+    fn add(&mut self, key: &str, at_ms: i64, flagged: bool, refused: bool) {
+        let window = at_ms.div_euclid(self.period_ms);
+        if window != self.window {
+            self.roll();
+            self.window = window;
+        }
+        self.checks += 1;
+        let tenth = at_ms.div_euclid((self.period_ms / 10).max(1));
+        let w = match self.keys.get_mut(key) {
+            Some(w) => w,
+            None => self.keys.entry(key.to_owned()).or_insert(KeyWindow {
+                tenth,
+                ..KeyWindow::default()
+            }),
+        };
+        w.count += 1;
+        w.refused += u32::from(refused);
+        w.flagged |= flagged;
+        if w.tenth != tenth {
+            w.tenth = tenth;
+            w.tenth_count = 0;
+        }
+        w.tenth_count += 1;
+        w.busiest_tenth = w.busiest_tenth.max(w.tenth_count);
+    }
+}
+
+/// Counts recorded checks per budget and key; [`Summary::suggest`] makes the candidate.
+#[derive(Debug)]
+pub struct Summary {
+    budgets: Budgets,
+    tallies: Vec<Tally>,
+    /// Checks read.
+    pub records: u64,
+    /// Checks whose answer was recorded (the rest count as honest).
+    pub with_signals: u64,
+    /// First and last check's time, Unix ms.
+    pub span_ms: Option<(i64, i64)>,
+}
+
+/// The key a check has under a budget of `scope` (None: the check names no such subject, or
+/// the record does not keep it).
+fn key_of(scope: ScopeKind, r: &Recorded) -> Option<Cow<'_, str>> {
+    match scope {
+        ScopeKind::Global => Some(Cow::Borrowed("global")),
+        ScopeKind::Ip | ScopeKind::EndpointIp => Some(Cow::Borrowed(r.ip.as_str())),
+        ScopeKind::User | ScopeKind::EndpointUser => r.user.as_deref().map(Cow::Borrowed),
+        ScopeKind::Device => r.device.as_deref().map(Cow::Borrowed),
+        ScopeKind::IpDevice => r.device.as_deref().map(|d| Cow::Owned(format!("{d}@{}", r.ip))),
+        ScopeKind::Tenant => r.tenant.as_deref().map(Cow::Borrowed),
+        ScopeKind::Recipient | ScopeKind::Destination => None,
+    }
+}
+
+impl Summary {
+    /// Empty counts for the budgets of `live`.
+    pub fn new(live: &LimitSettings) -> Self {
+        Self {
+            budgets: Budgets::from_settings(live),
+            tallies: live.budgets.iter().map(|b| Tally::new(b.period_s)).collect(),
+            records: 0,
+            with_signals: 0,
+            span_ms: None,
+        }
+    }
+
+    /// Counts one check (checks must come in time order).
+    pub fn add(&mut self, r: &Recorded) {
+        self.records += 1;
+        self.with_signals += u64::from(r.outcome.is_some());
+        self.span_ms = Some(match self.span_ms {
+            None => (r.at_ms, r.at_ms),
+            Some((first, _)) => (first, r.at_ms),
+        });
+        let flagged = r.multipliers.flagged() || r.outcome == Some(Outcome::Challenged);
+        let refused = r.outcome == Some(Outcome::Refused);
+        let class = self.budgets.classify(&r.method, &r.endpoint);
+        let present = Present {
+            user: r.user.is_some(),
+            device: r.device.is_some(),
+            tenant: r.tenant.is_some(),
+            recipient: false,
+            destination: false,
+        };
+        let Self {
+            budgets, tallies, ..
+        } = self;
+        for index in budgets.applicable(class, present) {
+            if let Some(key) = key_of(budgets.budgets[index].scope, r) {
+                tallies[index].add(&key, r.at_ms, flagged, refused);
+            }
+        }
+    }
+
+    /// The suggestion: every budget of `live` with its honest distribution and a value that
+    /// keeps `options.honest` percent of honest key-windows under it.
+    pub fn suggest(mut self, live: &LimitSettings, options: Options) -> Suggestion {
+        for tally in &mut self.tallies {
+            tally.roll();
+        }
+        let mut candidate = live.clone();
+        let mut budgets = Vec::with_capacity(live.budgets.len());
+        for ((budget, tally), out) in live
+            .budgets
+            .iter()
+            .zip(&self.tallies)
+            .zip(&mut candidate.budgets)
+        {
+            let honest = &tally.honest;
+            let quantile = |q: f64| (!honest.is_empty()).then(|| honest.value_at_quantile(q));
+            let above = |h: &Histogram<u64>, limit: u32| {
+                let limit = u64::from(limit);
+                if limit >= h.max() {
+                    0
+                } else {
+                    h.len() - h.count_between(0, limit)
+                }
+            };
+            let (suggested, note) = match (budget.scope, quantile(options.honest / 100.0)) {
+                (ScopeKind::Recipient | ScopeKind::Destination, _) => (
+                    budget.limit,
+                    "kept: the record does not keep recipients".to_owned(),
+                ),
+                (_, None) => (
+                    budget.limit,
+                    "kept: no honest traffic met it in the window".to_owned(),
+                ),
+                (_, Some(at)) => {
+                    let value = readable(at as f64 * options.headroom);
+                    (
+                        value,
+                        format!(
+                            "{} % of honest keys made at most {at} checks a period; × {} headroom",
+                            options.honest, options.headroom
+                        ),
+                    )
+                }
+            };
+            out.limit = suggested;
+            // An explicit burst keeps its ratio to the limit.
+            if let Some(burst) = budget.burst {
+                let ratio = f64::from(burst) / f64::from(budget.limit.max(1));
+                out.burst = Some(((f64::from(suggested) * ratio).ceil() as u32).max(suggested));
+            }
+            let stopped = tally
+                .top_flagged
+                .iter()
+                .filter(|(count, _)| *count > suggested)
+                .map(|(count, key)| FlaggedKey {
+                    key: key.clone(),
+                    checks: *count,
+                    stopped_by_live: *count > budget.limit,
+                })
+                .collect();
+            budgets.push(BudgetSuggestion {
+                budget: budget.name.clone(),
+                scope: budget.scope.as_str(),
+                period_s: budget.period_s,
+                checks: tally.checks,
+                honest_keys: honest.len(),
+                flagged_keys: tally.flagged.len(),
+                p50: quantile(0.5),
+                p90: quantile(0.9),
+                p99: quantile(0.99),
+                p999: quantile(0.999),
+                max: quantile(1.0),
+                busiest_tenth_p99: (!tally.burst.is_empty())
+                    .then(|| tally.burst.value_at_quantile(0.99)),
+                live: budget.limit,
+                suggested,
+                honest_over_live: above(honest, budget.limit),
+                honest_over_suggested: above(honest, suggested),
+                flagged_over_live: above(&tally.flagged, budget.limit),
+                flagged_over_suggested: above(&tally.flagged, suggested),
+                flagged_stopped: stopped,
+                histogram: log_buckets(honest),
+                note,
+            });
+        }
+        let toml = candidate_toml(&candidate);
+        Suggestion {
+            records: self.records,
+            with_signals: self.with_signals,
+            options,
+            budgets,
+            candidate,
+            toml,
+        }
+    }
+}
+
+/// Counts of honest key-windows in power-of-two buckets: `(up to, key-windows)`.
+fn log_buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    h.iter_log(1, 2.0)
+        .map(|v| (v.value_iterated_to(), v.count_since_last_iteration()))
+        .filter(|(_, count)| *count > 0)
+        .collect()
+}
+
+/// The smallest number at least `x` that people read at a glance: a whole number up to 10,
+/// then 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten.
+pub fn readable(x: f64) -> u32 {
+    if !x.is_finite() || x <= 1.0 {
+        return 1;
+    }
+    if x <= 10.0 {
+        return x.ceil() as u32;
+    }
+    let magnitude = 10f64.powf(x.log10().floor());
+    let step = [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0]
+        .into_iter()
+        .find(|s| s * magnitude >= x - 1e-9)
+        .unwrap_or(10.0);
+    (step * magnitude).round().min(f64::from(u32::MAX)) as u32
+}
+
+/// A candidate file holding the whole `[limits]`: a candidate's `[[limits.budgets]]`
+/// replaces the list, so every budget is written.
+fn candidate_toml(limits: &LimitSettings) -> String {
+    #[derive(Serialize)]
+    struct File<'a> {
+        limits: &'a LimitSettings,
+    }
+    toml::to_string(&File { limits }).unwrap_or_default()
+}
+
+/// A flagged key a budget's suggested value stops.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FlaggedKey {
+    /// The key (a pseudonym or synthetic address, as logs show it).
+    pub key: String,
+    /// Its checks in its busiest period.
+    pub checks: u32,
+    /// Whether the live value stopped it too.
+    pub stopped_by_live: bool,
+}
+
+/// One budget's distribution and suggested value.
+#[derive(Debug, Clone, Serialize)]
+pub struct BudgetSuggestion {
+    /// Its name.
+    pub budget: String,
+    /// Its scope.
+    pub scope: &'static str,
+    /// Its period, seconds.
+    pub period_s: u32,
+    /// Checks it applied to.
+    pub checks: u64,
+    /// Honest key-windows (a key's checks in one period).
+    pub honest_keys: u64,
+    /// Flagged key-windows.
+    pub flagged_keys: u64,
+    /// Honest checks per key and period at the median.
+    pub p50: Option<u64>,
+    /// At the 90th percentile.
+    pub p90: Option<u64>,
+    /// At the 99th.
+    pub p99: Option<u64>,
+    /// At the 99.9th.
+    pub p999: Option<u64>,
+    /// The most.
+    pub max: Option<u64>,
+    /// The busiest tenth of a period at the 99th percentile (how bursty honest keys are).
+    pub busiest_tenth_p99: Option<u64>,
+    /// The live limit.
+    pub live: u32,
+    /// The suggested limit.
+    pub suggested: u32,
+    /// Honest key-windows over the live limit.
+    pub honest_over_live: u64,
+    /// Honest key-windows over the suggested limit.
+    pub honest_over_suggested: u64,
+    /// Flagged key-windows over the live limit.
+    pub flagged_over_live: u64,
+    /// Flagged key-windows over the suggested limit.
+    pub flagged_over_suggested: u64,
+    /// The largest flagged keys the suggested limit stops.
+    pub flagged_stopped: Vec<FlaggedKey>,
+    /// Honest key-windows by checks, in power-of-two buckets `(up to, count)`.
+    pub histogram: Vec<(u64, u64)>,
+    /// How the value was chosen.
+    pub note: String,
+}
+
+/// A suggested `[limits]`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Suggestion {
+    /// Checks summarised.
+    pub records: u64,
+    /// Of those, with the live answer and multipliers recorded.
+    pub with_signals: u64,
+    /// How it was made.
+    #[serde(skip)]
+    pub options: Options,
+    /// Per budget, in the settings' order.
+    pub budgets: Vec<BudgetSuggestion>,
+    /// The candidate.
+    #[serde(skip)]
+    pub candidate: LimitSettings,
+    /// The candidate as a settings file (its whole `[limits]`).
+    pub toml: String,
+}
+
+impl Suggestion {
+    /// The per-budget table as Markdown.
+    pub fn markdown(&self) -> String {
+        let mut out = format!(
+            "Suggested from {} checks: {} % of honest keys under every budget, × {} headroom.\n\n",
+            self.records, self.options.honest, self.options.headroom
+        );
+        out.push_str("| budget | scope | per | honest keys | p50 | p99 | p99.9 | max | live | suggested | honest over live | over suggested | flagged over live | over suggested |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        let n = |v: Option<u64>| v.map_or_else(|| "–".to_owned(), |v| v.to_string());
+        for b in &self.budgets {
+            out.push_str(&format!(
+                "| {} | {} | {} s | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                b.budget,
+                b.scope,
+                b.period_s,
+                b.honest_keys,
+                n(b.p50),
+                n(b.p99),
+                n(b.p999),
+                n(b.max),
+                b.live,
+                b.suggested,
+                b.honest_over_live,
+                b.honest_over_suggested,
+                b.flagged_over_live,
+                b.flagged_over_suggested
+            ));
+        }
+        let notes: Vec<String> = self
+            .budgets
+            .iter()
+            .map(|b| format!("- `{}`: {}", b.budget, b.note))
+            .collect();
+        out.push('\n');
+        out.push_str(&notes.join("\n"));
+        out.push('\n');
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::record::Multipliers;
+
+    fn check(at_ms: i64, ip: &str, user: Option<&str>, outcome: Outcome) -> Recorded {
+        Recorded {
+            id: String::new(),
+            at_ms,
+            method: "GET".to_owned(),
+            endpoint: "/api/feed".to_owned(),
+            ip: ip.to_owned(),
+            user: user.map(str::to_owned),
+            device: None,
+            tenant: None,
+            cost: 1,
+            consume: true,
+            outcome: Some(outcome),
+            multipliers: Multipliers::default(),
+        }
+    }
+
+    #[test]
+    fn readable_numbers_round_up() {
+        let cases = [
+            (0.2, 1),
+            (3.1, 4),
+            (10.0, 10),
+            (11.0, 12),
+            (13.0, 15),
+            (47.0, 50),
+            (61.0, 80),
+            (101.0, 120),
+            (2_600.0, 3_000),
+        ];
+        for (x, want) in cases {
+            assert_eq!(readable(x), want, "{x}");
+        }
+    }
+
+    /// 100 honest anonymous readers making 1–30 reads a minute and a scraper flagged by its
+    /// multiplier making 600: the suggestion follows the readers, the scraper is over it.
+    #[test]
+    fn the_honest_distribution_sets_the_value_and_flagged_keys_do_not() {
+        let live = LimitSettings::default();
+        let mut summary = Summary::new(&live);
+        let start = 1_800_000_000_000;
+        for minute in 0..3 {
+            let t0 = start + minute * 60_000;
+            let mut checks = Vec::new();
+            for reader in 0..100 {
+                for i in 0..(1 + reader % 30) {
+                    let ip = format!("fd00::{reader:x}");
+                    checks.push(check(t0 + i * 1000 + reader, &ip, None, Outcome::Allowed));
+                }
+            }
+            for i in 0..600 {
+                let mut r = check(t0 + i * 100, "fd00::ffff", None, Outcome::Refused);
+                r.multipliers.ip = 0.5;
+                checks.push(r);
+            }
+            checks.sort_by_key(|r| r.at_ms);
+            for r in &checks {
+                summary.add(r);
+            }
+        }
+        let suggestion = summary.suggest(&live, Options::default());
+        let anon = suggestion
+            .budgets
+            .iter()
+            .find(|b| b.budget == "ip-anon")
+            .unwrap();
+        assert_eq!(anon.honest_keys, 300, "{anon:?}");
+        assert_eq!(anon.flagged_keys, 3);
+        assert_eq!(anon.max, Some(30));
+        // 30 × 1.25 = 37.5 → 40.
+        assert_eq!(anon.suggested, 40, "{anon:?}");
+        assert_eq!(anon.honest_over_suggested, 0);
+        assert_eq!(anon.flagged_over_suggested, 3);
+        assert_eq!(anon.flagged_stopped[0].key, "fd00::ffff");
+        assert!(anon.flagged_stopped[0].stopped_by_live);
+        // Budgets no check met keep their values; the candidate parses and holds them all.
+        let auth = suggestion
+            .budgets
+            .iter()
+            .find(|b| b.budget == "auth-ip")
+            .unwrap();
+        assert_eq!(auth.suggested, auth.live);
+        let parsed = crate::config::Settings::candidate_toml(&suggestion.toml).unwrap();
+        assert_eq!(parsed.limits.budgets.len(), live.budgets.len());
+        let limit = |name: &str| {
+            parsed
+                .limits
+                .budgets
+                .iter()
+                .find(|b| b.name == name)
+                .unwrap()
+                .limit
+        };
+        assert_eq!(limit("ip-anon"), 40);
+        assert!(suggestion.markdown().contains("| ip-anon | ip | 60 s | 300 |"));
+    }
+
+    /// A key refused more often than allowed is no honest key, whatever its multipliers.
+    #[test]
+    fn a_key_that_keeps_asking_after_its_refusals_is_flagged() {
+        let live = LimitSettings::default();
+        let mut summary = Summary::new(&live);
+        for i in 0..100 {
+            let outcome = if i < 30 {
+                Outcome::Allowed
+            } else {
+                Outcome::Refused
+            };
+            summary.add(&check(1_800_000_000_000 + i, "fd00::1", None, outcome));
+        }
+        let suggestion = summary.suggest(&live, Options::default());
+        let anon = &suggestion.budgets.iter().find(|b| b.budget == "ip-anon").unwrap();
+        assert_eq!((anon.honest_keys, anon.flagged_keys), (0, 1));
+        assert_eq!(anon.suggested, anon.live);
+    }
+}
