@@ -1,6 +1,8 @@
-//! Budgets from real traffic: for every budget, how many checks each key made per period of
-//! that budget, over the keys the engine did not flag, and a candidate `[limits]` that keeps
-//! a chosen share of them under every budget.
+//! Budgets from real traffic.
+//!
+//! For every budget: how many checks each key made per period of that budget, over the keys
+//! the engine did not flag, and a candidate `[limits]` that keeps a chosen share of them
+//! under every budget.
 //!
 //! One pass over the record in time order. Each budget counts its keys' checks in fixed
 //! windows of its own period (and the busiest tenth of each window); when a window ends, each
