@@ -30,6 +30,7 @@ pub mod reputation;
 pub mod request_id;
 mod schema;
 pub mod scoring;
+mod suggestions;
 
 use std::time::Duration;
 
@@ -161,6 +162,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(decisions::routes())
         .merge(console::routes())
         .merge(policy::routes())
+        .merge(suggestions::routes())
         .merge(reputation::routes())
         .merge(lists::routes())
         .merge(scoring::routes())

@@ -91,10 +91,10 @@ async fn simulate(
     };
     let mut report = replay_window(
         &app.stores.durable,
-        &live,
-        &candidate.limits,
+        (&live, &candidate.limits),
         window,
         signals,
+        &std::collections::HashSet::new(),
         |_, _| {},
     )
     .await?;

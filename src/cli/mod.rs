@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod policy;
 mod remote;
 
 use crate::access::Role;
@@ -34,6 +35,30 @@ pub enum PolicyCommand {
         /// The candidate settings file.
         file: PathBuf,
         /// Print the findings as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Suggest budgets from the recorded traffic (`[record]`): each budget's per-key
+    /// distribution over the clients the engine did not flag, a candidate `[limits]` that
+    /// keeps `--honest` percent of them under every budget, and its replay against the live
+    /// policy (Markdown, or JSON with `--json`).
+    Suggest {
+        /// From this RFC 3339 time (default: the oldest recorded check).
+        #[arg(long)]
+        from: Option<String>,
+        /// Before this RFC 3339 time (default: now).
+        #[arg(long)]
+        to: Option<String>,
+        /// Percent of honest keys each budget keeps under it per period.
+        #[arg(long, default_value_t = 99.9)]
+        honest: f64,
+        /// The honest quantile is multiplied by this before rounding to a readable number.
+        #[arg(long, default_value_t = 1.25)]
+        headroom: f64,
+        /// Write the candidate settings file (its whole `[limits]`) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print the proposal as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -319,7 +344,29 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
         }
         Command::Policy {
             action: PolicyCommand::Check { file, json },
-        } => policy_check(&settings, &file, json).await,
+        } => policy::policy_check(&settings, &file, json).await,
+        Command::Policy {
+            action:
+                PolicyCommand::Suggest {
+                    from,
+                    to,
+                    honest,
+                    headroom,
+                    out,
+                    json,
+                },
+        } => {
+            policy::suggest(
+                &settings,
+                policy::SuggestArgs {
+                    window: (from.as_deref(), to.as_deref()),
+                    options: crate::policy::suggest::Options { honest, headroom },
+                    out: out.as_deref(),
+                    json,
+                },
+            )
+            .await
+        }
         Command::Replay {
             policy,
             from,
@@ -327,7 +374,7 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             signals,
             json,
         } => {
-            replay(
+            policy::replay(
                 &settings,
                 &policy,
                 (from.as_deref(), to.as_deref()),
@@ -528,168 +575,4 @@ async fn health(settings: &Settings, url: Option<String>) -> anyhow::Result<()> 
     } else {
         anyhow::bail!("{url} answered {status}: {body}")
     }
-}
-
-fn rfc3339_ms(name: &str, value: Option<&str>) -> anyhow::Result<Option<i64>> {
-    value
-        .map(|text| {
-            chrono::DateTime::parse_from_rfc3339(text)
-                .map(|t| t.timestamp_millis())
-                .with_context(|| format!("--{name} must be an RFC 3339 time"))
-        })
-        .transpose()
-}
-
-/// The live `[limits]` for a tool beside the service: the promoted policy's when the
-/// database holds one, else the settings file's; with a line saying which. The database
-/// out of reach leaves the settings file's, and says so.
-async fn live_limits(settings: &Settings) -> (crate::config::LimitSettings, String) {
-    let durable =
-        Durable::connect(&settings.database_url, 1, std::time::Duration::from_secs(3)).await;
-    let stored = match durable {
-        Ok(durable) => crate::policy::canary::stored_live_limits(&durable, &settings.limits)
-            .await
-            .map_err(|err| err.to_string()),
-        Err(err) => Err(err.to_string()),
-    };
-    match stored {
-        Ok((limits, Some(id))) => (limits, format!("the live [limits] (promoted policy {id})")),
-        Ok((limits, None)) => (limits, "the live [limits] (the settings file's)".to_owned()),
-        Err(err) => (
-            settings.limits.clone(),
-            format!("the settings file's [limits] (the database does not say what is live: {err})"),
-        ),
-    }
-}
-
-/// `palisade replay`: pages through the record in order and reports.
-async fn replay(
-    settings: &Settings,
-    policy: &std::path::Path,
-    window: (Option<&str>, Option<&str>),
-    signals: &str,
-    json: bool,
-) -> anyhow::Result<()> {
-    use std::io::IsTerminal;
-
-    let candidate = Settings::candidate(policy).map_err(|err| anyhow::anyhow!("{err}"))?;
-    let signals = crate::policy::replay::Signals::parse(signals)
-        .context("--signals must be `recorded` or `one`")?;
-    let from_ms = rfc3339_ms("from", window.0)?.unwrap_or(i64::MIN);
-    let to_ms = rfc3339_ms("to", window.1)?.unwrap_or(i64::MAX);
-    let durable = Durable::connect(
-        &settings.database_url,
-        1,
-        std::time::Duration::from_secs(60),
-    )
-    .await
-    .context("cannot connect to PALISADE_DATABASE_URL")?;
-    let (live, against) = live_limits(settings).await;
-    let progress = std::io::stderr().is_terminal();
-    let mut report = crate::policy::replay::replay_window(
-        &durable,
-        &live,
-        &candidate.limits,
-        crate::policy::replay::Window {
-            from_ms,
-            to_ms,
-            max: usize::MAX,
-        },
-        signals,
-        |report, at_ms| {
-            if progress {
-                eprint!(
-                    "\rreplayed {} checks, up to {}",
-                    report.requests,
-                    crate::clock::rfc3339(at_ms)
-                );
-            }
-        },
-    )
-    .await?;
-    if progress && report.requests > 0 {
-        eprintln!();
-    }
-    if report.requests == 0 {
-        let now = chrono::Utc::now().timestamp_millis();
-        report.empty = Some(crate::policy::record::why_empty(
-            &settings.record,
-            from_ms,
-            now,
-        ));
-    }
-    if !json {
-        println!("Compared with {against}.\n");
-    }
-    // The logins of the window through both `[lockout]`s, when any were stored.
-    let events = crate::policy::logins::read(&durable, from_ms, to_ms, 2_000_000).await?;
-    let logins = if events.is_empty() {
-        None
-    } else {
-        Some(crate::policy::logins::replay(settings, &candidate.lockout, &events).await?)
-    };
-    if json {
-        let mut value = serde_json::to_value(&report)?;
-        value["logins"] = serde_json::to_value(&logins)?;
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
-        print!("{}", report.markdown());
-        if let Some(l) = &logins {
-            println!(
-                "\n| logins | live | candidate |\n|---|---:|---:|\n| accounts locked | {} | {} |\n| successful logins it would have refused | {} | {} |",
-                l.locked_live,
-                l.locked_candidate,
-                l.successes_refused_live,
-                l.successes_refused_candidate
-            );
-            if !l.newly_locked.is_empty() {
-                println!("\nNewly locked: {}", l.newly_locked.join(", "));
-            }
-            if !l.no_longer_locked.is_empty() {
-                println!("\nNo longer locked: {}", l.no_longer_locked.join(", "));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `palisade policy check FILE`: findings as `FILE:LINE:COL: level: message` lines.
-async fn policy_check(
-    settings: &Settings,
-    file: &std::path::Path,
-    json: bool,
-) -> anyhow::Result<()> {
-    use crate::policy::check::{Level, check};
-
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let (live, against) = live_limits(settings).await;
-    let findings = check(&text, &live);
-    if json {
-        println!("{}", serde_json::to_string_pretty(&findings)?);
-    } else {
-        for f in &findings {
-            let at = match (f.line, f.column) {
-                (Some(line), Some(column)) => format!("{}:{line}:{column}", file.display()),
-                _ => file.display().to_string(),
-            };
-            let level = match f.level {
-                Level::Error => "error",
-                Level::Warning => "warning",
-                Level::Change => "change",
-            };
-            println!("{at}: {level}: {}", f.message);
-        }
-        let count = |l: Level| findings.iter().filter(|f| f.level == l).count();
-        println!(
-            "{} error(s), {} warning(s), {} change(s) against {against}",
-            count(Level::Error),
-            count(Level::Warning),
-            count(Level::Change)
-        );
-    }
-    if findings.iter().any(|f| f.level == Level::Error) {
-        anyhow::bail!("{} has errors", file.display());
-    }
-    Ok(())
 }

@@ -182,6 +182,15 @@ pub struct Recorded {
     pub multipliers: Multipliers,
 }
 
+impl Recorded {
+    /// Whether the engine had flagged the client when the check was made: a multiplier below
+    /// 1 on one of its subjects (deny lists, offenders, anomalies, lockouts, datacenter and
+    /// Tor ranges, overrides) or a challenge.
+    pub fn flagged(&self) -> bool {
+        self.multipliers.flagged() || self.outcome == Some(Outcome::Challenged)
+    }
+}
+
 #[derive(Debug)]
 struct Raw {
     at_ms: i64,
@@ -405,6 +414,22 @@ type Row = (
     Option<i64>,
     Option<String>,
 );
+
+/// The first and last recorded check's time from `from_ms` to before `to_ms` (None: none).
+pub async fn span(
+    durable: &Durable,
+    from_ms: i64,
+    to_ms: i64,
+) -> Result<Option<(i64, i64)>, Error> {
+    let row: (Option<i64>, Option<i64>) = with_pool!(durable, |pool| {
+        sqlx::query_as("SELECT MIN(at), MAX(at) FROM traffic_record WHERE at >= $1 AND at < $2")
+            .bind(from_ms)
+            .bind(to_ms)
+            .fetch_one(pool)
+            .await
+    })?;
+    Ok(row.0.zip(row.1))
+}
 
 /// Recorded checks from `from_ms` to before `to_ms` after the position `after` (`(at, id)`),
 /// in the order they were decided, at most `limit`.

@@ -10,7 +10,7 @@
 //! the live policy is compared with what the live limiter answered, per class, so a report
 //! says how far its prediction can be trusted.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,6 +133,9 @@ impl Side {
 pub struct Step {
     /// What the live limiter answered when the check was made (None: not recorded).
     pub recorded: Option<Outcome>,
+    /// Whether the engine had flagged the check's client when it was made: a multiplier
+    /// below 1 on one of its subjects, or a challenge (see [`Recorded::flagged`]).
+    pub flagged: bool,
     /// The live policy's verdict (None: the check was invalid under it, e.g. a cost above
     /// every capacity).
     pub live: Option<Verdict>,
@@ -209,6 +212,7 @@ impl Replayer {
         };
         Step {
             recorded: r.outcome,
+            flagged: r.flagged(),
             live,
             candidate,
         }
@@ -236,6 +240,12 @@ pub struct Change {
     pub refused_replayed: u64,
     /// Of those, the replay of the live policy answered otherwise.
     pub mispredicted: u64,
+    /// Checks of clients the engine had flagged; the rest are the honest population.
+    pub flagged: u64,
+    /// Flagged checks refused by the live policy.
+    pub flagged_refused_live: u64,
+    /// Flagged checks refused by the candidate.
+    pub flagged_refused_candidate: u64,
 }
 
 impl Change {
@@ -247,6 +257,19 @@ impl Change {
         }
         let replayed = self.refused_replayed as f64;
         (replayed - self.refused_recorded as f64).abs() / self.recorded as f64
+    }
+
+    /// Honest checks (not flagged) refused by the live policy and by the candidate.
+    pub fn honest_refused(&self) -> (u64, u64) {
+        (
+            self.refused_live - self.flagged_refused_live,
+            self.refused_candidate - self.flagged_refused_candidate,
+        )
+    }
+
+    /// Honest checks.
+    pub fn honest(&self) -> u64 {
+        self.requests - self.flagged
     }
 }
 
@@ -318,6 +341,11 @@ impl Report {
             change.refused_candidate += u64::from(is);
             change.newly_refused += u64::from(is && !was);
             change.newly_allowed += u64::from(was && !is);
+            if step.flagged {
+                change.flagged += 1;
+                change.flagged_refused_live += u64::from(was);
+                change.flagged_refused_candidate += u64::from(is);
+            }
             if let Some(refused) = recorded {
                 change.recorded += 1;
                 change.refused_recorded += u64::from(refused);
@@ -442,14 +470,35 @@ pub struct Window {
     pub max: usize,
 }
 
-/// Replays the record's checks in `window`, page by page in the order they were decided;
-/// `progress` sees the report so far and the time reached after each page.
+/// Whether one of `r`'s subjects is among `keys` (as the suggestion keys them: an address, a
+/// pseudonym, or `device@address`).
+fn among(keys: &HashSet<String>, r: &Recorded) -> bool {
+    if keys.is_empty() {
+        return false;
+    }
+    let named = [
+        Some(&r.ip),
+        r.user.as_ref(),
+        r.device.as_ref(),
+        r.tenant.as_ref(),
+    ];
+    named.into_iter().flatten().any(|k| keys.contains(k))
+        || r.device
+            .as_ref()
+            .is_some_and(|d| keys.contains(&format!("{d}@{}", r.ip)))
+}
+
+/// Replays the record's checks in `window`, page by page in the order they were decided.
+///
+/// `progress` sees the report so far and the time reached after each page. A check counts
+/// as flagged when its record says so ([`Recorded::flagged`]) or one of its subjects is in
+/// `flagged_keys`.
 pub async fn replay_window(
     durable: &Durable,
-    live: &LimitSettings,
-    candidate: &LimitSettings,
+    (live, candidate): (&LimitSettings, &LimitSettings),
     window: Window,
     signals: Signals,
+    flagged_keys: &HashSet<String>,
     mut progress: impl FnMut(&Report, i64),
 ) -> Result<Report, Error> {
     let started = std::time::Instant::now();
@@ -476,7 +525,9 @@ pub async fn replay_window(
         let replayer = replayer
             .get_or_insert_with(|| Replayer::with_signals(live, candidate, page[0].at_ms, signals));
         for record in page.iter().take(window.max - seen) {
-            report.add(&replayer.step(record).await);
+            let mut step = replayer.step(record).await;
+            step.flagged |= among(flagged_keys, record);
+            report.add(&step);
         }
         seen += page.len();
         progress(&report, last.at_ms);

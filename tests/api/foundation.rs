@@ -441,6 +441,7 @@ pub const IMPLEMENTED_ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/overrides/{id}"),
     ("post", "/v1/policy/candidates"),
     ("get", "/v1/policy/candidates/last"),
+    ("get", "/v1/policy/suggestions"),
     ("get", "/v1/policy/candidates/current"),
     ("delete", "/v1/policy/candidates/current"),
     ("post", "/v1/policy/candidates/current/promote"),

@@ -38,5 +38,6 @@ mod scaleout;
 mod scenarios;
 mod scoring;
 mod security;
+mod suggest;
 mod trust;
 mod window;

@@ -48,6 +48,7 @@ const ROLE_TABLE: &[(&str, &str, Option<&str>)] = &[
     ("delete", "/v1/overrides/{id}", Some("admin")),
     ("post", "/v1/policy/candidates", Some("admin")),
     ("get", "/v1/policy/candidates/last", Some("analyst")),
+    ("get", "/v1/policy/suggestions", Some("admin")),
     ("get", "/v1/policy/candidates/current", Some("analyst")),
     ("delete", "/v1/policy/candidates/current", Some("admin")),
     (

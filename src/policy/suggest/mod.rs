@@ -13,12 +13,17 @@
 //!
 //! A key-window is **flagged** (left out of the honest population) when any of its checks
 //! had a multiplier below 1 (deny lists, offenders, anomalies, lockouts, datacenter and Tor
-//! ranges), was challenged, or when it was refused more often than allowed (a client that
-//! kept asking after its 429s). Budgets keyed by a message's recipient or destination are not
+//! ranges), was challenged, or when more than a quarter of its checks were refused (a client
+//! that kept asking after its 429s; one that waits as `Retry-After` says is refused a few
+//! times at most). Budgets keyed by a message's recipient or destination are not
 //! in the record and keep their values.
 
+mod proof;
+
+pub use proof::{Holdout, Proposal, propose};
+
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -29,7 +34,7 @@ use crate::limiter::Budgets;
 use crate::limiter::budgets::Present;
 
 /// How a suggestion is made.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Options {
     /// Percent of honest key-windows each suggested budget keeps under it (e.g. 99.9).
     pub honest: f64,
@@ -108,30 +113,38 @@ impl Tally {
     }
 
     /// Ends the current window: every key's count into the histograms.
-    fn roll(&mut self) {
+    fn roll(&mut self, across: &mut Across) {
         for (key, w) in self.keys.drain() {
             let count = u64::from(w.count);
-            let flagged = w.flagged || w.refused > w.count - w.refused;
+            let flagged = w.flagged || u64::from(w.refused) * 4 > count || across.excludes(&key);
             if flagged {
                 self.flagged.saturating_record(count);
-                let smallest = self.top_flagged.last().map_or(0, |(c, _)| *c);
-                if self.top_flagged.len() < TOP_FLAGGED || w.count > smallest {
-                    self.top_flagged.push((w.count, key));
-                    self.top_flagged
-                        .sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-                    self.top_flagged.truncate(TOP_FLAGGED);
+                across.collect(&key);
+                match self.top_flagged.iter_mut().find(|(_, k)| *k == key) {
+                    Some(top) => top.0 = top.0.max(w.count),
+                    None => self.top_flagged.push((w.count, key)),
                 }
+                self.top_flagged
+                    .sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+                self.top_flagged.truncate(TOP_FLAGGED);
             } else {
                 self.honest.saturating_record(count);
-                self.burst.saturating_record(u64::from(w.busiest_tenth.max(1)));
+                self.burst
+                    .saturating_record(u64::from(w.busiest_tenth.max(1)));
             }
         }
     }
 
-    fn add(&mut self, key: &str, at_ms: i64, flagged: bool, refused: bool) {
+    fn add(
+        &mut self,
+        key: &str,
+        at_ms: i64,
+        (flagged, refused): (bool, bool),
+        across: &mut Across,
+    ) {
         let window = at_ms.div_euclid(self.period_ms);
         if window != self.window {
-            self.roll();
+            self.roll(across);
             self.window = window;
         }
         self.checks += 1;
@@ -166,6 +179,31 @@ pub struct Summary {
     pub with_signals: u64,
     /// First and last check's time, Unix ms.
     pub span_ms: Option<(i64, i64)>,
+    across: Across,
+}
+
+/// Most keys remembered across windows as flagged (a few tens of MB at most); past it, keys
+/// are judged per window.
+const MAX_REMEMBERED: usize = 1_000_000;
+
+/// Keys flagged in one window, carried across windows: collected in a first pass, left out
+/// of the honest population in a second.
+#[derive(Debug, Default)]
+struct Across {
+    keys: HashSet<String>,
+    collecting: bool,
+}
+
+impl Across {
+    fn collect(&mut self, key: &str) {
+        if self.collecting && self.keys.len() < MAX_REMEMBERED && !self.keys.contains(key) {
+            self.keys.insert(key.to_owned());
+        }
+    }
+
+    fn excludes(&self, key: &str) -> bool {
+        !self.collecting && self.keys.contains(key)
+    }
 }
 
 /// The key a check has under a budget of `scope` (None: the check names no such subject, or
@@ -176,7 +214,10 @@ fn key_of(scope: ScopeKind, r: &Recorded) -> Option<Cow<'_, str>> {
         ScopeKind::Ip | ScopeKind::EndpointIp => Some(Cow::Borrowed(r.ip.as_str())),
         ScopeKind::User | ScopeKind::EndpointUser => r.user.as_deref().map(Cow::Borrowed),
         ScopeKind::Device => r.device.as_deref().map(Cow::Borrowed),
-        ScopeKind::IpDevice => r.device.as_deref().map(|d| Cow::Owned(format!("{d}@{}", r.ip))),
+        ScopeKind::IpDevice => r
+            .device
+            .as_deref()
+            .map(|d| Cow::Owned(format!("{d}@{}", r.ip))),
         ScopeKind::Tenant => r.tenant.as_deref().map(Cow::Borrowed),
         ScopeKind::Recipient | ScopeKind::Destination => None,
     }
@@ -187,11 +228,47 @@ impl Summary {
     pub fn new(live: &LimitSettings) -> Self {
         Self {
             budgets: Budgets::from_settings(live),
-            tallies: live.budgets.iter().map(|b| Tally::new(b.period_s)).collect(),
+            tallies: live
+                .budgets
+                .iter()
+                .map(|b| Tally::new(b.period_s))
+                .collect(),
             records: 0,
             with_signals: 0,
             span_ms: None,
+            across: Across::default(),
         }
+    }
+
+    /// Also collects every key flagged in any window, for [`Summary::excluding`] (memory then
+    /// grows with flagged keys, up to a million).
+    pub fn collecting_flagged(mut self) -> Self {
+        self.across.collecting = true;
+        self
+    }
+
+    /// Counts every window of `keys` as flagged: a client flagged once (a scraper refused
+    /// most of the time, an offender) is left out of the honest population for the whole
+    /// record, its first window too.
+    pub fn excluding(mut self, keys: HashSet<String>) -> Self {
+        self.across = Across {
+            keys,
+            collecting: false,
+        };
+        self
+    }
+
+    /// Ends every budget's current window (call after the last check).
+    pub fn finish(mut self) -> Self {
+        for tally in &mut self.tallies {
+            tally.roll(&mut self.across);
+        }
+        self
+    }
+
+    /// The keys collected as flagged ([`Summary::collecting_flagged`]), after [`Self::finish`].
+    pub fn flagged_keys(&mut self) -> HashSet<String> {
+        std::mem::take(&mut self.across.keys)
     }
 
     /// Counts one check (checks must come in time order).
@@ -202,7 +279,7 @@ impl Summary {
             None => (r.at_ms, r.at_ms),
             Some((first, _)) => (first, r.at_ms),
         });
-        let flagged = r.multipliers.flagged() || r.outcome == Some(Outcome::Challenged);
+        let flagged = r.flagged();
         let refused = r.outcome == Some(Outcome::Refused);
         let class = self.budgets.classify(&r.method, &r.endpoint);
         let present = Present {
@@ -213,27 +290,28 @@ impl Summary {
             destination: false,
         };
         let Self {
-            budgets, tallies, ..
+            budgets,
+            tallies,
+            across,
+            ..
         } = self;
         for index in budgets.applicable(class, present) {
             if let Some(key) = key_of(budgets.budgets[index].scope, r) {
-                tallies[index].add(&key, r.at_ms, flagged, refused);
+                tallies[index].add(&key, r.at_ms, (flagged, refused), across);
             }
         }
     }
 
     /// The suggestion: every budget of `live` with its honest distribution and a value that
     /// keeps `options.honest` percent of honest key-windows under it.
-    pub fn suggest(mut self, live: &LimitSettings, options: Options) -> Suggestion {
-        for tally in &mut self.tallies {
-            tally.roll();
-        }
+    pub fn suggest(self, live: &LimitSettings, options: Options) -> Suggestion {
+        let summary = self.finish();
         let mut candidate = live.clone();
         let mut budgets = Vec::with_capacity(live.budgets.len());
         for ((budget, tally), out) in live
             .budgets
             .iter()
-            .zip(&self.tallies)
+            .zip(&summary.tallies)
             .zip(&mut candidate.budgets)
         {
             let honest = &tally.honest;
@@ -307,10 +385,10 @@ impl Summary {
                 note,
             });
         }
-        let toml = candidate_toml(&candidate);
+        let toml = limits_toml(&candidate);
         Suggestion {
-            records: self.records,
-            with_signals: self.with_signals,
+            records: summary.records,
+            with_signals: summary.with_signals,
             options,
             budgets,
             candidate,
@@ -349,7 +427,7 @@ pub fn readable(x: f64) -> u32 {
 
 /// A candidate file holding the whole `[limits]`: a candidate's `[[limits.budgets]]`
 /// replaces the list, so every budget is written.
-fn candidate_toml(limits: &LimitSettings) -> String {
+pub fn limits_toml(limits: &LimitSettings) -> String {
     #[derive(Serialize)]
     struct File<'a> {
         limits: &'a LimitSettings,
@@ -423,7 +501,6 @@ pub struct Suggestion {
     /// Of those, with the live answer and multipliers recorded.
     pub with_signals: u64,
     /// How it was made.
-    #[serde(skip)]
     pub options: Options,
     /// Per budget, in the settings' order.
     pub budgets: Vec<BudgetSuggestion>,
@@ -475,124 +552,4 @@ impl Suggestion {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::policy::record::Multipliers;
-
-    fn check(at_ms: i64, ip: &str, user: Option<&str>, outcome: Outcome) -> Recorded {
-        Recorded {
-            id: String::new(),
-            at_ms,
-            method: "GET".to_owned(),
-            endpoint: "/api/feed".to_owned(),
-            ip: ip.to_owned(),
-            user: user.map(str::to_owned),
-            device: None,
-            tenant: None,
-            cost: 1,
-            consume: true,
-            outcome: Some(outcome),
-            multipliers: Multipliers::default(),
-        }
-    }
-
-    #[test]
-    fn readable_numbers_round_up() {
-        let cases = [
-            (0.2, 1),
-            (3.1, 4),
-            (10.0, 10),
-            (11.0, 12),
-            (13.0, 15),
-            (47.0, 50),
-            (61.0, 80),
-            (101.0, 120),
-            (2_600.0, 3_000),
-        ];
-        for (x, want) in cases {
-            assert_eq!(readable(x), want, "{x}");
-        }
-    }
-
-    /// 100 honest anonymous readers making 1–30 reads a minute and a scraper flagged by its
-    /// multiplier making 600: the suggestion follows the readers, the scraper is over it.
-    #[test]
-    fn the_honest_distribution_sets_the_value_and_flagged_keys_do_not() {
-        let live = LimitSettings::default();
-        let mut summary = Summary::new(&live);
-        let start = 1_800_000_000_000;
-        for minute in 0..3 {
-            let t0 = start + minute * 60_000;
-            let mut checks = Vec::new();
-            for reader in 0..100 {
-                for i in 0..(1 + reader % 30) {
-                    let ip = format!("fd00::{reader:x}");
-                    checks.push(check(t0 + i * 1000 + reader, &ip, None, Outcome::Allowed));
-                }
-            }
-            for i in 0..600 {
-                let mut r = check(t0 + i * 100, "fd00::ffff", None, Outcome::Refused);
-                r.multipliers.ip = 0.5;
-                checks.push(r);
-            }
-            checks.sort_by_key(|r| r.at_ms);
-            for r in &checks {
-                summary.add(r);
-            }
-        }
-        let suggestion = summary.suggest(&live, Options::default());
-        let anon = suggestion
-            .budgets
-            .iter()
-            .find(|b| b.budget == "ip-anon")
-            .unwrap();
-        assert_eq!(anon.honest_keys, 300, "{anon:?}");
-        assert_eq!(anon.flagged_keys, 3);
-        assert_eq!(anon.max, Some(30));
-        // 30 × 1.25 = 37.5 → 40.
-        assert_eq!(anon.suggested, 40, "{anon:?}");
-        assert_eq!(anon.honest_over_suggested, 0);
-        assert_eq!(anon.flagged_over_suggested, 3);
-        assert_eq!(anon.flagged_stopped[0].key, "fd00::ffff");
-        assert!(anon.flagged_stopped[0].stopped_by_live);
-        // Budgets no check met keep their values; the candidate parses and holds them all.
-        let auth = suggestion
-            .budgets
-            .iter()
-            .find(|b| b.budget == "auth-ip")
-            .unwrap();
-        assert_eq!(auth.suggested, auth.live);
-        let parsed = crate::config::Settings::candidate_toml(&suggestion.toml).unwrap();
-        assert_eq!(parsed.limits.budgets.len(), live.budgets.len());
-        let limit = |name: &str| {
-            parsed
-                .limits
-                .budgets
-                .iter()
-                .find(|b| b.name == name)
-                .unwrap()
-                .limit
-        };
-        assert_eq!(limit("ip-anon"), 40);
-        assert!(suggestion.markdown().contains("| ip-anon | ip | 60 s | 300 |"));
-    }
-
-    /// A key refused more often than allowed is no honest key, whatever its multipliers.
-    #[test]
-    fn a_key_that_keeps_asking_after_its_refusals_is_flagged() {
-        let live = LimitSettings::default();
-        let mut summary = Summary::new(&live);
-        for i in 0..100 {
-            let outcome = if i < 30 {
-                Outcome::Allowed
-            } else {
-                Outcome::Refused
-            };
-            summary.add(&check(1_800_000_000_000 + i, "fd00::1", None, outcome));
-        }
-        let suggestion = summary.suggest(&live, Options::default());
-        let anon = &suggestion.budgets.iter().find(|b| b.budget == "ip-anon").unwrap();
-        assert_eq!((anon.honest_keys, anon.flagged_keys), (0, 1));
-        assert_eq!(anon.suggested, anon.live);
-    }
-}
+mod tests;
