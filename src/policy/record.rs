@@ -103,6 +103,18 @@ impl Multipliers {
         out
     }
 
+    /// The multiplier of the subject a budget of `scope` keys (1 for global, recipient and
+    /// destination budgets, which no signal scales per subject here).
+    pub fn of_scope(&self, scope: ScopeKind) -> f64 {
+        match scope {
+            ScopeKind::Ip | ScopeKind::EndpointIp => self.ip,
+            ScopeKind::User | ScopeKind::EndpointUser => self.user,
+            ScopeKind::Device | ScopeKind::IpDevice => self.device,
+            ScopeKind::Tenant => self.tenant,
+            ScopeKind::Global | ScopeKind::Recipient | ScopeKind::Destination => 1.0,
+        }
+    }
+
     /// Whether any subject was scaled down (a signal flagged it).
     pub fn flagged(&self) -> bool {
         self.each().any(|(_, value)| value < 1.0)

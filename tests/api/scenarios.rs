@@ -17,6 +17,7 @@ on_both_backends!(
     sms_pumping_to_a_premium_range_is_stopped_and_honest_codes_go_out,
     a_flooded_phone_gets_no_more_codes_than_its_budget,
     a_retry_storm_challenges_nobody,
+    budgets_suggested_from_the_scenarios_traffic_keep_their_goals,
 );
 
 /// Time 20x faster than production.
@@ -188,5 +189,100 @@ async fn a_retry_storm_challenges_nobody(app: TestApp) {
             per_request(rude_attempts, rude) > per_request(polite_attempts, polite),
             "{report:?}"
         );
+    }
+}
+
+/// The suggestion loop on the scenarios' own traffic: each is recorded, budgets are
+/// suggested from the record (`palisade policy suggest`'s defaults), and the scenario runs
+/// again with the suggestion live. Every goal holds: at most 0.5 % of honest users refused,
+/// and where the live policy stopped ≥ 99 % of the attacker's attempts after the first
+/// refusal, the suggestion does too.
+async fn budgets_suggested_from_the_scenarios_traffic_keep_their_goals(app: TestApp) {
+    use palisade::policy::suggest::{Options, propose};
+
+    let backend = app.backend;
+    let scenarios: [fn(engine::Size) -> engine::Scenario; 4] = [
+        engine::carrier_nat,
+        engine::distributed_stuffing,
+        engine::forced_relogin,
+        engine::sms_pumping,
+    ];
+    let size = engine::Size {
+        users: 200,
+        duration_s: 120,
+    };
+    for scenario in scenarios {
+        let recorded = TestApp::spawn_with(backend, |settings| {
+            engine::scale_settings(settings, SCALE);
+            settings.privacy.pseudonym_key = Some(palisade::config::Secret::new(
+                "scenario-suggest-pseudonym-key-0123456789",
+            ));
+            settings.record.enabled = true;
+        })
+        .await
+        .unwrap();
+        let live = engine::run(&recorded, &scenario(size), SCALE).await;
+        recorded.app.recorder.flush().await.unwrap();
+        let proposal = propose(
+            &recorded.app.stores.durable,
+            &recorded.settings.limits,
+            (i64::MIN, i64::MAX),
+            Options::default(),
+            usize::MAX,
+        )
+        .await
+        .unwrap();
+        let suggestion = &proposal.suggestion;
+        assert!(suggestion.records > 0, "{}", live.name);
+        let changed: Vec<String> = suggestion
+            .budgets
+            .iter()
+            .filter(|b| b.suggested != b.live)
+            .map(|b| format!("{} {} -> {}", b.budget, b.live, b.suggested))
+            .collect();
+        assert!(
+            !changed.is_empty(),
+            "{}: nothing suggested\n{}",
+            live.name,
+            proposal.markdown()
+        );
+
+        let candidate = suggestion.candidate.clone();
+        let suggested = TestApp::spawn_with(backend, move |settings| {
+            engine::scale_settings(settings, SCALE);
+            settings.limits = candidate;
+        })
+        .await
+        .unwrap();
+        let with = engine::run(&suggested, &scenario(size), SCALE).await;
+        let why = format!(
+            "{}: {changed:?}\nlive {live:?}\nsuggested {with:?}",
+            live.name
+        );
+        // One row of docs/ACCURACY.md's table of suggested budgets.
+        let after = |r: &engine::Report| {
+            if r.attacker.0 == 0 {
+                "–".to_owned()
+            } else {
+                format!("{:.1} %", engine::Report::pct(r.attacker_after_first))
+            }
+        };
+        eprintln!(
+            "| `{}` | {backend:?} | {} | {:.2} % → {:.2} % of {} | {} → {} |",
+            live.name,
+            changed.join(", "),
+            engine::Report::pct(live.users),
+            engine::Report::pct(with.users),
+            with.users.0,
+            after(&live),
+            after(&with)
+        );
+        assert!(engine::Report::pct(with.users) <= 0.5, "{why}");
+        if live.attacker.0 > 0 && engine::Report::pct(live.attacker_after_first) >= 99.0 {
+            assert!(
+                engine::Report::pct(with.attacker_after_first) >= 99.0,
+                "{why}"
+            );
+        }
     }
 }

@@ -11,12 +11,16 @@
 //! (HdrHistogram, two significant digits) merge and answer both "the count at this quantile"
 //! and "how many key-windows exceed this value".
 //!
-//! A key-window is **flagged** (left out of the honest population) when any of its checks
-//! had a multiplier below 1 (deny lists, offenders, anomalies, lockouts, datacenter and Tor
-//! ranges), was challenged, or when more than a quarter of its checks were refused (a client
-//! that kept asking after its 429s; one that waits as `Retry-After` says is refused a few
-//! times at most). Budgets keyed by a message's recipient or destination are not
-//! in the record and keep their values.
+//! A key-window is **flagged** (left out of the honest population) when one of its checks
+//! had a multiplier below 1 on the budget's own subject (deny lists, offenders, anomalies,
+//! lockouts, datacenter and Tor ranges, overrides: the address for address budgets, the
+//! account for account budgets, so honest users behind a flagged carrier address stay
+//! honest users), or was challenged, or when more than a quarter of its checks were refused
+//! (a client that kept asking after its 429s; one that waits as `Retry-After` says is refused
+//! a few times at most). A key flagged in any window is flagged in all of them (the second
+//! pass of [`propose`]). Global budgets guard capacity, which the traffic does not show, and
+//! budgets keyed by a message's recipient or destination are not in the record: both keep
+//! their values.
 
 mod proof;
 
@@ -210,7 +214,6 @@ impl Across {
 /// the record does not keep it).
 fn key_of(scope: ScopeKind, r: &Recorded) -> Option<Cow<'_, str>> {
     match scope {
-        ScopeKind::Global => Some(Cow::Borrowed("global")),
         ScopeKind::Ip | ScopeKind::EndpointIp => Some(Cow::Borrowed(r.ip.as_str())),
         ScopeKind::User | ScopeKind::EndpointUser => r.user.as_deref().map(Cow::Borrowed),
         ScopeKind::Device => r.device.as_deref().map(Cow::Borrowed),
@@ -219,7 +222,7 @@ fn key_of(scope: ScopeKind, r: &Recorded) -> Option<Cow<'_, str>> {
             .as_deref()
             .map(|d| Cow::Owned(format!("{d}@{}", r.ip))),
         ScopeKind::Tenant => r.tenant.as_deref().map(Cow::Borrowed),
-        ScopeKind::Recipient | ScopeKind::Destination => None,
+        ScopeKind::Global | ScopeKind::Recipient | ScopeKind::Destination => None,
     }
 }
 
@@ -279,7 +282,7 @@ impl Summary {
             None => (r.at_ms, r.at_ms),
             Some((first, _)) => (first, r.at_ms),
         });
-        let flagged = r.flagged();
+        let challenged = r.outcome == Some(Outcome::Challenged);
         let refused = r.outcome == Some(Outcome::Refused);
         let class = self.budgets.classify(&r.method, &r.endpoint);
         let present = Present {
@@ -296,7 +299,9 @@ impl Summary {
             ..
         } = self;
         for index in budgets.applicable(class, present) {
-            if let Some(key) = key_of(budgets.budgets[index].scope, r) {
+            let scope = budgets.budgets[index].scope;
+            if let Some(key) = key_of(scope, r) {
+                let flagged = challenged || r.multipliers.of_scope(scope) < 1.0;
                 tallies[index].add(&key, r.at_ms, (flagged, refused), across);
             }
         }
@@ -325,6 +330,10 @@ impl Summary {
                 }
             };
             let (suggested, note) = match (budget.scope, quantile(options.honest / 100.0)) {
+                (ScopeKind::Global, _) => (
+                    budget.limit,
+                    "kept: a global budget guards capacity, which traffic does not show".to_owned(),
+                ),
                 (ScopeKind::Recipient | ScopeKind::Destination, _) => (
                     budget.limit,
                     "kept: the record does not keep recipients".to_owned(),
