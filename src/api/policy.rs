@@ -94,7 +94,7 @@ async fn simulate(
         (&live, &candidate.limits),
         window,
         signals,
-        &std::collections::HashSet::new(),
+        None,
         |_, _| {},
     )
     .await?;

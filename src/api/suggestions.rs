@@ -46,7 +46,7 @@ const MAX_RECORDS: usize = 1_000_000;
 /// the record spans ten of the longest budget period, computed from the first three quarters
 /// and replayed over the last (`holdout`). Role `admin`; needs `[record]` on, and an empty
 /// window says why in `empty`.
-#[utoipa::path(get, path = "/v1/policy/suggestions", tag = "admin", security(("bearer" = [])),
+#[utoipa::path(operation_id = "suggest_budgets", get, path = "/v1/policy/suggestions", tag = "admin", security(("bearer" = [])),
     params(SuggestParams),
     responses((status = 200, body = Object), (status = 400, body = Envelope),
         (status = 401, body = Envelope), (status = 403, body = Envelope), (status = 503, body = Envelope)))]
@@ -74,7 +74,7 @@ async fn suggestions(
     let live = app.canary.live_limits();
     let mut proposal = propose(
         &app.stores.durable,
-        &live,
+        (&app.settings, &live),
         (from_ms, to_ms),
         options,
         MAX_RECORDS,

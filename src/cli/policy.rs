@@ -72,7 +72,7 @@ pub(super) async fn replay(
             max: usize::MAX,
         },
         signals,
-        &std::collections::HashSet::new(),
+        None,
         |report, at_ms| {
             if progress {
                 eprint!(
@@ -196,7 +196,7 @@ pub(super) async fn suggest(settings: &Settings, args: SuggestArgs<'_>) -> anyho
     let (live, against) = live_limits(settings).await;
     let mut proposal = crate::policy::suggest::propose(
         &durable,
-        &live,
+        (settings, &live),
         (from_ms, to_ms),
         args.options,
         usize::MAX,

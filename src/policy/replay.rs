@@ -473,9 +473,6 @@ pub struct Window {
 /// Whether one of `r`'s subjects is among `keys` (as the suggestion keys them: an address, a
 /// pseudonym, or `device@address`).
 fn among(keys: &HashSet<String>, r: &Recorded) -> bool {
-    if keys.is_empty() {
-        return false;
-    }
     let named = [
         Some(&r.ip),
         r.user.as_ref(),
@@ -491,14 +488,14 @@ fn among(keys: &HashSet<String>, r: &Recorded) -> bool {
 /// Replays the record's checks in `window`, page by page in the order they were decided.
 ///
 /// `progress` sees the report so far and the time reached after each page. A check counts
-/// as flagged when its record says so ([`Recorded::flagged`]) or one of its subjects is in
-/// `flagged_keys`.
+/// as flagged when its record says so ([`Recorded::flagged`]), or, given `flagged_keys`,
+/// when it was challenged or one of its subjects is among them.
 pub async fn replay_window(
     durable: &Durable,
     (live, candidate): (&LimitSettings, &LimitSettings),
     window: Window,
     signals: Signals,
-    flagged_keys: &HashSet<String>,
+    flagged_keys: Option<&HashSet<String>>,
     mut progress: impl FnMut(&Report, i64),
 ) -> Result<Report, Error> {
     let started = std::time::Instant::now();
@@ -526,7 +523,9 @@ pub async fn replay_window(
             .get_or_insert_with(|| Replayer::with_signals(live, candidate, page[0].at_ms, signals));
         for record in page.iter().take(window.max - seen) {
             let mut step = replayer.step(record).await;
-            step.flagged |= among(flagged_keys, record);
+            if let Some(keys) = flagged_keys {
+                step.flagged = record.outcome == Some(Outcome::Challenged) || among(keys, record);
+            }
             report.add(&step);
         }
         seen += page.len();

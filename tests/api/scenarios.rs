@@ -225,7 +225,7 @@ async fn budgets_suggested_from_the_scenarios_traffic_keep_their_goals(app: Test
         recorded.app.recorder.flush().await.unwrap();
         let proposal = propose(
             &recorded.app.stores.durable,
-            &recorded.settings.limits,
+            (&recorded.settings, &recorded.settings.limits),
             (i64::MIN, i64::MAX),
             Options::default(),
             usize::MAX,

@@ -1,12 +1,13 @@
 //! Budgets from real traffic.
 //!
-//! For every budget: how many checks each key made per period of that budget, over the keys
+//! For every budget: how much of it each key spent per period of that budget, over the keys
 //! the engine did not flag, and a candidate `[limits]` that keeps a chosen share of them
 //! under every budget.
 //!
-//! One pass over the record in time order. Each budget counts its keys' checks in fixed
-//! windows of its own period (and the busiest tenth of each window); when a window ends, each
-//! key's count goes into a histogram and the key is forgotten, so memory grows with the keys
+//! One pass over the record in time order. Each budget counts its keys' tokens in fixed
+//! windows of its own period, and in the busiest tenth of each window: a check's cost over
+//! its subject's multiplier, what it spends of the budget as configured (one check of a
+//! device at 0.25 spends 4). When a window ends, each key's count goes into a histogram and the key is forgotten, so memory grows with the keys
 //! of one window and the number of budgets, never with the record. The histograms
 //! (HdrHistogram, two significant digits) merge and answer both "the count at this quantile"
 //! and "how many key-windows exceed this value".
@@ -15,7 +16,8 @@
 //! had a multiplier below 1 on the budget's own subject (deny lists, offenders, anomalies,
 //! lockouts, datacenter and Tor ranges, overrides: the address for address budgets, the
 //! account for account budgets, so honest users behind a flagged carrier address stay
-//! honest users), or was challenged, or when more than a quarter of its checks were refused
+//! honest users; a device below what any device without an attestation verdict has on that
+//! class), or was challenged, or when more than a quarter of its checks were refused
 //! (a client that kept asking after its 429s; one that waits as `Retry-After` says is refused
 //! a few times at most). A key flagged in any window is flagged in all of them (the second
 //! pass of [`propose`]). Global budgets guard capacity, which the traffic does not show, and
@@ -72,13 +74,23 @@ impl Options {
 /// One key's checks in the current window of one budget.
 #[derive(Debug, Default)]
 struct KeyWindow {
+    /// Checks, and of them refused.
     count: u32,
     refused: u32,
+    /// Tokens at multiplier 1: each check's cost over its subject's multiplier (a device at
+    /// 0.25 spends four of the budget's tokens per token it asks for).
+    tokens: f64,
     flagged: bool,
-    /// The tenth of the window the last check fell in, its checks, and the most in any tenth.
+    /// The tenth of the window the last check fell in, its tokens, and the most in any tenth.
     tenth: i64,
-    tenth_count: u32,
-    busiest_tenth: u32,
+    tenth_tokens: f64,
+    busiest_tenth: f64,
+}
+
+impl KeyWindow {
+    fn tokens(&self) -> u64 {
+        (self.tokens - 1e-9).ceil().max(1.0) as u64
+    }
 }
 
 /// Flagged key-windows kept by name per budget, the largest first.
@@ -119,22 +131,23 @@ impl Tally {
     /// Ends the current window: every key's count into the histograms.
     fn roll(&mut self, across: &mut Across) {
         for (key, w) in self.keys.drain() {
-            let count = u64::from(w.count);
-            let flagged = w.flagged || u64::from(w.refused) * 4 > count || across.excludes(&key);
+            let tokens = w.tokens();
+            let flagged = w.flagged || w.refused * 4 > w.count || across.excludes(&key);
             if flagged {
-                self.flagged.saturating_record(count);
+                self.flagged.saturating_record(tokens);
                 across.collect(&key);
+                let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
                 match self.top_flagged.iter_mut().find(|(_, k)| *k == key) {
-                    Some(top) => top.0 = top.0.max(w.count),
-                    None => self.top_flagged.push((w.count, key)),
+                    Some(top) => top.0 = top.0.max(tokens),
+                    None => self.top_flagged.push((tokens, key)),
                 }
                 self.top_flagged
                     .sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
                 self.top_flagged.truncate(TOP_FLAGGED);
             } else {
-                self.honest.saturating_record(count);
+                self.honest.saturating_record(tokens);
                 self.burst
-                    .saturating_record(u64::from(w.busiest_tenth.max(1)));
+                    .saturating_record((w.busiest_tenth - 1e-9).ceil().max(1.0) as u64);
             }
         }
     }
@@ -144,6 +157,7 @@ impl Tally {
         key: &str,
         at_ms: i64,
         (flagged, refused): (bool, bool),
+        tokens: f64,
         across: &mut Across,
     ) {
         let window = at_ms.div_euclid(self.period_ms);
@@ -162,13 +176,14 @@ impl Tally {
         };
         w.count += 1;
         w.refused += u32::from(refused);
+        w.tokens += tokens;
         w.flagged |= flagged;
         if w.tenth != tenth {
             w.tenth = tenth;
-            w.tenth_count = 0;
+            w.tenth_tokens = 0.0;
         }
-        w.tenth_count += 1;
-        w.busiest_tenth = w.busiest_tenth.max(w.tenth_count);
+        w.tenth_tokens += tokens;
+        w.busiest_tenth = w.busiest_tenth.max(w.tenth_tokens);
     }
 }
 
@@ -184,6 +199,9 @@ pub struct Summary {
     /// First and last check's time, Unix ms.
     pub span_ms: Option<(i64, i64)>,
     across: Across,
+    /// Per class, the device multiplier every device without an attestation verdict has
+    /// there: a device at or above it is not flagged.
+    device_floor: Vec<f64>,
 }
 
 /// Most keys remembered across windows as flagged (a few tens of MB at most); past it, keys
@@ -240,7 +258,21 @@ impl Summary {
             with_signals: 0,
             span_ms: None,
             across: Across::default(),
+            device_floor: Vec::new(),
         }
+    }
+
+    /// Takes `floor(class)` as the device multiplier of a device without an attestation
+    /// verdict on that class (see [`device_floor`]): the baseline of an unverified device on
+    /// a public class (0.25 by default) is no flag.
+    pub fn with_device_floor(mut self, floor: impl Fn(&str) -> f64) -> Self {
+        self.device_floor = self
+            .budgets
+            .classes
+            .iter()
+            .map(|c| floor(&c.name))
+            .collect();
+        self
     }
 
     /// Also collects every key flagged in any window, for [`Summary::excluding`] (memory then
@@ -296,13 +328,26 @@ impl Summary {
             budgets,
             tallies,
             across,
+            device_floor,
             ..
         } = self;
+        let device_floor = device_floor.get(class).copied().unwrap_or(1.0);
         for index in budgets.applicable(class, present) {
             let scope = budgets.budgets[index].scope;
             if let Some(key) = key_of(scope, r) {
-                let flagged = challenged || r.multipliers.of_scope(scope) < 1.0;
-                tallies[index].add(&key, r.at_ms, (flagged, refused), across);
+                let floor = match scope {
+                    ScopeKind::Device | ScopeKind::IpDevice => device_floor,
+                    _ => 1.0,
+                };
+                let multiplier = r.multipliers.of_scope(scope);
+                let flagged = challenged || multiplier < floor;
+                // Tokens at multiplier 1 (a blocked subject's are its cost: it is flagged).
+                let tokens = if multiplier > 0.0 {
+                    f64::from(r.cost) / multiplier
+                } else {
+                    f64::from(r.cost)
+                };
+                tallies[index].add(&key, r.at_ms, (flagged, refused), tokens, across);
             }
         }
     }
@@ -344,13 +389,20 @@ impl Summary {
                 ),
                 (_, Some(at)) => {
                     let value = readable(at as f64 * options.headroom);
-                    (
-                        value,
-                        format!(
-                            "{} % of honest keys made at most {at} checks a period; × {} headroom",
-                            options.honest, options.headroom
-                        ),
-                    )
+                    let checks = if at == 1 { "token" } else { "tokens" };
+                    let mut note = format!(
+                        "{} % of honest keys spent at most {at} {checks} a period; × {} headroom",
+                        options.honest, options.headroom
+                    );
+                    // A quantile needs 1 / (1 − q) samples to be more than the largest seen.
+                    let needed = (100.0 / (100.0 - options.honest)).round();
+                    if (honest.len() as f64) < needed {
+                        note.push_str(&format!(
+                            " (from {} key-windows, fewer than the {needed} this percentile needs: it is the largest seen)",
+                            honest.len()
+                        ));
+                    }
+                    (value, note)
                 }
             };
             out.limit = suggested;
@@ -406,6 +458,13 @@ impl Summary {
     }
 }
 
+/// The device multiplier a device without an attestation verdict has on `class` under
+/// `settings`: the `unverified` factor, of the public table on public classes.
+pub fn device_floor(settings: &crate::config::Settings, class: &str) -> f64 {
+    let public = settings.scoring.public_classes.iter().any(|c| c == class);
+    settings.attestation.factor("unverified", public).min(1.0)
+}
+
 /// Counts of honest key-windows in power-of-two buckets: `(up to, key-windows)`.
 fn log_buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
     if h.is_empty() {
@@ -449,7 +508,7 @@ pub fn limits_toml(limits: &LimitSettings) -> String {
 pub struct FlaggedKey {
     /// The key (a pseudonym or synthetic address, as logs show it).
     pub key: String,
-    /// Its checks in its busiest period.
+    /// Its tokens in its busiest period.
     pub checks: u32,
     /// Whether the live value stopped it too.
     pub stopped_by_live: bool,
@@ -470,7 +529,7 @@ pub struct BudgetSuggestion {
     pub honest_keys: u64,
     /// Flagged key-windows.
     pub flagged_keys: u64,
-    /// Honest checks per key and period at the median.
+    /// Tokens an honest key spent per period (at multiplier 1), at the median.
     pub p50: Option<u64>,
     /// At the 90th percentile.
     pub p90: Option<u64>,
@@ -480,7 +539,8 @@ pub struct BudgetSuggestion {
     pub p999: Option<u64>,
     /// The most.
     pub max: Option<u64>,
-    /// The busiest tenth of a period at the 99th percentile (how bursty honest keys are).
+    /// Tokens in the busiest tenth of a period, at the 99th percentile (how bursty honest keys
+    /// are).
     pub busiest_tenth_p99: Option<u64>,
     /// The live limit.
     pub live: u32,
@@ -496,7 +556,7 @@ pub struct BudgetSuggestion {
     pub flagged_over_suggested: u64,
     /// The largest flagged keys the suggested limit stops.
     pub flagged_stopped: Vec<FlaggedKey>,
-    /// Honest key-windows by checks, in power-of-two buckets `(up to, count)`.
+    /// Honest key-windows by tokens spent, in power-of-two buckets `(up to, count)`.
     pub histogram: Vec<(u64, u64)>,
     /// How the value was chosen.
     pub note: String,

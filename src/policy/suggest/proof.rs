@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde::Serialize;
 
 use super::{Options, Suggestion, Summary};
-use crate::config::{LimitSettings, ScopeKind};
+use crate::config::{LimitSettings, ScopeKind, Settings};
 use crate::policy::record::{read, span};
 use crate::policy::replay::{Report, Signals, Window, replay_window};
 use crate::store::{Durable, Error};
@@ -23,9 +23,9 @@ const PAGE: u32 = 20_000;
 
 /// A suggestion, and what it does on the record.
 ///
-/// The replays count a check as flagged when
-/// the engine had flagged its client then, or when one of its subjects was flagged in any
-/// window of the summary (e.g. a scraper refused most of the time but not yet an offender).
+/// The replays count a check as flagged when it was
+/// challenged or one of its subjects was flagged in any window of the summary (an offender,
+/// a locked account, a scraper refused most of the time before it became an offender).
 #[derive(Debug, Clone, Serialize)]
 pub struct Proposal {
     /// The first and last check summarised, Unix ms.
@@ -115,12 +115,12 @@ async fn pass(
 /// `split_ms` (if any) knows only what was flagged before it.
 async fn summarise(
     durable: &Durable,
-    live: &LimitSettings,
+    new: impl Fn() -> Summary,
     window: (i64, i64),
     split_ms: Option<i64>,
 ) -> Result<(Summary, Option<Summary>, HashSet<String>), Error> {
-    let mut whole = Summary::new(live).collecting_flagged();
-    let mut early = split_ms.map(|split| (Summary::new(live).collecting_flagged(), split));
+    let mut whole = new().collecting_flagged();
+    let mut early = split_ms.map(|split| (new().collecting_flagged(), split));
     pass(
         durable,
         window,
@@ -129,13 +129,8 @@ async fn summarise(
     )
     .await?;
     let flagged = whole.finish().flagged_keys();
-    let mut whole = Summary::new(live).excluding(flagged.clone());
-    let mut early = early.map(|(s, split)| {
-        (
-            Summary::new(live).excluding(s.finish().flagged_keys()),
-            split,
-        )
-    });
+    let mut whole = new().excluding(flagged.clone());
+    let mut early = early.map(|(s, split)| (new().excluding(s.finish().flagged_keys()), split));
     pass(
         durable,
         window,
@@ -146,11 +141,13 @@ async fn summarise(
     Ok((whole, early.map(|(s, _)| s), flagged))
 }
 
-/// Suggests budgets from the record's checks from `from_ms` to before `to_ms` and replays the
-/// suggestion against `live` (at most `max` checks per replay).
+/// Suggests budgets from the record's checks from `from_ms` to before `to_ms`.
+///
+/// The suggestion is replayed against `live` (at most `max` checks per replay); `settings`
+/// tells what an unattested device's multiplier is on each class ([`super::device_floor`]).
 pub async fn propose(
     durable: &Durable,
-    live: &LimitSettings,
+    (settings, live): (&Settings, &LimitSettings),
     (from_ms, to_ms): (i64, i64),
     options: Options,
     max: usize,
@@ -161,7 +158,8 @@ pub async fn propose(
         (length >= HOLDOUT_PERIODS * longest_period_ms(live))
             .then(|| last - (length as f64 * HOLDOUT_SHARE) as i64)
     });
-    let (whole, early, flagged_keys) = summarise(durable, live, (from_ms, to_ms), split_ms).await?;
+    let new = || Summary::new(live).with_device_floor(|class| super::device_floor(settings, class));
+    let (whole, early, flagged_keys) = summarise(durable, new, (from_ms, to_ms), split_ms).await?;
     let suggestion = whole.suggest(live, options);
     let window = |from_ms| Window {
         from_ms,
@@ -173,7 +171,7 @@ pub async fn propose(
         (live, &suggestion.candidate),
         window(from_ms),
         Signals::Recorded,
-        &flagged_keys,
+        Some(&flagged_keys),
         |_, _| {},
     )
     .await?;
@@ -185,7 +183,7 @@ pub async fn propose(
                 (live, &earlier.candidate),
                 window(split_ms),
                 Signals::Recorded,
-                &flagged_keys,
+                Some(&flagged_keys),
                 |_, _| {},
             )
             .await?;
@@ -241,7 +239,7 @@ impl Proposal {
         }
         let mut out = self.suggestion.markdown();
         out.push_str(&format!(
-            "\nReplayed over the same {} checks against the live policy (flagged: a multiplier below 1 or a challenge when recorded):\n\n",
+            "\nReplayed over the same {} checks against the live policy (flagged: a check of a key flagged in any window, or challenged):\n\n",
             self.replay.requests
         ));
         out.push_str(&diff_table(&self.replay));
