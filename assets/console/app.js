@@ -607,7 +607,7 @@ async function auditView(params) {
 // ---- Routing -----------------------------------------------------------------------
 
 const TITLES = { "": "Overview", lockouts: "Lockouts", lockout: "Lockout", failing: "Failing, not locked",
-  account: "Account", ip: "IP", alerts: "Alerts", policy: "Policy", audit: "Audit log" };
+  account: "Account", ip: "IP", alerts: "Alerts", policy: "Policy", budgets: "Budgets", audit: "Audit log" };
 
 async function render() {
   if (!sessionStorage.getItem(TOKEN_KEY)) return signInView();
@@ -634,6 +634,7 @@ async function render() {
       case "ip": await ipView(arg); break;
       case "alerts": await alertsView(); break;
       case "policy": await policyView(); break;
+      case "budgets": await budgetsView(); break;
       case "audit": await auditView(params); break;
       default: show("Not found", h("p", {}, "No such view."));
     }

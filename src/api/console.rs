@@ -12,11 +12,13 @@ pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
         .route("/console", axum::routing::get(page))
         .route("/console/", axum::routing::get(page))
         .route("/console/app.js", axum::routing::get(script))
+        .route("/console/budgets.js", axum::routing::get(budgets_script))
         .route("/console/app.css", axum::routing::get(style))
 }
 
 const PAGE: &str = include_str!("../../assets/console/index.html");
 const SCRIPT: &str = include_str!("../../assets/console/app.js");
+const BUDGETS_SCRIPT: &str = include_str!("../../assets/console/budgets.js");
 const STYLE: &str = include_str!("../../assets/console/app.css");
 
 /// Only this origin's script and style, no framing, no referrer (tokens never travel in
@@ -46,6 +48,10 @@ async fn page() -> impl IntoResponse {
 
 async fn script() -> impl IntoResponse {
     asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+async fn budgets_script() -> impl IntoResponse {
+    asset("text/javascript; charset=utf-8", BUDGETS_SCRIPT)
 }
 
 async fn style() -> impl IntoResponse {

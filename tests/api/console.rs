@@ -37,6 +37,7 @@ async fn the_console_is_served_with_a_strict_policy() {
     for (path, kind) in [
         ("/console", "text/html"),
         ("/console/app.js", "text/javascript"),
+        ("/console/budgets.js", "text/javascript"),
         ("/console/app.css", "text/css"),
     ] {
         let response = app.get(path, None).await;
@@ -51,7 +52,14 @@ async fn the_console_is_served_with_a_strict_policy() {
     let page = app.get("/console", None).await.text().await.unwrap();
     // No external origin: everything comes from this binary.
     assert!(!page.contains("http://") && !page.contains("https://"));
-    let script = app.get("/console/app.js", None).await.text().await.unwrap();
+    let mut script = app.get("/console/app.js", None).await.text().await.unwrap();
+    script.push_str(
+        &app.get("/console/budgets.js", None)
+            .await
+            .text()
+            .await
+            .unwrap(),
+    );
     assert!(
         !script.contains("innerHTML"),
         "API data goes into the page as text only"
@@ -215,4 +223,51 @@ async fn an_analyst_finds_reads_and_releases_in_a_real_browser() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// The Budgets view in a real browser: an analyst is told it needs an admin; an admin reads
+/// the suggestion from a recorded window (histograms, replay, hold-out) and runs it as a
+/// canary with one click (`tests/console/budgets.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_reads_suggested_budgets_and_runs_them_as_a_canary_in_a_real_browser() {
+    let Some(chromium) = browser() else {
+        return;
+    };
+    let (app, _) = crate::suggest::recorded(Backend::Embedded).await;
+    // The analyst's first: an admin token of one's own ends the bootstrap token.
+    let (_, analyst) = app.create_token("analyst", "ana").await;
+    let (_, admin) = app.create_token("admin", "adm").await;
+    let shots = std::env::var("PALISADE_CONSOLE_SCREENSHOTS").ok();
+    let base = app.url("");
+    let walk = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/console/budgets.py");
+    let signed_in = admin.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        let mut command = Command::new("python3");
+        command
+            .arg(walk)
+            .arg(base.trim_end_matches('/'))
+            .arg(signed_in)
+            .arg(analyst)
+            .env("PALISADE_CHROMIUM", chromium);
+        if let Some(dir) = shots {
+            command.arg(dir);
+        }
+        command.output().expect("python3 runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "the budgets walk failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The canary it loaded is the suggestion, audited with the admin's reason.
+    let canary: serde_json::Value = app
+        .get("/v1/policy/candidates/current", Some(&admin))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(canary["reason"], "suggested from the last day", "{canary}");
 }

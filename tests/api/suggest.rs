@@ -84,8 +84,10 @@ fn budget<'a>(proposal: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no budget {name}: {proposal}"))
 }
 
-async fn a_suggestion_follows_honest_keys_and_proves_itself_on_a_hold_out(app: TestApp) {
-    let app = TestApp::spawn_with(app.backend, |s| {
+/// An app of `backend` (time scaled, recording on) that served `MINUTES` of the readers and
+/// the scraper, its record written; and the checks it made.
+pub(crate) async fn recorded(backend: crate::helpers::Backend) -> (TestApp, u64) {
+    let app = TestApp::spawn_with(backend, |s| {
         s.privacy.pseudonym_key = Some(palisade::config::Secret::new(KEY));
         s.record.enabled = true;
         for budget in &mut s.limits.budgets {
@@ -98,6 +100,11 @@ async fn a_suggestion_follows_honest_keys_and_proves_itself_on_a_hold_out(app: T
     .unwrap();
     let checks = run(&app).await;
     app.app.recorder.flush().await.unwrap();
+    (app, checks)
+}
+
+async fn a_suggestion_follows_honest_keys_and_proves_itself_on_a_hold_out(app: TestApp) {
+    let (app, checks) = recorded(app.backend).await;
 
     let response = app.get("/v1/policy/suggestions", Some(ADMIN_TOKEN)).await;
     assert_eq!(response.status(), StatusCode::OK);
