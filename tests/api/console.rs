@@ -10,6 +10,9 @@ use std::process::Command;
 use reqwest::StatusCode;
 
 use crate::helpers::{Backend, TestApp};
+use crate::on_both_backends;
+
+on_both_backends!(an_admin_reads_suggested_budgets_and_runs_them_as_a_canary_in_a_real_browser);
 
 /// Chromium and Playwright, or None (a loud skip locally; a failure in CI).
 fn browser() -> Option<PathBuf> {
@@ -227,13 +230,14 @@ async fn an_analyst_finds_reads_and_releases_in_a_real_browser() {
 
 /// The Budgets view in a real browser: an analyst is told it needs an admin; an admin reads
 /// the suggestion from a recorded window (histograms, replay, hold-out) and runs it as a
-/// canary with one click (`tests/console/budgets.py`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_admin_reads_suggested_budgets_and_runs_them_as_a_canary_in_a_real_browser() {
+/// canary with one click (`tests/console/budgets.py`), on both backends.
+async fn an_admin_reads_suggested_budgets_and_runs_them_as_a_canary_in_a_real_browser(
+    app: TestApp,
+) {
     let Some(chromium) = browser() else {
         return;
     };
-    let (app, _) = crate::suggest::recorded(Backend::Embedded).await;
+    let (app, _) = crate::suggest::recorded(app.backend).await;
     // The analyst's first: an admin token of one's own ends the bootstrap token.
     let (_, analyst) = app.create_token("analyst", "ana").await;
     let (_, admin) = app.create_token("admin", "adm").await;

@@ -10,6 +10,7 @@ Exits non-zero with the failed step on stderr.
 """
 
 import os
+import re
 import sys
 
 from playwright.sync_api import expect, sync_playwright
@@ -48,14 +49,16 @@ def main():
         expect(page.get_by_role("heading", name="Budgets")).to_be_visible()
         anon = page.locator('.card.budget[data-budget="ip-anon"]')
         expect(anon).to_be_visible()
-        expect(anon).to_contain_text("live 60, suggested 30")
+        # The readers make at most 21 reads a period (more when real time places a seventh
+        # tick in a window): well under the live 60.
+        expect(anon).to_contain_text(re.compile(r"live 60, suggested \d+"))
         chart = anon.locator("svg.histogram")
         expect(chart.locator("line.live")).to_have_count(1)
         expect(chart.locator("line.suggested")).to_have_count(1)
         assert chart.locator("rect").count() >= 2, "the readers' buckets are drawn"
         box = chart.bounding_box()
         assert box["width"] >= 250, f"the histogram is {box['width']}px wide"
-        # Live (60) is drawn right of suggested (30): the scale is the values'.
+        # Live (60) is drawn right of suggested: the scale is the values'.
         live_x = float(chart.locator("line.live").get_attribute("x1"))
         suggested_x = float(chart.locator("line.suggested").get_attribute("x1"))
         assert live_x > suggested_x, (live_x, suggested_x)
