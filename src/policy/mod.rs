@@ -1,11 +1,13 @@
-//! Changing policy without fear: record, replay, check.
+//! Changing policy without fear: record, suggest, check, replay, canary, promote.
 //!
-//! The traffic record ([`record`]), the replay of recorded traffic through the live and a
-//! candidate policy ([`replay`]), and the static check of a candidate file ([`check`]).
+//! The traffic record ([`record`]), budgets suggested from it ([`suggest`]), the static
+//! check of a candidate file ([`check`]), the replay of recorded traffic through the live
+//! and a candidate policy ([`replay`], [`logins`]), and the candidate run beside the live
+//! policy and promoted ([`canary`]).
 //!
 //! The replay runs the real limiter (the in-process twin of the Redis script) on simulated
-//! time, so a candidate's answers are the ones it would give; multipliers are held at 1
-//! (the record keeps the requests, not the signals of the day).
+//! time with the multipliers the live limiter applied to each recorded check, so a
+//! candidate's answers are the ones it would have given that traffic.
 
 pub mod canary;
 pub mod check;
