@@ -30,6 +30,7 @@ pub mod descriptors;
 pub mod ingest;
 pub mod limiter;
 pub mod lockout;
+pub mod login_replay;
 pub mod messaging;
 pub mod model;
 pub mod policy;

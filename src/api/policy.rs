@@ -107,7 +107,7 @@ async fn simulate(
         None
     } else {
         Some(
-            crate::policy::logins::replay(&app.settings, &candidate.lockout, &events)
+            crate::login_replay::replay(&app.settings, &candidate.lockout, &events)
                 .await
                 .map_err(|err| ApiError::internal(format!("the login replay failed: {err}")))?,
         )

@@ -103,7 +103,7 @@ pub(super) async fn replay(
     let logins = if events.is_empty() {
         None
     } else {
-        Some(crate::policy::logins::replay(settings, &candidate.lockout, &events).await?)
+        Some(crate::login_replay::replay(settings, &candidate.lockout, &events).await?)
     };
     if json {
         let mut value = serde_json::to_value(&report)?;

@@ -722,7 +722,7 @@ async fn a_login_replay_names_accounts_newly_locked_and_honest_logins_refused() 
     let mut stricter = app.settings.lockout.clone();
     stricter.challenge_after = 3;
     stricter.lockout_after = 6;
-    let report = palisade::policy::logins::replay(&app.settings, &stricter, &events)
+    let report = palisade::login_replay::replay(&app.settings, &stricter, &events)
         .await
         .unwrap();
     assert_eq!(
@@ -743,7 +743,7 @@ async fn a_login_replay_names_accounts_newly_locked_and_honest_logins_refused() 
     // Looser: lock after 20.
     let mut looser = app.settings.lockout.clone();
     looser.lockout_after = 20;
-    let report = palisade::policy::logins::replay(&app.settings, &looser, &events)
+    let report = palisade::login_replay::replay(&app.settings, &looser, &events)
         .await
         .unwrap();
     assert_eq!(report.no_longer_locked, ["alice"]);
