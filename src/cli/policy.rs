@@ -23,11 +23,19 @@ fn rfc3339_ms(name: &str, value: Option<&str>) -> anyhow::Result<Option<i64>> {
 pub(super) async fn live_limits(settings: &Settings) -> (crate::config::LimitSettings, String) {
     let durable =
         Durable::connect(&settings.database_url, 1, std::time::Duration::from_secs(3)).await;
+    live_limits_in(settings, durable.as_ref().map_err(|err| err.to_string())).await
+}
+
+/// [`live_limits`] with the database already open (or why it is not).
+async fn live_limits_in(
+    settings: &Settings,
+    durable: Result<&Durable, String>,
+) -> (crate::config::LimitSettings, String) {
     let stored = match durable {
-        Ok(durable) => crate::policy::canary::stored_live_limits(&durable, &settings.limits)
+        Ok(durable) => crate::policy::canary::stored_live_limits(durable, &settings.limits)
             .await
             .map_err(|err| err.to_string()),
-        Err(err) => Err(err.to_string()),
+        Err(err) => Err(err),
     };
     match stored {
         Ok((limits, Some(id))) => (limits, format!("the live [limits] (promoted policy {id})")),
@@ -36,6 +44,41 @@ pub(super) async fn live_limits(settings: &Settings) -> (crate::config::LimitSet
             settings.limits.clone(),
             format!("the settings file's [limits] (the database does not say what is live: {err})"),
         ),
+    }
+}
+
+/// What a tool reading the record works on: the window (`--from`, `--to`), the database,
+/// and the live `[limits]` with the line saying where they come from.
+struct OnRecord {
+    from_ms: i64,
+    to_ms: i64,
+    durable: Durable,
+    live: crate::config::LimitSettings,
+    against: String,
+}
+
+impl OnRecord {
+    async fn open(
+        settings: &Settings,
+        window: (Option<&str>, Option<&str>),
+    ) -> anyhow::Result<Self> {
+        let from_ms = rfc3339_ms("from", window.0)?.unwrap_or(i64::MIN);
+        let to_ms = rfc3339_ms("to", window.1)?.unwrap_or(i64::MAX);
+        let durable = Durable::connect(
+            &settings.database_url,
+            1,
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .context("cannot connect to PALISADE_DATABASE_URL")?;
+        let (live, against) = live_limits_in(settings, Ok(&durable)).await;
+        Ok(Self {
+            from_ms,
+            to_ms,
+            durable,
+            live,
+            against,
+        })
     }
 }
 
@@ -52,16 +95,13 @@ pub(super) async fn replay(
     let candidate = Settings::candidate(policy).map_err(|err| anyhow::anyhow!("{err}"))?;
     let signals = crate::policy::replay::Signals::parse(signals)
         .context("--signals must be `recorded` or `one`")?;
-    let from_ms = rfc3339_ms("from", window.0)?.unwrap_or(i64::MIN);
-    let to_ms = rfc3339_ms("to", window.1)?.unwrap_or(i64::MAX);
-    let durable = Durable::connect(
-        &settings.database_url,
-        1,
-        std::time::Duration::from_secs(60),
-    )
-    .await
-    .context("cannot connect to PALISADE_DATABASE_URL")?;
-    let (live, against) = live_limits(settings).await;
+    let OnRecord {
+        from_ms,
+        to_ms,
+        durable,
+        live,
+        against,
+    } = OnRecord::open(settings, window).await?;
     let progress = std::io::stderr().is_terminal();
     let mut report = crate::policy::replay::replay_window(
         &durable,
@@ -184,16 +224,13 @@ pub(super) async fn suggest(settings: &Settings, args: SuggestArgs<'_>) -> anyho
     args.options
         .validate()
         .map_err(|err| anyhow::anyhow!("{err}"))?;
-    let from_ms = rfc3339_ms("from", args.window.0)?.unwrap_or(i64::MIN);
-    let to_ms = rfc3339_ms("to", args.window.1)?.unwrap_or(i64::MAX);
-    let durable = Durable::connect(
-        &settings.database_url,
-        1,
-        std::time::Duration::from_secs(60),
-    )
-    .await
-    .context("cannot connect to PALISADE_DATABASE_URL")?;
-    let (live, against) = live_limits(settings).await;
+    let OnRecord {
+        from_ms,
+        to_ms,
+        durable,
+        live,
+        against,
+    } = OnRecord::open(settings, args.window).await?;
     let mut proposal = crate::policy::suggest::propose(
         &durable,
         (settings, &live),

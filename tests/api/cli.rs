@@ -1,18 +1,6 @@
 //! The `palisade` binary: settings errors, `migrate`, `token create`, `health`.
 
-use std::process::Command;
-
-fn palisade() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_palisade"));
-    // The test runner's own PALISADE_TEST_* variables are skipped by the loader; clear
-    // anything else so the host environment cannot change the outcome.
-    for (key, _) in std::env::vars() {
-        if key.starts_with("PALISADE_") {
-            command.env_remove(key);
-        }
-    }
-    command
-}
+use crate::helpers::palisade_command as palisade;
 
 #[test]
 fn a_wrong_setting_stops_with_one_line_naming_it() {

@@ -203,29 +203,7 @@ async fn an_analyst_finds_reads_and_releases_in_a_real_browser() {
     assert_eq!(response.status(), StatusCode::OK);
     app.app.history.flush().await.unwrap();
     let (_, token) = app.create_token("analyst", "ana").await;
-    let shots = std::env::var("PALISADE_CONSOLE_SCREENSHOTS").ok();
-    let base = app.url("");
-    let walk = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/console/walk.py");
-    let output = tokio::task::spawn_blocking(move || {
-        let mut command = Command::new("python3");
-        command
-            .arg(walk)
-            .arg(base.trim_end_matches('/'))
-            .arg(token)
-            .env("PALISADE_CHROMIUM", chromium);
-        if let Some(dir) = shots {
-            command.arg(dir);
-        }
-        command.output().expect("python3 runs")
-    })
-    .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "the console walk failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    walk(&app, "walk.py", vec![token], chromium).await;
 }
 
 /// The Budgets view in a real browser: an analyst is told it needs an admin; an admin reads
@@ -241,17 +219,31 @@ async fn an_admin_reads_suggested_budgets_and_runs_them_as_a_canary_in_a_real_br
     // The analyst's first: an admin token of one's own ends the bootstrap token.
     let (_, analyst) = app.create_token("analyst", "ana").await;
     let (_, admin) = app.create_token("admin", "adm").await;
+    walk(&app, "budgets.py", vec![admin.clone(), analyst], chromium).await;
+    // The canary it loaded is the suggestion, audited with the admin's reason.
+    let canary: serde_json::Value = app
+        .get("/v1/policy/candidates/current", Some(&admin))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(canary["reason"], "suggested from the last day", "{canary}");
+}
+
+/// Runs `tests/console/SCRIPT` against `app` with `args` after its URL (and the screenshot
+/// folder of `PALISADE_CONSOLE_SCREENSHOTS`, if set); fails the test with its output.
+async fn walk(app: &TestApp, script: &str, args: Vec<String>, chromium: PathBuf) {
     let shots = std::env::var("PALISADE_CONSOLE_SCREENSHOTS").ok();
     let base = app.url("");
-    let walk = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/console/budgets.py");
-    let signed_in = admin.clone();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/console")
+        .join(script);
     let output = tokio::task::spawn_blocking(move || {
         let mut command = Command::new("python3");
         command
-            .arg(walk)
+            .arg(path)
             .arg(base.trim_end_matches('/'))
-            .arg(signed_in)
-            .arg(analyst)
+            .args(args)
             .env("PALISADE_CHROMIUM", chromium);
         if let Some(dir) = shots {
             command.arg(dir);
@@ -262,16 +254,8 @@ async fn an_admin_reads_suggested_budgets_and_runs_them_as_a_canary_in_a_real_br
     .unwrap();
     assert!(
         output.status.success(),
-        "the budgets walk failed:\n{}\n{}",
+        "{script} failed:\n{}\n{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    // The canary it loaded is the suggestion, audited with the admin's reason.
-    let canary: serde_json::Value = app
-        .get("/v1/policy/candidates/current", Some(&admin))
-        .await
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(canary["reason"], "suggested from the last day", "{canary}");
 }

@@ -255,12 +255,7 @@ async fn the_replay_command_reports_on_the_record() {
     let policy = dir.path().join("candidate.toml");
     std::fs::write(&policy, CANDIDATE).unwrap();
     let replay = |args: &[&str]| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
-        for (key, _) in std::env::vars() {
-            if key.starts_with("PALISADE_") {
-                command.env_remove(key);
-            }
-        }
+        let mut command = crate::helpers::palisade_command();
         command
             .current_dir(dir.path())
             .env("PALISADE_DATABASE_URL", &app.settings.database_url)
@@ -309,12 +304,7 @@ fn policy_check_finds_errors_dead_rules_and_changes() {
     let check = |name: &str, text: &str| {
         let file = dir.path().join(name);
         std::fs::write(&file, text).unwrap();
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
-        for (key, _) in std::env::vars() {
-            if key.starts_with("PALISADE_") {
-                command.env_remove(key);
-            }
-        }
+        let mut command = crate::helpers::palisade_command();
         let output = command
             .current_dir(dir.path())
             .args(["policy", "check", file.to_str().unwrap()])
@@ -757,12 +747,7 @@ async fn a_login_replay_names_accounts_newly_locked_and_honest_logins_refused() 
         "[lockout]\nchallenge_after = 3\nlockout_after = 6\n",
     )
     .unwrap();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
-    for (key, _) in std::env::vars() {
-        if key.starts_with("PALISADE_") {
-            command.env_remove(key);
-        }
-    }
+    let mut command = crate::helpers::palisade_command();
     let output = command
         .current_dir(dir.path())
         .env("PALISADE_DATABASE_URL", &app.settings.database_url)

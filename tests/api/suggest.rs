@@ -242,12 +242,7 @@ async fn a_suggestion_follows_honest_keys_and_proves_itself_on_a_hold_out(app: T
     )
     .unwrap();
     let cli = |args: &[&str]| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
-        for (key, _) in std::env::vars() {
-            if key.starts_with("PALISADE_") {
-                command.env_remove(key);
-            }
-        }
+        let mut command = crate::helpers::palisade_command();
         command
             .current_dir(dir.path())
             .env("PALISADE_DATABASE_URL", &app.settings.database_url)

@@ -134,7 +134,8 @@ impl Tally {
     fn roll(&mut self, across: &mut Across) {
         for (key, w) in self.keys.drain() {
             let tokens = w.tokens();
-            let flagged = w.flagged || w.refused * 4 > w.count || across.excludes(&key);
+            let flagged =
+                w.flagged || u64::from(w.refused) * 4 > u64::from(w.count) || across.excludes(&key);
             if flagged {
                 self.flagged.saturating_record(tokens);
                 across.collect(&key);

@@ -161,32 +161,29 @@ pub async fn propose(
     let new = || Summary::new(live).with_device_floor(|class| super::device_floor(settings, class));
     let (whole, early, flagged_keys) = summarise(durable, new, (from_ms, to_ms), split_ms).await?;
     let suggestion = whole.suggest(live, options);
-    let window = |from_ms| Window {
-        from_ms,
-        to_ms,
-        max,
+    // A candidate against the live policy from `from_ms` on, honest and flagged apart.
+    let against_live = async |candidate: &LimitSettings, from_ms| {
+        let window = Window {
+            from_ms,
+            to_ms,
+            max,
+        };
+        let flagged = Some(&flagged_keys);
+        replay_window(
+            durable,
+            (live, candidate),
+            window,
+            Signals::Recorded,
+            flagged,
+            |_, _| {},
+        )
+        .await
     };
-    let replay = replay_window(
-        durable,
-        (live, &suggestion.candidate),
-        window(from_ms),
-        Signals::Recorded,
-        Some(&flagged_keys),
-        |_, _| {},
-    )
-    .await?;
+    let replay = against_live(&suggestion.candidate, from_ms).await?;
     let holdout = match (early, split_ms) {
         (Some(early), Some(split_ms)) => {
             let earlier = early.suggest(live, options);
-            let replay = replay_window(
-                durable,
-                (live, &earlier.candidate),
-                window(split_ms),
-                Signals::Recorded,
-                Some(&flagged_keys),
-                |_, _| {},
-            )
-            .await?;
+            let replay = against_live(&earlier.candidate, split_ms).await?;
             let (honest, refused) = honest_refused(&replay);
             Some(Holdout {
                 split_ms,

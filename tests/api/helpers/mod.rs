@@ -527,3 +527,15 @@ pub fn verify_identity_now(secret: &str, text: &str) -> palisade::access::identi
     )
     .unwrap_or_else(|err| panic!("{err}: {text}"))
 }
+
+/// The `palisade` binary with no `PALISADE_*` variable of the host: the test runner's own
+/// `PALISADE_TEST_*` are skipped by the loader, anything else could change the outcome.
+pub fn palisade_command() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("PALISADE_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
