@@ -126,6 +126,16 @@ pub(crate) fn start_palisade(redis_port: u16, l1_ttl_ms: u64) -> Server {
 /// The service on Redis, or on in-process buckets (the embedded default) without
 /// `redis_port`; with `grpc`, the Envoy rate limit service too.
 pub(crate) fn start_palisade_on(redis_port: Option<u16>, l1_ttl_ms: u64, grpc: bool) -> Server {
+    start_palisade_with(redis_port, l1_ttl_ms, grpc, |_| {})
+}
+
+/// [`start_palisade_on`] with `tweak` applied to its settings before they are validated.
+pub(crate) fn start_palisade_with(
+    redis_port: Option<u16>,
+    l1_ttl_ms: u64,
+    grpc: bool,
+    tweak: impl FnOnce(&mut Settings),
+) -> Server {
     // `LOAD_SERVER_WORKERS`: the service's tokio workers (default 2, this machine's cores;
     // the binary takes `http.workers`).
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -146,6 +156,7 @@ pub(crate) fn start_palisade_on(redis_port: Option<u16>, l1_ttl_ms: u64, grpc: b
     settings.limits.coalesce = std::env::var("LOAD_COALESCE").as_deref() != Ok("0");
     settings.limits.coalesce_in_flight = env_or("LOAD_COALESCE_IN_FLIGHT", 4) as u8;
     settings.store.redis_key_prefix = format!("l1x{l1_ttl_ms}");
+    tweak(&mut settings);
     let settings = settings.validate().unwrap();
     let (base, grpc) = runtime.block_on(async {
         let app = App::build(settings.clone()).await.unwrap().into_state();

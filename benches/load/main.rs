@@ -39,6 +39,8 @@
 //!    decision, against the 4-scope and one-scope EVALSHA, with `GET /healthz` through the
 //!    same server as the floor of any HTTP request, and of a bare axum server on the same
 //!    runtime as the floor without Palisade's own stack;
+//!    `LOAD_ONLY=recipient` alone: a messaging check with a phone number (first seen, or
+//!    remembered) against the same check without one, A B B A;
 //! 8. cluster (`LOAD_ONLY=cluster` alone): `Limiter::check` on a local 3-master Redis Cluster
 //!    against one Redis, A B B A.
 //!
@@ -105,6 +107,7 @@ fn main() {
         Ok("coalesce") => return coalesce_section(redis.port, concurrency, seconds),
         Ok("rebuild") => return rebuild_section(redis.port),
         Ok("paths") => return paths_section(redis.port, concurrency, seconds),
+        Ok("recipient") => return recipient_section(redis.port, concurrency, seconds),
         Ok("cluster") => return cluster_section(redis.port, concurrency, seconds),
         Ok("limit") => {
             // A latency curve: each concurrency against the raw script at the same one.

@@ -311,3 +311,117 @@ pub(crate) fn paths_section(redis_port: u16, concurrency: u64, seconds: u64) {
         one / four
     );
 }
+
+/// wrk's `POST /otp/send` checks of a signed-in user's device (global, IP, device scopes),
+/// with a recipient in `RECIPIENT` (a Lua expression) or none.
+const WRK_MESSAGING_SCRIPT: &str = r#"
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer TOKEN"
+local countries = { {"+44 7", 9}, {"+33 6", 8}, {"+49 15", 9}, {"+1 2", 9}, {"+91 9", 9}, {"+61 4", 8} }
+-- Each thread of each run its own numbers (wrk seeds every thread's Lua alike).
+init = function(args)
+  local address = tonumber(tostring({}):match("0x(%x+)"), 16) or 0
+  math.randomseed(os.time() * 1000003 + address % 1000003)
+end
+-- Every connection paced to the same rate in every run: the CPU per decision is compared at
+-- one rate, not at each run's own saturation.
+delay = function() return DELAY_MS end
+request = function()
+  local n = math.random(0, 99999)
+  local recipient = RECIPIENT
+  local field = ""
+  if recipient ~= nil then field = string.format(',"recipient":"%s"', recipient) end
+  local body = string.format('{"endpoint":"/otp/send","method":"POST","ip":"10.%d.%d.%d","user_id":"u%d","device_id":"d%d"%s}',
+    math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256, n, n, field)
+  return wrk.format(nil, nil, nil, body)
+end
+"#;
+
+/// A phone number never seen before: one of six countries' mobile ranges, random digits.
+const FIRST_SEEN_PHONE: &str = r#"(function()
+  local c = countries[math.random(1, #countries)]
+  local digits = ""
+  for i = 1, c[2] do digits = digits .. math.random(0, 9) end
+  return c[1] .. digits
+end)()"#;
+
+/// An e-mail address never seen before (its parse is a fraction of a phone number's).
+const FIRST_SEEN_EMAIL: &str =
+    r#"string.format("user%d.%d@example%d.com", n, math.random(0, 999999), n % 50)"#;
+
+/// One of a thousand UK numbers (a resend, a flood, a pump's range): remembered.
+const REMEMBERED_PHONE: &str = r#"string.format("+44 7700 900%03d", n % 1000)"#;
+
+/// A messaging check with a recipient against the same check without one
+/// (`LOAD_ONLY=recipient`), on Redis and in process, A B B A: the recipient adds its parse
+/// and two scopes (the recipient's and its destination's budgets) to the same one-call
+/// decision. Every run is paced to `LOAD_RECIPIENT_RATE` checks/s (default 10,000, below
+/// either's saturation on this machine). The recipient's and destination's budgets are raised so that the runs are
+/// decisions to admit, as the runs without are (a refusal is answered from L1 after the
+/// first).
+pub(crate) fn recipient_section(redis_port: u16, concurrency: u64, seconds: u64) {
+    let roomy = |settings: &mut Settings| {
+        for budget in &mut settings.limits.budgets {
+            if budget.name == "otp-destination" || budget.name == "otp-recipient" {
+                budget.limit = 1_000_000_000;
+            }
+        }
+    };
+    let redis = start_palisade_with(Some(redis_port), 250, false, roomy);
+    let embedded = start_palisade_with(None, 250, false, roomy);
+    println!(
+        "\n## A messaging check with and without a recipient, c={concurrency}, A B B A\n\n\
+         `POST /v1/limit/check` of `/otp/send` from a signed-in user's device (global, IP and\n\
+         device scopes, 100k random keys), by wrk at {} checks/s; a recipient adds its scopes.\n\
+         Service CPU per decision, the mean of the two runs of each.\n",
+        env_or("LOAD_RECIPIENT_RATE", 10_000)
+    );
+    println!(
+        "| store | recipient | decisions/s | service CPU µs/decision | not 200 | CPU ratio to none |\n|---|---|---|---|---|---|"
+    );
+    for (store, server) in [("Redis", &redis), ("in process", &embedded)] {
+        let url = format!("{}/v1/limit/check", server.base);
+        let delay_ms = concurrency as f64 * 1000.0 / env_or("LOAD_RECIPIENT_RATE", 10_000) as f64;
+        let script = |recipient: &str| {
+            WRK_MESSAGING_SCRIPT
+                .replace("RECIPIENT", recipient)
+                .replace("DELAY_MS", &format!("{delay_ms:.3}"))
+        };
+        for (label, recipient) in [
+            (
+                "a phone number first seen (six countries)",
+                FIRST_SEEN_PHONE,
+            ),
+            ("a phone number remembered", REMEMBERED_PHONE),
+            ("an e-mail address first seen", FIRST_SEEN_EMAIL),
+        ] {
+            let (without, with) = (script("nil"), script(recipient));
+            let a1 = measured(|| wrk_run(&without, &url, concurrency, seconds));
+            let b1 = measured(|| wrk_run(&with, &url, concurrency, seconds));
+            let b2 = measured(|| wrk_run(&with, &url, concurrency, seconds));
+            let a2 = measured(|| wrk_run(&without, &url, concurrency, seconds));
+            let (Some(a1), Some(b1), Some(b2), Some(a2)) = (a1, b1, b2, a2) else {
+                println!("| {store} | {label} | (wrk is not installed) | | | |");
+                continue;
+            };
+            let none_cpu = (a1.cpu_us + a2.cpu_us) / 2.0;
+            let with_cpu = (b1.cpu_us + b2.cpu_us) / 2.0;
+            println!(
+                "| {store} | none | {:.0} | {none_cpu:.1} ({:.1}, {:.1}) | {} | 1.00 |",
+                (a1.rps + a2.rps) / 2.0,
+                a1.cpu_us,
+                a2.cpu_us,
+                a1.not_ok + a2.not_ok,
+            );
+            println!(
+                "| {store} | {label} | {:.0} | {with_cpu:.1} ({:.1}, {:.1}) | {} | {:.2} |",
+                (b1.rps + b2.rps) / 2.0,
+                b1.cpu_us,
+                b2.cpu_us,
+                b1.not_ok + b2.not_ok,
+                with_cpu / none_cpu,
+            );
+        }
+    }
+}
