@@ -27,14 +27,19 @@ impl Limiter {
     ) -> Option<Option<Challenge>> {
         let exemptions = self.exemptions.get()?;
         // A destination tightened for its collapsed conversion (SMS pumping) refused a code
-        // asked from a device the account knows, or an attested one: the person is not the
-        // pump (whose requests spent the destination's budget), so the destination's budget
-        // is left out; the recipient's own still counts.
-        if request.user.is_some()
-            && request.device.is_some()
+        // asked from a device the account knows, or from an attested one (signed in or not:
+        // a first sign-up asks for its code before there is an account): the person is not
+        // the pump (whose requests spent the destination's budget), so the destination's
+        // budget is left out; the recipient's own still counts.
+        if let Some(device) = &request.device
             && blocked_only_by_tightened_destination(scopes, outcomes)
         {
-            match exemptions.known_device(request).await {
+            let passes = match (&request.user, self.attested.get()) {
+                (Some(_), _) => exemptions.known_device(request).await,
+                (None, Some(attested)) => attested.is_attested(device).await,
+                (None, None) => Ok(false),
+            };
+            match passes {
                 Ok(true) => {
                     scopes.retain(|s| s.kind != ScopeKind::Destination);
                     return Some(None);

@@ -29,11 +29,11 @@ async fn on_gb(app: TestApp) -> TestApp {
     .expect("the backend exists")
 }
 
-fn otp(ip: &str, recipient: &str) -> Value {
+pub(crate) fn otp(ip: &str, recipient: &str) -> Value {
     json!({"endpoint": "/otp/send", "method": "POST", "ip": ip, "recipient": recipient})
 }
 
-async fn reason(response: reqwest::Response) -> (StatusCode, Value) {
+pub(crate) async fn reason(response: reqwest::Response) -> (StatusCode, Value) {
     let status = response.status();
     (status, response.json().await.unwrap())
 }
@@ -233,7 +233,7 @@ fn at(app: &TestApp, ago_ms: i64) -> String {
     palisade::clock::rfc3339(app.app.clock.now_ms() - ago_ms)
 }
 
-async fn deliveries(app: &TestApp, events: Vec<Value>) -> (StatusCode, Value) {
+pub(crate) async fn deliveries(app: &TestApp, events: Vec<Value>) -> (StatusCode, Value) {
     reason(
         app.post(
             "/v1/events/messaging",
@@ -247,7 +247,7 @@ async fn deliveries(app: &TestApp, events: Vec<Value>) -> (StatusCode, Value) {
 
 /// `n` codes sent to numbers of `range` (`+44 7700 9001`), `verified` of them verified, all
 /// `ago_ms` before now (negative: ahead).
-fn window(
+pub(crate) fn window(
     app: &TestApp,
     tag: &str,
     range: &str,
@@ -273,7 +273,7 @@ fn window(
 }
 
 /// Codes allowed to the range before one is refused for its destination (at most `max`).
-async fn codes_until_refused(app: &TestApp, range: &str, max: usize) -> usize {
+pub(crate) async fn codes_until_refused(app: &TestApp, range: &str, max: usize) -> usize {
     for i in 0..max {
         let check = otp(
             &format!("203.0.113.{}", i % 200),

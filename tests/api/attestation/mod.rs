@@ -36,6 +36,7 @@ on_both_backends!(
     strong_and_unverified_devices_get_different_multipliers,
     attestation_routes_need_their_roles,
     an_attested_device_has_its_own_login_budget_behind_a_busy_address,
+    an_attested_app_gets_a_code_from_a_pumped_destination_before_it_has_an_account,
 );
 
 const APP_ID: &str = "ABCDE12345.com.example.app";
@@ -652,4 +653,54 @@ async fn attestation_routes_need_their_roles(app: TestApp) {
         .attest(&json!({"device_id": "d", "challenge": "x"}))
         .await;
     assert_envelope(response, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT").await;
+}
+
+/// A destination tightened for SMS pumping leaves a path to an honest person signing up: a
+/// code asked from an attested app passes without an account; an unattested one does not.
+async fn an_attested_app_gets_a_code_from_a_pumped_destination_before_it_has_an_account(
+    app: TestApp,
+) {
+    use crate::messaging::{codes_until_refused, deliveries, otp, reason, window};
+    let fixtures = Arc::new(Fixtures::new());
+    let backend = app.backend;
+    drop(app);
+    let f = fixtures.clone();
+    // One-minute conversion windows: an event two minutes ahead closes the window of now.
+    let app = TestApp::spawn_with(backend, move |s| {
+        configure(s, &f);
+        s.messaging.conversion.window_s = 60;
+    })
+    .await
+    .unwrap();
+    let key = app_key();
+    let challenge = app.challenge_for("iphone-signup").await;
+    let object = attestation_object(&key, &challenge, &fixtures, Bad::None);
+    let response = app
+        .attest(&apple(
+            "iphone-signup",
+            &challenge,
+            &key,
+            "attestation_object",
+            object,
+        ))
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    // A pumped range: 40 codes, 1 verified; its 100 codes an hour are now 10, all spent.
+    let mut events = window(&app, "pumped", "+44 7700 9001", 40, 1, 1_200_000);
+    events.extend(window(&app, "pumped-now", "+44 7700 9002", 1, 0, 0));
+    let (status, body) = deliveries(&app, events).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["tightened"], json!(["destination:+44770"]), "{body}");
+    assert_eq!(codes_until_refused(&app, "+44 7700 9003", 50).await, 10);
+    let mut signup = otp("192.0.2.80", "+44 7700 900777");
+    signup["device_id"] = json!("iphone-signup");
+    let (status, body) = reason(app.limit_check(&signup).await).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    signup["device_id"] = json!("phone-unattested");
+    let (status, body) = reason(app.limit_check(&signup).await).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(
+        body["error"]["details"]["reason"], "destination_rate",
+        "{body}"
+    );
 }
