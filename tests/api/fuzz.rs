@@ -6,16 +6,43 @@ use proptest::test_runner::{Config, TestRunner};
 
 use crate::helpers::{ADMIN_TOKEN, Backend, TestApp};
 
-/// POST routes with JSON bodies; each new area adds its own.
-const JSON_ROUTES: &[&str] = &[
-    "/v1/admin/tokens",
-    "/v1/limit/check",
-    "/v1/events/auth",
-    "/v1/events/messaging",
-    "/v1/lockouts/01ARZ3NDEKTSV4RRFFQ69G5FAV/release",
-    "/v1/lists/deny",
-    "/v1/lists/allow",
+/// A value for each path parameter the API names.
+const PATH_VALUES: &[(&str, &str)] = &[
+    ("{account}", "alice"),
+    ("{id}", "01ARZ3NDEKTSV4RRFFQ69G5FAV"),
+    ("{ip}", "192.0.2.1"),
+    ("{list}", "deny"),
+    ("{provider}", "cloudflare"),
+    ("{device_id}", "device-1"),
 ];
+
+/// Every operation of the OpenAPI document that takes a body (POST, PUT, PATCH), its path
+/// parameters filled in: a new route is fuzzed as soon as it is documented.
+async fn body_routes(app: &TestApp) -> Vec<(reqwest::Method, String)> {
+    let doc: serde_json::Value = app.get("/openapi.json", None).await.json().await.unwrap();
+    let mut routes = Vec::new();
+    for (path, operations) in doc["paths"].as_object().expect("paths") {
+        for method in operations.as_object().expect("operations").keys() {
+            let method = match method.as_str() {
+                "post" => reqwest::Method::POST,
+                "put" => reqwest::Method::PUT,
+                "patch" => reqwest::Method::PATCH,
+                _ => continue,
+            };
+            let mut filled = path.clone();
+            for (name, value) in PATH_VALUES {
+                filled = filled.replace(name, value);
+            }
+            assert!(
+                !filled.contains('{'),
+                "{path}: a path parameter without a value in PATH_VALUES"
+            );
+            routes.push((method, filled));
+        }
+    }
+    routes.sort_by(|a, b| a.1.cmp(&b.1));
+    routes
+}
 
 fn body_strategy() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
@@ -34,23 +61,39 @@ fn arbitrary_bytes_to_json_endpoints_never_give_a_5xx() {
         .build()
         .unwrap();
     let app = runtime.block_on(TestApp::spawn(Backend::Embedded)).unwrap();
+    let routes = runtime.block_on(body_routes(&app));
+    for known in [
+        "/v1/limit/check",
+        "/v1/events/auth",
+        "/v1/events/messaging",
+        "/v1/lists/deny",
+        "/v1/admin/tokens",
+        "/v1/policy/candidates",
+        "/v1/attestations",
+    ] {
+        assert!(
+            routes.iter().any(|(_, path)| path == known),
+            "{known} is missing from {routes:?}"
+        );
+    }
     let mut runner = TestRunner::new(Config {
-        cases: 300,
+        // About twenty bodies for each route.
+        cases: 20 * routes.len() as u32,
         failure_persistence: None,
         ..Config::default()
     });
     runner
         .run(
             &(
-                proptest::sample::select(JSON_ROUTES),
+                proptest::sample::select(routes),
                 body_strategy(),
                 any::<bool>(),
             ),
-            |(route, body, json_type)| {
+            |((method, route), body, json_type)| {
                 let status = runtime.block_on(async {
                     let mut request = app
                         .client
-                        .post(app.url(route))
+                        .request(method.clone(), app.url(&route))
                         .bearer_auth(ADMIN_TOKEN)
                         .body(body.clone());
                     if json_type {
@@ -60,7 +103,7 @@ fn arbitrary_bytes_to_json_endpoints_never_give_a_5xx() {
                 });
                 prop_assert!(
                     !status.is_server_error(),
-                    "{route} answered {status} to {:?}",
+                    "{method} {route} answered {status} to {:?}",
                     String::from_utf8_lossy(&body)
                 );
                 Ok(())
