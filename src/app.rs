@@ -261,6 +261,7 @@ impl App {
         let reputation = Arc::new(Reputation::open(
             &crate::reputation::locate(&settings.data_dir),
             settings.reputation.clone(),
+            clock.clone(),
         )?);
         let access = Access::new(
             &stores,

@@ -313,6 +313,7 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             let reputation = crate::reputation::Reputation::open(
                 &settings.data_dir,
                 settings.reputation.clone(),
+                std::sync::Arc::new(crate::clock::SystemClock::new()),
             )
             .context("PALISADE_DATA_DIR")?;
             println!("{}", serde_json::to_string_pretty(&reputation.lookup(ip))?);

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
+use crate::clock::Clock;
 use crate::config::ReputationSettings;
 use crate::model::Reason;
 use table::RangeTable;
@@ -509,17 +510,24 @@ pub struct Reputation {
     data_dir: PathBuf,
     factors: ReputationSettings,
     current: ArcSwap<Snapshot>,
+    /// Dates the report of each load (a source's age).
+    clock: Arc<dyn Clock>,
 }
 
 impl Reputation {
     /// Loads the data dir (a broken file stops the start with its name and line).
-    pub fn open(data_dir: &Path, factors: ReputationSettings) -> Result<Self, LoadError> {
+    pub fn open(
+        data_dir: &Path,
+        factors: ReputationSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LoadError> {
         let snapshot = load_with(data_dir, &factors.sources)?;
-        log_report(&snapshot);
+        log_report(&snapshot, clock.now_ms());
         Ok(Self {
             data_dir: data_dir.to_owned(),
             factors,
             current: ArcSwap::from_pointee(snapshot),
+            clock,
         })
     }
 
@@ -551,7 +559,7 @@ impl Reputation {
                 reason: format!("loader failed: {e}"),
             })??;
         let snapshot = Arc::new(snapshot);
-        log_report(&snapshot);
+        log_report(&snapshot, self.clock.now_ms());
         self.current.store(snapshot.clone());
         tracing::info!(
             reputation.sources = snapshot.sources.len(),
@@ -564,8 +572,7 @@ impl Reputation {
     }
 }
 
-fn log_report(snapshot: &Snapshot) {
-    let now_ms = chrono::Utc::now().timestamp_millis();
+fn log_report(snapshot: &Snapshot, now_ms: i64) {
     for (warning, line) in snapshot.report(now_ms) {
         if warning {
             tracing::warn!("{line}");

@@ -37,7 +37,7 @@ impl Marks {
     pub fn new(name: &str, hot: Hot, keys: &Keys, clock: Arc<dyn Clock>) -> Self {
         Self {
             hot,
-            key: format!("{}:{name}", keys.prefix()),
+            key: keys.marks(name),
             clock,
             marks: RwLock::new(HashMap::new()),
         }

@@ -183,6 +183,18 @@ impl Keys {
         key
     }
 
+    /// A deployment-wide sorted set of marks (`pal:v1:<name>`, scored by the Unix ms each
+    /// member is marked until).
+    pub fn marks(&self, name: &str) -> String {
+        format!("{}:{name}", self.prefix)
+    }
+
+    /// One of the login guard's keys, all in one slot: `pal:v1:{login_guard}:<part>` (a
+    /// slot's counts by its number, `until`, `released`, `baseline`).
+    pub fn login_guard(&self, part: &str) -> String {
+        format!("{}:{{login_guard}}:{part}", self.prefix)
+    }
+
     /// The allow/deny lists' version (`pal:v1:{lists}:version`): bumped on every change, so
     /// each instance reloads its lists when it moves.
     pub fn lists_version(&self) -> String {

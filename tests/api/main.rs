@@ -4,6 +4,7 @@
 mod helpers;
 
 mod analyst;
+mod architecture;
 mod attestation;
 mod auth_events;
 mod bouncers;

@@ -116,7 +116,7 @@ pub struct GuardState {
 pub struct LoginGuard {
     settings: StuffingSettings,
     hot: Hot,
-    key: String,
+    keys: Keys,
     clock: Arc<dyn Clock>,
     counts: Mutex<Counts>,
     baseline: Mutex<Baseline>,
@@ -132,7 +132,7 @@ impl LoginGuard {
         Self {
             settings,
             hot,
-            key: format!("{}:{{login_guard}}", keys.prefix()),
+            keys: keys.clone(),
             clock,
             counts: Mutex::new(Counts::default()),
             baseline: Mutex::new(Baseline::default()),
@@ -143,7 +143,7 @@ impl LoginGuard {
 
     /// The Redis hash of one slot's counts.
     fn slot_key(&self, slot: i64) -> String {
-        format!("{}:{slot}", self.key)
+        self.keys.login_guard(&slot.to_string())
     }
 
     /// False when `min_failures` is 0 (the guard is off).
@@ -176,9 +176,9 @@ impl LoginGuard {
         metrics::gauge!(names::LOGIN_GUARD_ACTIVE).set(0.0);
         if let Hot::Redis(redis) = &self.hot {
             let mut pipe = redis::pipe();
-            pipe.cmd("DEL").arg(format!("{}:until", self.key)).ignore();
+            pipe.cmd("DEL").arg(self.keys.login_guard("until")).ignore();
             pipe.cmd("SET")
-                .arg(format!("{}:released", self.key))
+                .arg(self.keys.login_guard("released"))
                 .arg(until_ms)
                 .arg("PX")
                 .arg((until_ms - now).max(1))
@@ -415,10 +415,10 @@ impl LoginGuard {
         }
         // Until when another instance's judgement keeps the guard on (one restarted in the
         // middle of a hold learns it here).
-        let until_key = format!("{}:until", self.key);
-        let baseline_key = format!("{}:baseline", self.key);
+        let until_key = self.keys.login_guard("until");
+        let baseline_key = self.keys.login_guard("baseline");
         pipe.cmd("GET").arg(&baseline_key);
-        pipe.cmd("GET").arg(format!("{}:released", self.key));
+        pipe.cmd("GET").arg(self.keys.login_guard("released"));
         pipe.cmd("GET").arg(&until_key);
         let result: Result<Vec<redis::Value>, Error> = redis.query_pipeline(&pipe).await;
         let shared_until: i64;
@@ -524,7 +524,7 @@ impl LoginGuard {
             cmd.arg(SET_UNLESS_RELEASED)
                 .arg(2)
                 .arg(&until_key)
-                .arg(format!("{}:released", self.key))
+                .arg(self.keys.login_guard("released"))
                 .arg(until)
                 .arg(until - now);
             redis.query::<()>(&cmd).await?;
