@@ -304,25 +304,20 @@ impl App {
                     clock.clone(),
                 ))
             });
-        let limiter = Limiter::new(
-            &settings.limits,
-            stores.hot.clone(),
-            stores.keys.clone(),
+        let scoring = Arc::new(Engine::new(
+            &settings,
+            &stores,
             clock.clone(),
-        );
-        let limiter = Arc::new(match &shares {
-            Some(shares) => {
-                limiter.with_shares(shares.clone() as Arc<dyn crate::limiter::GlobalShares>)
-            }
-            None => limiter,
-        });
-        let scoring = Arc::new(Engine::new(&settings, &stores, clock.clone()));
+            reputation.clone(),
+        ));
+        let attestation = Attestation::new(&settings, &stores, clock.clone(), scoring.clone())?;
         let lockouts = Arc::new(Lockouts::new(
             &stores,
             clock.clone(),
             settings.lockout.clone(),
             scoring.clone(),
             audit.clone(),
+            Arc::new(attestation.attested_devices()),
         ));
         let ingest = Ingest::new(
             stores.durable.clone(),
@@ -347,7 +342,6 @@ impl App {
             settings.http.identifiers(),
             settings.limits.ipv6_prefix_len,
         ));
-        let attestation = Attestation::new(&settings, &stores, clock.clone(), scoring.clone())?;
         // The signals scoring asks (pull); push signals (lockouts, attestation verdicts,
         // anomalies, offenders) hold the engine instead.
         scoring.register(vec![
@@ -360,33 +354,46 @@ impl App {
             lists.clone(),
             Arc::new(attestation.unverified_signal()),
         ]);
-        limiter.set_defaults(scoring.clone());
-        lockouts.set_attested(Arc::new(attestation.attested_devices()));
         let attested: Arc<dyn crate::limiter::AttestedDevices> =
             Arc::new(attestation.attested_devices());
-        limiter.set_attested(attested.clone());
-        scoring.set_asn_lookup(reputation.clone());
         let exemptions: Arc<dyn crate::limiter::Exemptions> =
             Arc::new(LockoutRule(lockouts.clone()));
-        limiter.set_exemptions(exemptions.clone());
         let history = Arc::new(crate::analyst::history::History::new(
             stores.durable.clone(),
             clock.clone(),
             scoring.clone(),
             settings.history.clone(),
         ));
-        if history.enabled() {
-            limiter.set_history(history.clone());
-        }
         let recorder = Arc::new(crate::policy::record::Recorder::new(
             stores.durable.clone(),
             clock.clone(),
             crate::telemetry::privacy::Pseudonyms::new(&settings.privacy),
             settings.record.clone(),
         ));
-        if recorder.enabled() {
-            limiter.set_recorder(recorder.clone());
-        }
+        // Built last of the rooms it asks, each handed in: nothing is installed later.
+        let limiter = Limiter::new(
+            &settings.limits,
+            stores.hot.clone(),
+            stores.keys.clone(),
+            clock.clone(),
+        )
+        .with_sockets(crate::limiter::Sockets {
+            defaults: Some(scoring.clone()),
+            exemptions: Some(exemptions.clone()),
+            attested: Some(attested.clone()),
+            history: history
+                .enabled()
+                .then(|| history.clone() as Arc<dyn crate::limiter::DecisionSink>),
+            recorder: recorder
+                .enabled()
+                .then(|| recorder.clone() as Arc<dyn crate::limiter::TrafficSink>),
+        });
+        let limiter = Arc::new(match &shares {
+            Some(shares) => {
+                limiter.with_shares(shares.clone() as Arc<dyn crate::limiter::GlobalShares>)
+            }
+            None => limiter,
+        });
         let canary = Arc::new(crate::policy::canary::Canary::new(
             stores.durable.clone(),
             stores.hot.clone(),
@@ -410,13 +417,9 @@ impl App {
             scoring.clone(),
             audit.clone(),
         );
-        // Weak: the limiter holds the engine, the engine must not hold the limiter.
-        let weak = Arc::downgrade(&limiter);
-        scoring.on_publish(move || {
-            if let Some(limiter) = weak.upgrade() {
-                limiter.clear_l1();
-            }
-        });
+        // A published multiplier clears the limiter's L1: the engine holds the cache, not
+        // the limiter (which holds the engine).
+        scoring.on_publish(limiter.l1_clearer());
         lists.refresh().await.map_err(|err| match err {
             crate::reputation::lists::Error::Store(store) => BuildError::Store(store),
             other => BuildError::Store(crate::store::Error::Unavailable {

@@ -25,7 +25,7 @@ impl Limiter {
         scopes: &mut Vec<Scope>,
         outcomes: &[RawOutcome],
     ) -> Option<Option<Challenge>> {
-        let exemptions = self.exemptions.get()?;
+        let exemptions = self.sockets.exemptions.as_ref()?;
         // A destination tightened for its collapsed conversion (SMS pumping) refused a code
         // asked from a device the account knows, or from an attested one (signed in or not:
         // a first sign-up asks for its code before there is an account): the person is not
@@ -34,7 +34,7 @@ impl Limiter {
         if let Some(device) = &request.device
             && blocked_only_by_tightened_destination(scopes, outcomes)
         {
-            let passes = match (&request.user, self.attested.get()) {
+            let passes = match (&request.user, self.sockets.attested.as_ref()) {
                 (Some(_), _) => exemptions.known_device(request).await,
                 (None, Some(attested)) => attested.is_attested(device).await,
                 (None, None) => Ok(false),
@@ -167,7 +167,7 @@ impl Limiter {
         scopes: &[Scope],
         outcomes: &[RawOutcome],
     ) {
-        if let Some(exemptions) = self.exemptions.get()
+        if let Some(exemptions) = self.sockets.exemptions.as_ref()
             && request.user.is_some()
             && blocked_only_by_source_budget(scopes, outcomes)
             && let Err(err) = exemptions.refused_by_budget(class_name, request).await

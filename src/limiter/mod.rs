@@ -35,7 +35,8 @@ use crate::telemetry::metrics as names;
 pub use budgets::Budgets;
 pub use request::{
     AttestedDevices, Challenge, Decision, DecisionSink, DefaultMultipliers, Defaults, Error,
-    Exemptions, GlobalShares, LimitRequest, RecipientKeys, ScopeOutcome, TrafficSink, Verdict,
+    Exemptions, GlobalShares, LimitRequest, RecipientKeys, ScopeOutcome, Sockets, TrafficSink,
+    Verdict,
 };
 pub use rules::{RuleBucket, RuleOutcome};
 use scopes::{Scope, sanitized};
@@ -55,15 +56,13 @@ pub struct Limiter {
     keys: Keys,
     hot: Hot,
     clock: Arc<dyn Clock>,
-    l1: l1::L1,
+    /// Shared with whoever must clear it ([`Limiter::l1_clearer`]).
+    l1: Arc<l1::L1>,
     /// `limits.shared_ip.ceiling`.
     shared_ceiling: f64,
     coalescer: redis_backend::Coalescer,
-    defaults: std::sync::OnceLock<Arc<dyn DefaultMultipliers>>,
-    exemptions: std::sync::OnceLock<Arc<dyn Exemptions>>,
-    history: std::sync::OnceLock<Arc<dyn DecisionSink>>,
-    recorder: std::sync::OnceLock<Arc<dyn TrafficSink>>,
-    attested: std::sync::OnceLock<Arc<dyn AttestedDevices>>,
+    /// What it asks of the rooms above it.
+    sockets: Sockets,
     /// The hot store is being rebuilt after it lost its data (lockouts and factors not back
     /// yet): classes that fail closed do.
     rebuilding: std::sync::atomic::AtomicBool,
@@ -113,20 +112,22 @@ impl Limiter {
             keys,
             hot,
             clock,
-            l1: l1::L1::new(Duration::from_millis(settings.l1_ttl_ms)),
+            l1: Arc::new(l1::L1::new(Duration::from_millis(settings.l1_ttl_ms))),
             shared_ceiling: settings.shared_ip.ceiling,
             coalescer,
-            defaults: std::sync::OnceLock::new(),
-            exemptions: std::sync::OnceLock::new(),
-            history: std::sync::OnceLock::new(),
-            recorder: std::sync::OnceLock::new(),
-            attested: std::sync::OnceLock::new(),
+            sockets: Sockets::default(),
             rebuilding: std::sync::atomic::AtomicBool::new(false),
             metrics: Metrics::default(),
             rates,
             observed: true,
             shares: None,
         }
+    }
+
+    /// The same limiter, asking `sockets` of the rooms above it.
+    pub fn with_sockets(mut self, sockets: Sockets) -> Self {
+        self.sockets = sockets;
+        self
     }
 
     /// The same limiter, spending this region's leased shares of the budgets held across
@@ -150,36 +151,16 @@ impl Limiter {
             .store(on, std::sync::atomic::Ordering::Release);
     }
 
-    /// Installs the lockout-DoS rule (once; later calls are ignored).
-    pub fn set_exemptions(&self, exemptions: Arc<dyn Exemptions>) {
-        let _ = self.exemptions.set(exemptions);
-    }
-
-    /// Installs where refused and challenged decisions are kept (once).
-    pub fn set_history(&self, history: Arc<dyn DecisionSink>) {
-        let _ = self.history.set(history);
-    }
-
-    /// Installs which devices count as attested (once): an attested device's requests get
-    /// their own per-IP budgets (keyed by IP and device, under the IP-wide ceiling), as on a
-    /// shared address.
-    pub fn set_attested(&self, attested: Arc<dyn AttestedDevices>) {
-        let _ = self.attested.set(attested);
-    }
-
-    /// Installs where the inputs of every check are recorded (once).
-    pub fn set_recorder(&self, recorder: Arc<dyn TrafficSink>) {
-        let _ = self.recorder.set(recorder);
-    }
-
-    /// Installs the source of default multipliers (once; later calls are ignored).
-    pub fn set_defaults(&self, defaults: Arc<dyn DefaultMultipliers>) {
-        let _ = self.defaults.set(defaults);
-    }
-
     /// Forgets every cached blocked bucket of this instance (a multiplier changed).
     pub fn clear_l1(&self) {
         self.l1.clear();
+    }
+
+    /// What clears this limiter's L1 cache, for a room below it that publishes multipliers
+    /// (it holds the cache, not the limiter).
+    pub fn l1_clearer(&self) -> impl Fn() + Send + Sync + 'static {
+        let l1 = self.l1.clone();
+        move || l1.clear()
     }
 
     /// The classes and budgets in force.
@@ -229,11 +210,11 @@ impl Limiter {
     /// class's failure policy answers: fail-open allows (`degraded`), fail-closed errors.
     pub async fn check(&self, request: &LimitRequest) -> Result<Decision, Error> {
         let decision = self.decide(request).await?;
-        if let Some(recorder) = self.recorder.get() {
+        if let Some(recorder) = self.sockets.recorder.as_ref() {
             recorder.note(request, &decision);
         }
         if (!decision.allowed || decision.challenge.is_some())
-            && let Some(history) = self.history.get()
+            && let Some(history) = self.sockets.history.as_ref()
         {
             history.note(request, &decision);
         }
@@ -306,7 +287,7 @@ impl Limiter {
                 // A user blocked by a multiplier may be a locked account whose owner, in a
                 // context the account knows, must get through, and a shared address's ceiling
                 // and a tightened destination let known devices by: never answered from cache.
-                let contextual = self.exemptions.get().is_some()
+                let contextual = self.sockets.exemptions.as_ref().is_some()
                     && ((is_user_scope(scope) && outcome.multiplier <= 0.0)
                         || scope.network_blocked
                         || (scope.scale > 1.0 && lift::is_ip_scope(scope))

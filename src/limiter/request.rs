@@ -134,6 +134,35 @@ pub trait AttestedDevices: Send + Sync + std::fmt::Debug {
     ) -> futures_util::future::BoxFuture<'a, Result<bool, crate::store::Error>>;
 }
 
+/// What the limiter asks of the rooms above it, handed in when it is built
+/// ([`Limiter::with_sockets`]; `app` wires them). A limiter without them checks budgets
+/// alone, as a replay's does.
+#[derive(Debug, Clone, Default)]
+pub struct Sockets {
+    /// Default multipliers (scoring).
+    pub defaults: Option<Arc<dyn DefaultMultipliers>>,
+    /// The lockout-DoS rule.
+    pub exemptions: Option<Arc<dyn Exemptions>>,
+    /// Which devices are attested: an attested device's requests get their own per-IP
+    /// budgets (keyed by IP and device, under the IP-wide ceiling), as on a shared address.
+    pub attested: Option<Arc<dyn AttestedDevices>>,
+    /// Where refused and challenged decisions are kept.
+    pub history: Option<Arc<dyn DecisionSink>>,
+    /// Where the inputs of every check are recorded.
+    pub recorder: Option<Arc<dyn TrafficSink>>,
+}
+
+impl Sockets {
+    /// True when any socket is wired.
+    pub(super) fn any(&self) -> bool {
+        self.defaults.is_some()
+            || self.exemptions.is_some()
+            || self.attested.is_some()
+            || self.history.is_some()
+            || self.recorder.is_some()
+    }
+}
+
 /// Where refused and challenged decisions go to be kept (the decision history); called
 /// on the request path, so it must only note them and return.
 pub trait DecisionSink: Send + Sync + std::fmt::Debug {

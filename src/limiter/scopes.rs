@@ -61,7 +61,7 @@ impl Limiter {
         class: usize,
         request: &LimitRequest,
     ) -> bool {
-        let (Some(device), Some(hook)) = (&request.device, self.attested.get()) else {
+        let (Some(device), Some(hook)) = (&request.device, self.sockets.attested.as_ref()) else {
             return false;
         };
         let per_endpoint_ip = budgets
@@ -85,8 +85,9 @@ impl Limiter {
     ) -> Vec<Scope> {
         let class_info = &budgets.classes[class];
         let defaults = self
+            .sockets
             .defaults
-            .get()
+            .as_ref()
             .map_or_else(Defaults::default, |d| d.defaults(&class_info.name, request));
         let enforced_class = !class_info.shadow;
         let mut out = Vec::with_capacity(class_info.budgets.len() + 2);

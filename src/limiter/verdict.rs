@@ -15,11 +15,7 @@ impl Limiter {
         let Hot::Memory(memory) = &self.hot else {
             return None;
         };
-        let hooked = self.defaults.get().is_some()
-            || self.exemptions.get().is_some()
-            || self.attested.get().is_some()
-            || self.history.get().is_some()
-            || self.recorder.get().is_some();
+        let hooked = self.sockets.any();
         if hooked || self.observed || self.rebuilding.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }

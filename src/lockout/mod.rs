@@ -225,8 +225,8 @@ pub struct Lockouts {
     settings: LockoutSettings,
     scoring: Arc<Engine>,
     audit: Audit,
-    /// Attested devices count as known contexts (wired by `app`).
-    attested: std::sync::OnceLock<Arc<dyn AttestedDevices>>,
+    /// Attested devices count as known contexts.
+    attested: Arc<dyn AttestedDevices>,
 }
 
 /// Whether a device holds a fresh attestation verdict of device integrity or better (the
@@ -280,6 +280,7 @@ impl Lockouts {
         settings: LockoutSettings,
         scoring: Arc<Engine>,
         audit: Audit,
+        attested: Arc<dyn AttestedDevices>,
     ) -> Self {
         Self {
             durable: stores.durable.clone(),
@@ -290,7 +291,7 @@ impl Lockouts {
             settings,
             scoring,
             audit,
-            attested: std::sync::OnceLock::new(),
+            attested,
         }
     }
 

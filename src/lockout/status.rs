@@ -49,19 +49,12 @@ impl Lockouts {
             .into_iter()
             .map(|span| found[span].iter().any(|(hit, _)| *hit > 0))
             .collect();
-        if let Some(attested) = self.attested.get() {
-            for (known, context) in known.iter_mut().zip(contexts) {
-                if let (false, Some(device)) = (*known, &context.device) {
-                    *known = attested.is_attested(device).await?;
-                }
+        for (known, context) in known.iter_mut().zip(contexts) {
+            if let (false, Some(device)) = (*known, &context.device) {
+                *known = self.attested.is_attested(device).await?;
             }
         }
         Ok(known)
-    }
-
-    /// Installs the source of attestation verdicts (once; later calls are ignored).
-    pub fn set_attested(&self, attested: Arc<dyn AttestedDevices>) {
-        let _ = self.attested.set(attested);
     }
 
     /// The lockout-DoS rule at the limiter: when `context`'s account is locked and the

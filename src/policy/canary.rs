@@ -530,10 +530,13 @@ impl Canary {
                             self.keys.clone(),
                             self.clock.clone(),
                         )
-                        .unobserved();
-                        limiter.set_defaults(self.sockets.defaults.clone());
-                        limiter.set_exemptions(self.sockets.exemptions.clone());
-                        limiter.set_attested(self.sockets.attested.clone());
+                        .unobserved()
+                        .with_sockets(crate::limiter::Sockets {
+                            defaults: Some(self.sockets.defaults.clone()),
+                            exemptions: Some(self.sockets.exemptions.clone()),
+                            attested: Some(self.sockets.attested.clone()),
+                            ..crate::limiter::Sockets::default()
+                        });
                         self.current.store(Some(Arc::new(Loaded {
                             id,
                             reason,

@@ -156,7 +156,7 @@ pub struct Engine {
     networks: NetworkBlocks,
     suspects: NetworkBlocks,
     guard: LoginGuard,
-    asn_lookup: OnceLock<Arc<dyn AsnLookup>>,
+    asn_lookup: Arc<dyn AsnLookup>,
 }
 
 /// The autonomous system of an address (the socket reputation's ASN databases plug into;
@@ -172,7 +172,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Engine {
     /// The engine of one instance; register the pull signals with [`Engine::register`].
-    pub fn new(settings: &Settings, stores: &Stores, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(
+        settings: &Settings,
+        stores: &Stores,
+        clock: Arc<dyn Clock>,
+        asn_lookup: Arc<dyn AsnLookup>,
+    ) -> Self {
         let scoring = settings.scoring.clone();
         let classes: Vec<String> = settings.limits.classes.keys().cloned().collect();
         Self {
@@ -221,7 +226,7 @@ impl Engine {
                 &stores.keys,
                 clock.clone(),
             ),
-            asn_lookup: OnceLock::new(),
+            asn_lookup,
             settings: scoring,
             clock,
         }
@@ -284,10 +289,6 @@ impl Engine {
         &self.guard
     }
 
-    /// Installs the ASN lookup (once; later calls are ignored).
-    pub fn set_asn_lookup(&self, lookup: Arc<dyn AsnLookup>) {
-        let _ = self.asn_lookup.set(lookup);
-    }
     /// Why a login from `ip` by a context its account does not know is stopped now, as the
     /// limiter words it: `network_blocked` (its network or ASN is blocked for spraying),
     /// `login_guard` (the service-wide guard is on), `network_spraying` (its network or ASN
@@ -304,9 +305,9 @@ impl Engine {
         }
     }
 
-    /// The ASN of `ip`, when a lookup is installed and knows it.
+    /// The ASN of `ip`, when the lookup knows it.
     pub fn asn_of(&self, ip: IpAddr) -> Option<u32> {
-        self.asn_lookup.get()?.asn(ip)
+        self.asn_lookup.asn(ip)
     }
 
     /// Keys tracked by the anomaly baselines, the most they can hold, and their bytes (fixed
