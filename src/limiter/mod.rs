@@ -12,6 +12,7 @@ mod cluster;
 mod degraded;
 mod l1;
 mod lift;
+mod matching;
 mod memory_backend;
 mod multipliers;
 pub mod rates;
