@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
-use super::{Error, Limits, MAX_AGE_MS, MAX_FUTURE_MS, RequestsOutcome, names, parse_ts, store};
+use super::parse::parse_ts;
+use super::{Error, Limits, MAX_AGE_MS, MAX_FUTURE_MS, RequestsOutcome, names, store};
 use crate::model::{ClientIp, SubjectKey};
 
 /// Largest request-telemetry batch.
