@@ -6,11 +6,8 @@
 //! so a cached answer has the same headers as a fresh one, with waits shortened by the time
 //! since; other scopes' figures may be up to the TTL old. A published multiplier clears it.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::ScopeOutcome;
 
@@ -24,19 +21,20 @@ struct Blocked {
     outcomes: Arc<Vec<ScopeOutcome>>,
 }
 
-/// The cache (disabled when the TTL is 0).
+/// The cache (disabled when the TTL is 0). Bounded and concurrent (`quick_cache`): every
+/// check on Redis looks its enforced scopes up here, so lookups of different keys do not
+/// wait on one lock, and a full cache evicts the least used entries, never everything.
 #[derive(Debug)]
 pub(super) struct L1 {
     ttl_us: u64,
-    /// std Mutex: held for one map operation, never across `.await`.
-    entries: Mutex<HashMap<String, Blocked>>,
+    entries: quick_cache::sync::Cache<String, Arc<Blocked>>,
 }
 
 impl L1 {
     pub(super) fn new(ttl: Duration) -> Self {
         Self {
             ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
-            entries: Mutex::new(HashMap::new()),
+            entries: quick_cache::sync::Cache::new(CAPACITY),
         }
     }
 
@@ -56,21 +54,14 @@ impl L1 {
         if hold_us == 0 {
             return;
         }
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if entries.len() >= CAPACITY {
-            entries.retain(|_, b| b.until_us > now_us);
-            if entries.len() >= CAPACITY {
-                entries.clear();
-            }
-        }
-        entries.insert(
+        self.entries.insert(
             key.to_owned(),
-            Blocked {
+            Arc::new(Blocked {
                 until_us: now_us + hold_us,
                 recorded_us: now_us,
                 min_cost: cost,
                 outcomes: outcomes.clone(),
-            },
+            }),
         );
     }
 
@@ -80,8 +71,7 @@ impl L1 {
         if self.ttl_us == 0 {
             return None;
         }
-        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = entries.get(key)?;
+        let entry = self.entries.get(key)?;
         if entry.until_us <= now_us || cost < entry.min_cost {
             return None;
         }
@@ -104,9 +94,6 @@ impl L1 {
 
     /// Forgets every entry.
     pub(super) fn clear(&self) {
-        self.entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        self.entries.clear();
     }
 }

@@ -157,44 +157,39 @@ impl Engine {
     }
 }
 
-/// Most `/v1/multipliers` answers kept (past it the cache starts over).
+/// Most `/v1/multipliers` answers kept (the least used go first).
 const EXPLANATIONS_CAPACITY: usize = 100_000;
 
 /// Rendered `/v1/multipliers` answers by query, reused for one L1 TTL while the scoring
 /// engine's generation stands (a publish or a list change moves it on).
 ///
 /// Held by the app for the HTTP edge, which renders and reads them; the engine only says
-/// when an answer may be out of date.
-#[derive(Debug, Default)]
+/// when an answer may be out of date. A bounded concurrent cache (`quick_cache`): readers
+/// of different queries do not wait on one lock, and a full cache evicts, never clears.
+#[derive(Debug)]
 pub struct Explanations(
-    /// Query → (generation, until µs, body). std Mutex: never held across `.await`.
-    std::sync::Mutex<std::collections::HashMap<String, (u64, u64, bytes::Bytes)>>,
+    /// Query → (generation, until µs, body).
+    quick_cache::sync::Cache<String, (u64, u64, bytes::Bytes)>,
 );
 
-impl Explanations {
-    fn entries(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (u64, u64, bytes::Bytes)>>
-    {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+impl Default for Explanations {
+    fn default() -> Self {
+        Self(quick_cache::sync::Cache::new(EXPLANATIONS_CAPACITY))
     }
+}
 
+impl Explanations {
     /// The answer to `query` rendered at `generation`, while it lasts.
     pub fn get(&self, query: &str, generation: u64, now_us: u64) -> Option<bytes::Bytes> {
-        self.entries()
+        self.0
             .get(query)
             .filter(|(made, until, _)| *made == generation && *until > now_us)
-            .map(|(_, _, body)| body.clone())
+            .map(|(_, _, body)| body)
     }
 
     /// Keeps the answer to `query` rendered at `generation` until `until_us`.
     pub fn put(&self, query: &str, generation: u64, until_us: u64, body: bytes::Bytes) {
-        let mut entries = self.entries();
-        if entries.len() >= EXPLANATIONS_CAPACITY {
-            entries.clear();
-        }
-        entries.insert(query.to_owned(), (generation, until_us, body));
+        self.0
+            .insert(query.to_owned(), (generation, until_us, body));
     }
 }
