@@ -184,32 +184,50 @@ pub enum LogFormat {
     Json,
 }
 
-/// A string that never shows in `Debug` output (tokens, URLs with passwords).
-#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
+/// A secret setting (tokens, keys, URLs with passwords).
+///
+/// `secrecy`'s string: redacted in `Debug`, zeroed when dropped, read only through
+/// [`Secret::expose`]. It is never compared and never serialized (the settings are
+/// serialized only as figment's defaults, which hold no secret: serializing one is an
+/// error).
+#[derive(Clone)]
+pub struct Secret(secrecy::SecretString);
 
 impl From<String> for Secret {
     fn from(value: String) -> Self {
-        Self(value)
+        Self(secrecy::SecretString::from(value))
     }
 }
 
 impl Secret {
     /// Wraps a secret value.
     pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
+        Self::from(value.into())
     }
 
     /// The secret value; call only where it is used, never to log it.
     pub fn expose(&self) -> &str {
-        &self.0
+        secrecy::ExposeSecret::expose_secret(&self.0)
     }
 }
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Secret(***)")
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Self::from)
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom(
+            "a secret setting is never serialized",
+        ))
     }
 }
 
