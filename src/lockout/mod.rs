@@ -17,6 +17,7 @@ pub mod policy; // the pure decision: counts in, action and reasons out
 mod record; // a batch's window operations and each failure's consequences
 mod restore; // markers of the lockouts in force, put back after the hot store lost its data
 mod review; // listing, one lockout, release
+mod rule; // the lockout-DoS rule as the limiter's Exemptions socket
 mod status; // the status of a login context and the lockout-DoS rule
 mod store; // SQL of lockouts
 mod tried; // logins a source's own budget refused, counted as spraying evidence
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 pub use challenges::{ChallengeRejection, challenge_id_valid};
 pub use policy::{Action, Reason};
+pub use rule::LockoutRule;
 pub use tried::LOGIN_CLASS;
 
 use crate::audit::{Actor, Audit};
