@@ -27,6 +27,9 @@ use crate::store::with_pool;
 use crate::store::{Durable, Error, Hot, Keys};
 use crate::telemetry::metrics as names;
 
+use super::promotion::Promotion;
+pub use super::promotion::{LiveStatus, stored_live_limits};
+
 /// Prefix of the candidate's budget names (and so of its buckets' keys).
 pub const BUDGET_PREFIX: &str = "canary-";
 
@@ -127,31 +130,6 @@ pub struct Sockets {
     pub configured: LimitSettings,
 }
 
-/// The promoted policy in force.
-#[derive(Debug, Clone)]
-struct Promoted {
-    id: String,
-    promoted_at_ms: i64,
-    promoted_by: String,
-    limits: LimitSettings,
-}
-
-/// Where the live `[limits]` come from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct LiveStatus {
-    /// `settings` (the settings file) or `promoted` (a promoted canary).
-    pub source: &'static str,
-    /// The promoted candidate's id.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// When it was promoted, Unix ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub promoted_at_ms: Option<i64>,
-    /// Who promoted it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub promoted_by: Option<String>,
-}
-
 /// The canary of one instance.
 #[derive(Debug)]
 pub struct Canary {
@@ -162,7 +140,8 @@ pub struct Canary {
     audit: Audit,
     sockets: Sockets,
     current: ArcSwapOption<Loaded>,
-    promoted: ArcSwapOption<Promoted>,
+    /// The promoted policy in force.
+    promotion: Promotion,
     /// Canary checks on their way at once; beyond it a check is not compared (counted as
     /// `skipped`), so a slow hot store cannot pile up tasks.
     in_flight: Arc<tokio::sync::Semaphore>,
@@ -188,33 +167,6 @@ fn renamed(limits: &LimitSettings) -> LimitSettings {
 
 type Row = (String, String, String, i64, String);
 
-/// The promoted policy in force: id, TOML, when and by whom; None when none is.
-async fn promoted_row(durable: &Durable) -> Result<Option<(String, String, i64, String)>, Error> {
-    Ok(with_pool!(durable, |pool| sqlx::query_as(
-        "SELECT id, policy, promoted_at, promoted_by FROM policy_candidates \
-         WHERE promoted_at IS NOT NULL AND reverted_at IS NULL \
-         ORDER BY promoted_at DESC, id DESC LIMIT 1"
-    )
-    .fetch_optional(pool)
-    .await)?)
-}
-
-/// The live `[limits]` as the store holds them, for tools that run beside the service: the
-/// promoted policy's (with its id), else `configured` (the settings file's).
-pub async fn stored_live_limits(
-    durable: &Durable,
-    configured: &LimitSettings,
-) -> Result<(LimitSettings, Option<String>), CanaryError> {
-    match promoted_row(durable).await? {
-        Some((id, policy, _, _)) => {
-            let settings = Settings::candidate_toml(&policy)
-                .map_err(|e| CanaryError::Invalid(format!("the promoted policy {id}: {e}")))?;
-            Ok((settings.limits, Some(id)))
-        }
-        None => Ok((configured.clone(), None)),
-    }
-}
-
 impl Canary {
     /// No canary yet; `sockets` are the live limiter's.
     pub fn new(
@@ -225,6 +177,7 @@ impl Canary {
         audit: Audit,
         sockets: Sockets,
     ) -> Self {
+        let promotion = Promotion::new(sockets.live.clone(), sockets.configured.clone());
         Self {
             durable,
             hot,
@@ -233,7 +186,7 @@ impl Canary {
             audit,
             sockets,
             current: ArcSwapOption::empty(),
-            promoted: ArcSwapOption::empty(),
+            promotion,
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         }
     }
@@ -414,68 +367,12 @@ impl Canary {
 
     /// Where the live `[limits]` come from on this instance.
     pub fn live(&self) -> LiveStatus {
-        match self.promoted.load_full() {
-            Some(p) => LiveStatus {
-                source: "promoted",
-                id: Some(p.id.clone()),
-                promoted_at_ms: Some(p.promoted_at_ms),
-                promoted_by: Some(p.promoted_by.clone()),
-            },
-            None => LiveStatus {
-                source: "settings",
-                id: None,
-                promoted_at_ms: None,
-                promoted_by: None,
-            },
-        }
+        self.promotion.status()
     }
 
     /// The live `[limits]`: the promoted policy's, else the settings file's.
     pub fn live_limits(&self) -> LimitSettings {
-        self.promoted
-            .load_full()
-            .map_or_else(|| self.sockets.configured.clone(), |p| p.limits.clone())
-    }
-
-    /// Puts the promoted policy in force if it changed (every second and at start).
-    async fn refresh_promoted(&self) -> Result<(), Error> {
-        let row = promoted_row(&self.durable).await?;
-        let current = self.promoted.load_full();
-        match (row, current) {
-            (None, None) => {}
-            (None, Some(_)) => {
-                if let Err(err) = self.sockets.live.set_budgets(&self.sockets.configured) {
-                    tracing::error!(error.cause = %err, "the settings file's limits do not load");
-                }
-                self.promoted.store(None);
-                tracing::info!("promotion reverted: the settings file's limits are live");
-            }
-            (Some((id, _, _, _)), Some(current)) if current.id == id => {}
-            (Some((id, policy, promoted_at_ms, promoted_by)), _) => {
-                let limits = match Settings::candidate_toml(&policy) {
-                    Ok(settings) => settings.limits,
-                    Err(err) => {
-                        tracing::error!(policy.id = %id, error.cause = %err, "the promoted policy does not load; the limits in force stay");
-                        return Ok(());
-                    }
-                };
-                match self.sockets.live.set_budgets(&limits) {
-                    Ok(()) => {
-                        tracing::info!(policy.id = %id, policy.promoted_by = %promoted_by, "promoted policy {id} is live");
-                        self.promoted.store(Some(Arc::new(Promoted {
-                            id,
-                            promoted_at_ms,
-                            promoted_by,
-                            limits,
-                        })));
-                    }
-                    Err(err) => {
-                        tracing::error!(policy.id = %id, error.cause = %err, "the promoted policy does not fit; the limits in force stay");
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.promotion.limits()
     }
 
     /// The ids of the promoted policy in force and of the canary (None: none), in one small
@@ -497,8 +394,8 @@ impl Canary {
     /// on every instance).
     pub async fn refresh(&self) -> Result<(), Error> {
         let (promoted, canary) = self.ids_in_force().await?;
-        if promoted != self.promoted.load().as_ref().map(|p| p.id.clone()) {
-            self.refresh_promoted().await?;
+        if promoted != self.promotion.id() {
+            self.promotion.refresh(&self.durable).await?;
         }
         if canary != self.current.load().as_ref().map(|c| c.id.clone()) {
             self.refresh_canary().await?;

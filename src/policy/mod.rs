@@ -14,6 +14,7 @@ pub mod check;
 pub mod export;
 pub mod logins;
 pub mod overrides;
+mod promotion;
 pub mod record;
 pub mod replay;
 pub mod suggest;
