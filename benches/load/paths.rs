@@ -406,22 +406,20 @@ pub(crate) fn recipient_section(redis_port: u16, concurrency: u64, seconds: u64)
                 continue;
             };
             let none_cpu = (a1.cpu_us + a2.cpu_us) / 2.0;
-            let with_cpu = (b1.cpu_us + b2.cpu_us) / 2.0;
-            println!(
-                "| {store} | none | {:.0} | {none_cpu:.1} ({:.1}, {:.1}) | {} | 1.00 |",
-                (a1.rps + a2.rps) / 2.0,
-                a1.cpu_us,
-                a2.cpu_us,
-                a1.not_ok + a2.not_ok,
-            );
-            println!(
-                "| {store} | {label} | {:.0} | {with_cpu:.1} ({:.1}, {:.1}) | {} | {:.2} |",
-                (b1.rps + b2.rps) / 2.0,
-                b1.cpu_us,
-                b2.cpu_us,
-                b1.not_ok + b2.not_ok,
-                with_cpu / none_cpu,
-            );
+            // One row for two runs of one kind: their mean, each run's CPU, the ratio.
+            let row = |recipient: &str, x: &PathRun, y: &PathRun| {
+                let cpu = (x.cpu_us + y.cpu_us) / 2.0;
+                println!(
+                    "| {store} | {recipient} | {:.0} | {cpu:.1} ({:.1}, {:.1}) | {} | {:.2} |",
+                    (x.rps + y.rps) / 2.0,
+                    x.cpu_us,
+                    y.cpu_us,
+                    x.not_ok + y.not_ok,
+                    cpu / none_cpu,
+                );
+            };
+            row("none", &a1, &a2);
+            row(label, &b1, &b2);
         }
     }
 }

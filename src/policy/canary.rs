@@ -177,7 +177,11 @@ impl Canary {
         audit: Audit,
         sockets: Sockets,
     ) -> Self {
-        let promotion = Promotion::new(sockets.live.clone(), sockets.configured.clone());
+        let promotion = Promotion::new(
+            durable.clone(),
+            sockets.live.clone(),
+            sockets.configured.clone(),
+        );
         Self {
             durable,
             hot,
@@ -395,7 +399,7 @@ impl Canary {
     pub async fn refresh(&self) -> Result<(), Error> {
         let (promoted, canary) = self.ids_in_force().await?;
         if promoted != self.promotion.id() {
-            self.promotion.refresh(&self.durable).await?;
+            self.promotion.refresh().await?;
         }
         if canary != self.current.load().as_ref().map(|c| c.id.clone()) {
             self.refresh_canary().await?;

@@ -85,6 +85,7 @@ pub async fn stored_live_limits(
 /// The promoted policy of one instance.
 #[derive(Debug)]
 pub(super) struct Promotion {
+    durable: Durable,
     /// The live limiter (a promotion swaps its budgets).
     live: Arc<Limiter>,
     /// The settings file's `[limits]` (in force when nothing is promoted).
@@ -94,8 +95,9 @@ pub(super) struct Promotion {
 
 impl Promotion {
     /// Nothing promoted yet: the settings file's `configured` limits are live.
-    pub(super) fn new(live: Arc<Limiter>, configured: LimitSettings) -> Self {
+    pub(super) fn new(durable: Durable, live: Arc<Limiter>, configured: LimitSettings) -> Self {
         Self {
+            durable,
             live,
             configured,
             promoted: ArcSwapOption::empty(),
@@ -133,8 +135,8 @@ impl Promotion {
     }
 
     /// Puts the promoted policy in force if it changed (every second and at start).
-    pub async fn refresh(&self, durable: &Durable) -> Result<(), Error> {
-        let row = promoted_row(durable).await?;
+    pub async fn refresh(&self) -> Result<(), Error> {
+        let row = promoted_row(&self.durable).await?;
         let current = self.promoted.load_full();
         match (row, current) {
             (None, None) => {}

@@ -233,7 +233,7 @@ fn at(app: &TestApp, ago_ms: i64) -> String {
     palisade::clock::rfc3339(app.app.clock.now_ms() - ago_ms)
 }
 
-pub(crate) async fn deliveries(app: &TestApp, events: Vec<Value>) -> (StatusCode, Value) {
+async fn deliveries(app: &TestApp, events: Vec<Value>) -> (StatusCode, Value) {
     reason(
         app.post(
             "/v1/events/messaging",
@@ -247,7 +247,7 @@ pub(crate) async fn deliveries(app: &TestApp, events: Vec<Value>) -> (StatusCode
 
 /// `n` codes sent to numbers of `range` (`+44 7700 9001`), `verified` of them verified, all
 /// `ago_ms` before now (negative: ahead).
-pub(crate) fn window(
+fn window(
     app: &TestApp,
     tag: &str,
     range: &str,
@@ -273,7 +273,29 @@ pub(crate) fn window(
 }
 
 /// Codes allowed to the range before one is refused for its destination (at most `max`).
-pub(crate) async fn codes_until_refused(app: &TestApp, range: &str, max: usize) -> usize {
+/// A pumped range (`+44 7700 9001xx`: 40 codes, 1 verified, 20 minutes ago; then a code
+/// now closes its window) tightens `destination:+44770`: its 100 codes an hour are 10,
+/// whoever asks, and they are spent here. Needs one-minute conversion windows.
+pub(crate) async fn pump_the_uk_770_range(app: &TestApp) {
+    let mut events = window(app, "pumped", "+44 7700 9001", 40, 1, 1_200_000);
+    events.extend(window(app, "pumped-now", "+44 7700 9002", 1, 0, 0));
+    let (status, body) = deliveries(app, events).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["tightened"], json!(["destination:+44770"]), "{body}");
+    assert_eq!(codes_until_refused(app, "+44 7700 9003", 50).await, 10);
+}
+
+/// `check` is refused by its destination's budget.
+pub(crate) async fn refused_by_destination(app: &TestApp, check: &Value) {
+    let (status, body) = reason(app.limit_check(check).await).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(
+        body["error"]["details"]["reason"], "destination_rate",
+        "{body}"
+    );
+}
+
+async fn codes_until_refused(app: &TestApp, range: &str, max: usize) -> usize {
     for i in 0..max {
         let check = otp(
             &format!("203.0.113.{}", i % 200),
@@ -303,14 +325,8 @@ async fn a_destination_whose_codes_stop_being_verified_is_tightened_until_cleare
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["stored"], 57);
     assert_eq!(body["tightened"], json!([]));
-    // A pumped range: 40 codes, 1 verified.
-    let mut events = window(&app, "pumped", "+44 7700 9001", 40, 1, 1_200_000);
-    events.extend(window(&app, "pumped-now", "+44 7700 9002", 1, 0, 0));
-    let (status, body) = deliveries(&app, events).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["tightened"], json!(["destination:+44770"]), "{body}");
-    // Its 100 codes an hour are now 10, whoever asks; the honest range keeps its 100.
-    assert_eq!(codes_until_refused(&app, "+44 7700 9003", 50).await, 10);
+    pump_the_uk_770_range(&app).await;
+    // The honest range keeps its 100.
     assert_eq!(codes_until_refused(&app, "+44 7911 2000", 50).await, 50);
     // The owner of a phone the account signed in from before still gets a code there; a
     // new device of the same account does not.
@@ -325,12 +341,7 @@ async fn a_destination_whose_codes_stop_being_verified_is_tightened_until_cleare
     let (status, body) = reason(app.limit_check(&known).await).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     known["device_id"] = json!("a-new-phone");
-    let (status, body) = reason(app.limit_check(&known).await).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(
-        body["error"]["details"]["reason"], "destination_rate",
-        "{body}"
-    );
+    refused_by_destination(&app, &known).await;
     // One alert for the incident, however often it collapses while tightened.
     let mut again = window(&app, "pumped-2", "+44 7700 9004", 40, 0, 0);
     again.extend(window(

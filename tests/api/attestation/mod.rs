@@ -129,13 +129,24 @@ fn configure(settings: &mut palisade::Settings, fixtures: &Fixtures) {
 }
 
 async fn app_for(app: TestApp) -> (TestApp, Arc<Fixtures>) {
+    app_for_with(app, |_| {}).await
+}
+
+/// [`app_for`] with `tweak` applied to the settings as well.
+async fn app_for_with(
+    app: TestApp,
+    tweak: impl FnOnce(&mut palisade::Settings) + Send + 'static,
+) -> (TestApp, Arc<Fixtures>) {
     let fixtures = Arc::new(Fixtures::new());
     let backend = app.backend;
     drop(app);
     let f = fixtures.clone();
-    let app = TestApp::spawn_with(backend, move |s| configure(s, &f))
-        .await
-        .unwrap();
+    let app = TestApp::spawn_with(backend, move |s| {
+        configure(s, &f);
+        tweak(s);
+    })
+    .await
+    .unwrap();
     (app, fixtures)
 }
 
@@ -226,6 +237,21 @@ impl TestApp {
 
     async fn attest(&self, body: &Value) -> reqwest::Response {
         self.post("/v1/attestations", Some(ADMIN_TOKEN), body).await
+    }
+
+    /// A well-formed App Attest attestation of `device` for a fresh challenge, submitted.
+    async fn attest_app(&self, device: &str, fixtures: &Fixtures) -> reqwest::Response {
+        let key = app_key();
+        let challenge = self.challenge_for(device).await;
+        let object = attestation_object(&key, &challenge, fixtures, Bad::None);
+        self.attest(&apple(
+            device,
+            &challenge,
+            &key,
+            "attestation_object",
+            object,
+        ))
+        .await
     }
 
     /// Submits and expects a rejection with `reason`.
@@ -576,18 +602,7 @@ async fn strong_and_unverified_devices_get_different_multipliers(app: TestApp) {
 /// device, under the IP-wide ceiling); an unattested newcomer does not.
 async fn an_attested_device_has_its_own_login_budget_behind_a_busy_address(app: TestApp) {
     let (app, f) = app_for(app).await;
-    let key = app_key();
-    let challenge = app.challenge_for("iphone-own").await;
-    let object = attestation_object(&key, &challenge, &f, Bad::None);
-    let response = app
-        .attest(&apple(
-            "iphone-own",
-            &challenge,
-            &key,
-            "attestation_object",
-            object,
-        ))
-        .await;
+    let response = app.attest_app("iphone-own", &f).await;
     assert_eq!(response.status(), StatusCode::OK);
     let login = |user: &str, device: &str| {
         json!({"endpoint": "/auth/login", "method": "POST", "ip": "198.51.100.200",
@@ -660,47 +675,16 @@ async fn attestation_routes_need_their_roles(app: TestApp) {
 async fn an_attested_app_gets_a_code_from_a_pumped_destination_before_it_has_an_account(
     app: TestApp,
 ) {
-    use crate::messaging::{codes_until_refused, deliveries, otp, reason, window};
-    let fixtures = Arc::new(Fixtures::new());
-    let backend = app.backend;
-    drop(app);
-    let f = fixtures.clone();
+    use crate::messaging::{otp, pump_the_uk_770_range, reason, refused_by_destination};
     // One-minute conversion windows: an event two minutes ahead closes the window of now.
-    let app = TestApp::spawn_with(backend, move |s| {
-        configure(s, &f);
-        s.messaging.conversion.window_s = 60;
-    })
-    .await
-    .unwrap();
-    let key = app_key();
-    let challenge = app.challenge_for("iphone-signup").await;
-    let object = attestation_object(&key, &challenge, &fixtures, Bad::None);
-    let response = app
-        .attest(&apple(
-            "iphone-signup",
-            &challenge,
-            &key,
-            "attestation_object",
-            object,
-        ))
-        .await;
+    let (app, f) = app_for_with(app, |s| s.messaging.conversion.window_s = 60).await;
+    let response = app.attest_app("iphone-signup", &f).await;
     assert_eq!(response.status(), StatusCode::OK);
-    // A pumped range: 40 codes, 1 verified; its 100 codes an hour are now 10, all spent.
-    let mut events = window(&app, "pumped", "+44 7700 9001", 40, 1, 1_200_000);
-    events.extend(window(&app, "pumped-now", "+44 7700 9002", 1, 0, 0));
-    let (status, body) = deliveries(&app, events).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["tightened"], json!(["destination:+44770"]), "{body}");
-    assert_eq!(codes_until_refused(&app, "+44 7700 9003", 50).await, 10);
+    pump_the_uk_770_range(&app).await;
     let mut signup = otp("192.0.2.80", "+44 7700 900777");
     signup["device_id"] = json!("iphone-signup");
     let (status, body) = reason(app.limit_check(&signup).await).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     signup["device_id"] = json!("phone-unattested");
-    let (status, body) = reason(app.limit_check(&signup).await).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(
-        body["error"]["details"]["reason"], "destination_rate",
-        "{body}"
-    );
+    refused_by_destination(&app, &signup).await;
 }
