@@ -197,6 +197,19 @@ pub fn asn_lookups(c: &mut Criterion) {
             black_box(from_mmdb.asn(queries[i]))
         });
     });
+    // The number alone, as scoring asks for it on every request.
+    group.bench_function(BenchmarkId::new("palisade_asn_number", asn_ranges), |b| {
+        b.iter(|| {
+            i = (i + 1) % queries.len();
+            black_box(snapshot.asn_number(queries[i]))
+        });
+    });
+    group.bench_function(BenchmarkId::new("maxminddb_asn_number", asn_ranges), |b| {
+        b.iter(|| {
+            i = (i + 1) % queries.len();
+            black_box(from_mmdb.asn_number(queries[i]))
+        });
+    });
     group.bench_function(BenchmarkId::new("maxminddb_verdict", asn_ranges), |b| {
         b.iter(|| {
             i = (i + 1) % queries.len();

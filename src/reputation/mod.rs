@@ -81,12 +81,11 @@ struct AsnRanges {
 }
 
 impl AsnRanges {
-    fn lookup(&self, position: u128) -> Option<(u32, Arc<str>)> {
-        let i = self
-            .starts
-            .partition_point(|&s| s <= position)
-            .checked_sub(1)?;
-        (position <= self.ends[i]).then(|| (self.asns[i], self.orgs[i].clone()))
+    /// The index of the range covering `position` (IPv4 searches one /16 of the starts).
+    fn lookup(&self, position: u128) -> Option<usize> {
+        let i =
+            table::starts_at_or_before(&self.starts, &self.v4_index, position).checked_sub(1)?;
+        (position <= self.ends[i]).then_some(i)
     }
 }
 
@@ -207,36 +206,36 @@ impl Snapshot {
 
     /// The ASN and organisation of `ip` (from the mmdb files first, then the ASN ranges).
     pub fn asn(&self, ip: IpAddr) -> Option<(u32, String)> {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-            v4 => v4,
-        };
+        let ip = unmapped(ip);
         self.asn_of(ip, parse::position(ip))
+            .map(|(asn, org)| (asn, org.to_owned()))
     }
 
-    fn asn_of(&self, ip: IpAddr, position: u128) -> Option<(u32, String)> {
+    /// The ASN of `ip` alone, as [`Snapshot::asn`] finds it, without copying the
+    /// organisation's name (what scoring asks on every request).
+    pub fn asn_number(&self, ip: IpAddr) -> Option<u32> {
+        let ip = unmapped(ip);
+        self.asn_of(ip, parse::position(ip)).map(|(asn, _)| asn)
+    }
+
+    /// The ASN and organisation of `ip` (unmapped, at `position`), borrowed from the data.
+    fn asn_of(&self, ip: IpAddr, position: u128) -> Option<(u32, &str)> {
         for reader in &self.mmdbs {
             if let Ok(result) = reader.lookup(ip)
                 && let Ok(Some(asn)) = result.decode::<maxminddb::geoip2::Asn<'_>>()
                 && let Some(number) = asn.autonomous_system_number
             {
-                return Some((
-                    number,
-                    asn.autonomous_system_organization.unwrap_or("").to_owned(),
-                ));
+                return Some((number, asn.autonomous_system_organization.unwrap_or("")));
             }
         }
         self.asn_ranges
             .lookup(position)
-            .map(|(asn, org)| (asn, org.to_string()))
+            .map(|i| (self.asn_ranges.asns[i], &*self.asn_ranges.orgs[i]))
     }
 
     /// All classes, sources and the ASN of one address; `factors` weighs the classes.
     pub fn lookup(&self, ip: IpAddr, factors: &ReputationSettings) -> Verdict {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-            v4 => v4,
-        };
+        let ip = unmapped(ip);
         let position = parse::position(ip);
         let mut hits: Vec<u16> = self.table.lookup(position).to_vec();
         let asn = self.asn_of(ip, position);
@@ -279,12 +278,20 @@ impl Snapshot {
         Verdict {
             ip,
             asn: asn.as_ref().map(|(n, _)| *n),
-            as_org: asn.map(|(_, org)| org).filter(|o| !o.is_empty()),
+            as_org: asn.map(|(_, org)| org.to_owned()).filter(|o| !o.is_empty()),
             classes: classes.into_iter().collect(),
             sources,
             multiplier,
             reasons,
         }
+    }
+}
+
+/// `ip` with an IPv4-mapped IPv6 address as the IPv4 address it maps.
+fn unmapped(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
     }
 }
 
@@ -322,7 +329,7 @@ impl Reputation {
 
     /// The ASN of `ip`, without the rest of a verdict.
     pub fn asn(&self, ip: IpAddr) -> Option<u32> {
-        self.current.load().asn(ip).map(|(asn, _)| asn)
+        self.current.load().asn_number(ip)
     }
 
     /// The current snapshot.
