@@ -140,7 +140,13 @@ fn run(scenario: &Scenario, seed: u64) -> Outcome {
                     })
                     .collect();
                 // Liveness as the database saw it when it answered.
-                let target = lease.share(REGIONS[r], &reports, at - LATENCY_MS[r]);
+                let target = lease.share(
+                    REGIONS[r],
+                    &reports,
+                    at - LATENCY_MS[r],
+                    RATE * RENEW_MS as f64 / 1000.0,
+                    scenario.fail == FailMode::Open,
+                );
                 region.share = step(region.leased.then_some(region.share), target);
                 region.leased = true;
                 region.renewed_ms = now;
@@ -213,6 +219,18 @@ fn main() {
             name: "far region cut off 40–70 s, 200 %, fail open",
             demand: |_| [100.0, 60.0, 40.0],
             partition: Some((2, 40.0, 70.0)),
+            fail: FailMode::Open,
+        },
+        Scenario {
+            name: "far region down from 40 s, its traffic to the near one, 80 %, fail open",
+            demand: |t| {
+                if t < 40.0 {
+                    [40.0, 24.0, 16.0]
+                } else {
+                    [56.0, 24.0, 0.0]
+                }
+            },
+            partition: Some((2, 40.0, f64::INFINITY)),
             fail: FailMode::Open,
         },
         Scenario {

@@ -23,7 +23,8 @@ pub struct RegionSettings {
     /// TOML `regions.count`, env `PALISADE_REGIONS__COUNT`; default 1, 1–16.
     pub count: u32,
     /// Budgets held across regions (names in `[[limits.budgets]]`): each region spends a
-    /// share of each key's budget, leased in proportion to its recent demand. Typical:
+    /// share of each key's budget, leased from its recent demand (what no region asks for
+    /// is divided equally; a budget asked beyond its rate, in proportion). Typical:
     /// `auth-account` (an account's logins) and tenant quotas. The other budgets are each
     /// region's own.
     ///

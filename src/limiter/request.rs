@@ -51,9 +51,17 @@ pub trait GlobalShares: Send + Sync + std::fmt::Debug {
     /// Which budget held across regions `budget` is (an index for [`GlobalShares::share`]).
     fn global(&self, budget: &str) -> Option<usize>;
     /// The share of global budget `global` this region spends for `subject` now; `cost`
-    /// counts as demand for it. For a class that fails closed (`fails_closed`), a region
-    /// that could not renew its leases for longer than a lease spends next to nothing.
-    fn share(&self, global: usize, subject: &str, cost: u32, fails_closed: bool) -> f64;
+    /// counts as demand for it, weighed against the budget's `refill_per_s`. For a class
+    /// that fails closed (`fails_closed`), a region that could not renew its leases for
+    /// longer than a lease spends next to nothing.
+    fn share(
+        &self,
+        global: usize,
+        subject: &str,
+        cost: u32,
+        refill_per_s: f64,
+        fails_closed: bool,
+    ) -> f64;
 }
 
 /// The socket scoring plugs into: default multipliers of a request's subjects (the limiter

@@ -108,7 +108,13 @@ impl Limiter {
                 .and_then(|shares| {
                     let global = shares.global(&budget.name)?;
                     let fails_closed = class_info.fail == crate::config::FailMode::Closed;
-                    Some(shares.share(global, subject.as_str(), request.cost, fails_closed))
+                    Some(shares.share(
+                        global,
+                        subject.as_str(),
+                        request.cost,
+                        budget.refill_per_s(),
+                        fails_closed,
+                    ))
                 })
                 .unwrap_or(1.0);
             Scope {

@@ -34,6 +34,11 @@ struct Entry {
     period: f64,
     /// What was reported last (smoothed).
     reported: Option<f64>,
+    /// The budget's refill per renewal period (demand is weighed against it), as last spent.
+    budget: f64,
+    /// Whether the class last spending it fails closed (how long a silent region's share
+    /// is held for it: [`Lease::share`]).
+    fails_closed: bool,
 }
 
 /// Leased shares of the global budgets, per key.
@@ -147,7 +152,13 @@ impl Shares {
         for ((budget, subject), entry) in keys.iter_mut() {
             if let Some(reports) = reports.get(&(self.budgets[*budget].as_str(), subject.as_str()))
             {
-                let target = self.lease.share(&self.region, reports, now_ms);
+                let target = self.lease.share(
+                    &self.region,
+                    reports,
+                    now_ms,
+                    entry.budget,
+                    !entry.fails_closed,
+                );
                 entry.share = Some(step(entry.share, target));
             }
         }
@@ -163,10 +174,11 @@ impl Shares {
         );
     }
 
-    /// Deletes reports older than ten leases (keys no region uses any more).
+    /// Deletes reports older than two open leases (keys no region uses any more; a report
+    /// counts for at most one, [`Lease::open_lease_ms`]).
     pub async fn prune(&self) -> Result<u64, sqlx::Error> {
         Ok(sqlx::query(PRUNE)
-            .bind(self.lease.lease_ms.saturating_mul(10))
+            .bind(self.lease.open_lease_ms.saturating_mul(2))
             .execute(&self.pool)
             .await?
             .rows_affected())
@@ -204,7 +216,14 @@ impl crate::limiter::GlobalShares for Shares {
     }
 
     /// At least [`MIN_SHARE`]; a key never leased gets the fair slice.
-    fn share(&self, global: usize, subject: &str, cost: u32, fails_closed: bool) -> f64 {
+    fn share(
+        &self,
+        global: usize,
+        subject: &str,
+        cost: u32,
+        refill_per_s: f64,
+        fails_closed: bool,
+    ) -> f64 {
         let cut_off = fails_closed && {
             let renewed = self.renewed_us.load(std::sync::atomic::Ordering::Acquire);
             let lease_us = u64::try_from(self.lease.lease_ms).unwrap_or(0) * 1000;
@@ -216,6 +235,8 @@ impl crate::limiter::GlobalShares for Shares {
             None => keys.entry((global, subject.to_owned())).or_default(),
         };
         entry.period += f64::from(cost);
+        entry.budget = refill_per_s * self.renew.as_secs_f64();
+        entry.fails_closed = fails_closed;
         if cut_off {
             return MIN_SHARE;
         }
