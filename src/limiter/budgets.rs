@@ -7,6 +7,7 @@ pub use super::matching::glob_match;
 use super::matching::{ClassCache, Pattern};
 use super::target;
 use crate::config::{BudgetSettings, FailMode, LimitSettings, ScopeKind, When};
+use crate::telemetry::metrics as names;
 
 /// One configured class, ready for matching.
 #[derive(Debug, Clone)]
@@ -22,6 +23,21 @@ pub struct Class {
     pub shadow: bool,
     /// Indices into [`Budgets::budgets`] that may apply to this class.
     pub budgets: Vec<usize>,
+    /// The handles of the metrics its checks record.
+    pub metrics: Arc<ClassMetrics>,
+}
+
+/// The metric handles of one class.
+///
+/// Each is registered on its first use, with the recorder in force then (requests come
+/// after `App::build` installed it). A table put in force later registers its own, which
+/// name the same series.
+#[derive(Debug, Default)]
+pub struct ClassMetrics {
+    /// Decisions, by deciding scope and outcome.
+    pub decisions: names::Handles<(&'static str, &'static str), metrics::Counter>,
+    /// What the deciding scope had left, as a ratio of its limit.
+    pub remaining: std::sync::OnceLock<metrics::Histogram>,
 }
 
 /// Which subjects a request names, for the budgets that key by them.
@@ -103,6 +119,7 @@ impl Budgets {
                         fail: class.fail,
                         shadow: class.shadow,
                         budgets,
+                        metrics: Arc::default(),
                     },
                 )
             })

@@ -47,7 +47,13 @@ impl Limiter {
                         self.outcome(budgets, scope, raw)
                     })
                     .collect();
-                Ok(self.conclude(class_name, outcomes, now_ms, true, false))
+                Ok(self.conclude(
+                    (class_name, &budgets.classes[class].metrics),
+                    outcomes,
+                    now_ms,
+                    true,
+                    false,
+                ))
             }
         }
     }

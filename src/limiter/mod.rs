@@ -51,9 +51,6 @@ pub const BLOCKED_RETRY_MS: u64 = 60_000;
 pub struct Limiter {
     /// The budget table in force (a promoted policy swaps it whole; one check reads one).
     budgets: arc_swap::ArcSwap<Budgets>,
-    /// Every table ever in force: class names stay allocated, so the metric handles keyed
-    /// by their addresses never see an address reused.
-    retired: std::sync::Mutex<Vec<Arc<Budgets>>>,
     keys: Keys,
     hot: Hot,
     clock: Arc<dyn Clock>,
@@ -77,13 +74,10 @@ pub struct Limiter {
     shares: Option<Arc<dyn GlobalShares>>,
 }
 
-/// The handles of the metrics every check records.
+/// The handles of the metrics every check records, but for those of each class
+/// ([`budgets::ClassMetrics`]).
 #[derive(Debug, Default)]
 struct Metrics {
-    /// By class (its name's address), deciding scope and outcome.
-    decisions: names::Handles<(usize, &'static str, &'static str), metrics::Counter>,
-    /// By class (its name's address).
-    remaining: names::Handles<usize, metrics::Histogram>,
     redis_latency: std::sync::OnceLock<metrics::Histogram>,
     /// Checks answered from the L1 cache (a hot blocked key: every request of a flood).
     l1_hits: std::sync::OnceLock<metrics::Counter>,
@@ -109,7 +103,6 @@ impl Limiter {
         );
         Self {
             budgets: arc_swap::ArcSwap::from_pointee(budgets),
-            retired: std::sync::Mutex::new(Vec::new()),
             keys,
             hot,
             clock,
@@ -194,11 +187,6 @@ impl Limiter {
     pub fn set_budgets(&self, settings: &LimitSettings) -> Result<(), String> {
         self.same_classes(settings)?;
         let next = Budgets::from_settings(settings);
-        let current = self.budgets.load_full();
-        self.retired
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(current);
         self.budgets.store(Arc::new(next));
         self.l1.clear();
         Ok(())
@@ -231,6 +219,7 @@ impl Limiter {
         let budgets: &Budgets = &budgets;
         let class = budgets.classify(&request.method, &request.endpoint);
         let class_name = budgets.classes[class].name.clone();
+        let class_metrics = budgets.classes[class].metrics.clone();
         let attested = self.attested(budgets, class, request).await;
         let scopes = self.scopes(budgets, class, request, attested);
         affordable(budgets, &scopes, request.cost)?;
@@ -245,7 +234,7 @@ impl Limiter {
                 .l1_hits
                 .get_or_init(|| metrics::counter!(names::LIMIT_L1_HITS_TOTAL))
                 .increment(1);
-            return Ok(self.conclude(class_name, outcomes, now_ms, false, true));
+            return Ok(self.conclude((class_name, &class_metrics), outcomes, now_ms, false, true));
         }
 
         if self.rebuilding.load(std::sync::atomic::Ordering::Acquire)
@@ -305,7 +294,8 @@ impl Limiter {
                 }
             }
         }
-        let mut decision = self.conclude(class_name, outcomes, now_ms, false, false);
+        let mut decision =
+            self.conclude((class_name, &class_metrics), outcomes, now_ms, false, false);
         decision.login_guard = !decision.allowed && scopes.iter().any(|s| s.guarded);
         decision.challenge = challenge;
         Ok(decision)
@@ -366,9 +356,11 @@ impl Limiter {
         }
     }
 
+    /// The decision from the scopes' outcomes, counted in `class`'s metrics (its name and
+    /// handles).
     fn conclude(
         &self,
-        class: Arc<str>,
+        (class, class_metrics): (Arc<str>, &budgets::ClassMetrics),
         scopes: Vec<ScopeOutcome>,
         now_ms: i64,
         degraded: bool,
@@ -398,10 +390,8 @@ impl Limiter {
                 (true, false, false) => "shadow_limited",
                 (true, false, true) => "allowed",
             };
-            // Keyed by the class name's address: the names live in `budgets` as long as `self`.
-            let class_id = class.as_ptr() as usize;
-            self.metrics.decisions.with(
-                (class_id, scope_label, outcome),
+            class_metrics.decisions.with(
+                (scope_label, outcome),
                 || metrics::counter!(names::LIMIT_DECISIONS_TOTAL, "class" => class.to_string(), "scope" => scope_label, "outcome" => outcome),
                 |counter| counter.increment(1),
             );
@@ -409,11 +399,10 @@ impl Limiter {
             if let Some(scope) = deciding.map(|i| &scopes[i])
                 && scope.limit > 0
             {
-                self.metrics.remaining.with(
-                    class_id,
-                    || metrics::histogram!(names::LIMIT_REMAINING_RATIO, "class" => class.to_string()),
-                    |histogram| histogram.record(scope.remaining as f64 / scope.limit as f64),
-                );
+                class_metrics
+                    .remaining
+                    .get_or_init(|| metrics::histogram!(names::LIMIT_REMAINING_RATIO, "class" => class.to_string()))
+                    .record(scope.remaining as f64 / scope.limit as f64);
             }
         }
         Decision {
@@ -572,50 +561,4 @@ struct RawOutcome {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn limiter(clock: &crate::clock::ManualClock) -> Limiter {
-        Limiter::new(
-            &crate::config::LimitSettings::default(),
-            Hot::Memory(crate::store::MemoryHot::new()),
-            Keys::new("t"),
-            Arc::new(clock.clone()),
-        )
-    }
-
-    fn counted(limiter: &Limiter, now_ms: i64) -> u64 {
-        limiter
-            .rates()
-            .series("read", now_ms, 5)
-            .unwrap_or_default()
-            .iter()
-            .map(|m| m.allowed + m.limited)
-            .sum()
-    }
-
-    #[tokio::test]
-    async fn an_unobserved_limiter_decides_alike_and_counts_nothing() {
-        let clock = crate::clock::ManualClock::new(1_800_000_000_000);
-        let request = LimitRequest {
-            method: "GET".to_owned(),
-            endpoint: "/feed".to_owned(),
-            ip: crate::model::ClientIp::parse("192.0.2.1", 64).unwrap(),
-            user: None,
-            device: None,
-            tenant: None,
-            recipient: None,
-            cost: 1,
-            consume: true,
-        };
-        let (observed, unobserved) = (limiter(&clock), limiter(&clock).unobserved());
-        for _ in 0..3 {
-            let a = observed.check(&request).await.unwrap();
-            let b = unobserved.check(&request).await.unwrap();
-            assert_eq!((a.allowed, a.scopes), (b.allowed, b.scopes));
-        }
-        let now = clock.now_ms();
-        assert_eq!(counted(&observed, now), 3);
-        assert_eq!(counted(&unobserved, now), 0);
-    }
-}
+mod tests;

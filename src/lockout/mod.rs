@@ -18,13 +18,13 @@ mod record; // a batch's window operations and each failure's consequences
 mod restore; // markers of the lockouts in force, put back after the hot store lost its data
 mod review; // listing, one lockout, release
 mod rule; // the lockout-DoS rule as the limiter's Exemptions socket
+mod spraying; // blocking and suspecting sources that fail on many accounts
 mod status; // the status of a login context and the lockout-DoS rule
 mod store; // SQL of lockouts
 mod tried; // logins a source's own budget refused, counted as spraying evidence
 pub mod velocity; // the hot side: windows, lock markers, known contexts
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
