@@ -189,6 +189,22 @@ pub fn messaging_check(c: &mut Criterion) {
     });
     // A resend, a flood or a pump repeats its spellings: the service remembers them.
     let recipients = palisade::messaging::Recipients::new(MessagingSettings::default());
+    // The service's path for a number it has not seen: the parse, then remembering it (100k
+    // numbers in turn overflow what is remembered: every one misses, is stored, evicts).
+    group.bench_function(
+        BenchmarkId::new("with_phone_recipient_first_seen_remembered", KEYS),
+        |b| {
+            b.iter(|| {
+                index = (index + 1) % numbers.len();
+                clock.advance(Duration::from_micros(1));
+                let recipient = recipients.parse(&numbers[index]).unwrap();
+                let decision = runtime
+                    .block_on(limiter.check(&request(index, Some(recipient.into()))))
+                    .unwrap();
+                black_box(decision.allowed)
+            });
+        },
+    );
     let repeated: Vec<String> = numbers.iter().take(1000).cloned().collect();
     group.bench_function(
         BenchmarkId::new("with_phone_recipient_remembered", 1000),
