@@ -8,6 +8,7 @@ use criterion::{criterion_group, criterion_main};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod attestation;
+mod growth;
 mod limiter;
 mod policy;
 mod reputation;
@@ -24,6 +25,8 @@ criterion_group!(
     reputation::asn_lookups,
     attestation::play_integrity,
     attestation::app_attest_assertion,
-    velocity::account_value_update
+    velocity::account_value_update,
+    growth::reputation,
+    growth::buckets
 );
 criterion_main!(benches);
