@@ -131,3 +131,95 @@ pub fn buckets(c: &mut Criterion) {
     }
     group.finish();
 }
+
+pub fn classes(c: &mut Criterion) {
+    use palisade::clock::ManualClock;
+    use palisade::config::{BudgetSettings, ClassSettings, LimitSettings, ScopeKind};
+    use palisade::limiter::{LimitRequest, Limiter};
+    use palisade::model::{ClientIp, SubjectKey};
+    use palisade::store::{Hot, Keys};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let mut group = c.benchmark_group("growth_classes_check");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(20);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for count in [10usize, 100, 1000] {
+        // The default classes and budgets, and `count` more classes each with a budget of
+        // its own; every budget so large that no bucket refills to full within the run.
+        let mut settings = LimitSettings::default();
+        for i in 0..count {
+            settings.classes.insert(
+                format!("svc{i}"),
+                ClassSettings {
+                    paths: vec![format!("/svc{i}/*")],
+                    priority: 50,
+                    ..ClassSettings::default()
+                },
+            );
+            settings.budgets.push(BudgetSettings {
+                name: format!("svc{i}-user"),
+                scope: ScopeKind::EndpointUser,
+                classes: vec![format!("svc{i}")],
+                limit: 1,
+                period_s: 1,
+                burst: None,
+                when: palisade::config::When::Always,
+                shadow: false,
+            });
+        }
+        for budget in &mut settings.budgets {
+            budget.limit = 1_000_000_000;
+            budget.period_s = 1_000_000_000;
+        }
+        let clock = ManualClock::new(1_800_000_000_000);
+        let limiter = Limiter::new(
+            &settings,
+            Hot::Memory(MemoryHot::new()),
+            Keys::new("pal"),
+            Arc::new(clock.clone()),
+        );
+        // The class tried last, a path of its own per request (an id in it), 100k users.
+        let last = count - 1;
+        let requests: Vec<LimitRequest> = (0..100_000)
+            .map(|i| LimitRequest {
+                method: "GET".to_owned(),
+                endpoint: format!("/svc{last}/items/{i}"),
+                ip: ClientIp::parse(
+                    &format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+                    64,
+                )
+                .unwrap(),
+                user: Some(SubjectKey::user(&format!("user-{i}"), 64).unwrap()),
+                device: None,
+                tenant: None,
+                recipient: None,
+                cost: 1,
+                consume: true,
+            })
+            .collect();
+        let decision = runtime.block_on(limiter.check(&requests[0])).unwrap();
+        assert_eq!(
+            &*decision.class,
+            format!("svc{last}"),
+            "the request reaches its class"
+        );
+        let mut i = 0;
+        group.bench_function(BenchmarkId::from_parameter(count), |b| {
+            b.iter(|| {
+                i = (i + 1) % requests.len();
+                clock.advance(Duration::from_micros(1));
+                black_box(
+                    runtime
+                        .block_on(limiter.check(&requests[i]))
+                        .unwrap()
+                        .allowed,
+                )
+            })
+        });
+    }
+    group.finish();
+}

@@ -27,6 +27,7 @@ criterion_group!(
     attestation::app_attest_assertion,
     velocity::account_value_update,
     growth::reputation,
-    growth::buckets
+    growth::buckets,
+    growth::classes
 );
 criterion_main!(benches);

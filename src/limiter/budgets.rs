@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 pub use super::matching::glob_match;
-use super::matching::{ClassCache, Pattern};
+use super::matching::{ClassCache, FirstSegments, Pattern};
 use super::target;
 use crate::config::{BudgetSettings, FailMode, LimitSettings, ScopeKind, When};
 use crate::telemetry::metrics as names;
@@ -88,6 +88,8 @@ pub struct Budgets {
     case_insensitive: bool,
     /// The classes of recently seen (method, endpoint) pairs as sent.
     recent: ClassCache,
+    /// The classes a path may be in, by its first segment.
+    first_segments: FirstSegments,
 }
 
 impl Budgets {
@@ -140,7 +142,9 @@ impl Budgets {
         let mut strictest_first: Vec<usize> = (0..classes.len()).collect();
         strictest_first
             .sort_by_key(|&i| (classes[i].fail == FailMode::Open, !per_address(&classes[i])));
+        let first_segments = FirstSegments::new(classes.iter().map(|c| c.patterns.as_slice()));
         Self {
+            first_segments,
             classes,
             budgets: settings.budgets.clone(),
             names: settings
@@ -184,7 +188,8 @@ impl Budgets {
 
     /// The class of a canonical path.
     fn classify_path(&self, method: &str, path: &str) -> usize {
-        for (index, class) in self.classes.iter().enumerate() {
+        for index in self.first_segments.candidates(path) {
+            let class = &self.classes[index];
             let method_ok = class.methods.is_empty()
                 || class.methods.iter().any(|m| m.eq_ignore_ascii_case(method));
             if method_ok && class.patterns.iter().any(|p| p.matches(path)) {

@@ -99,6 +99,17 @@ impl Pattern {
         Self { pieces, middle }
     }
 
+    /// The first path segment every text this matches starts with (`auth` of `/auth/*` and
+    /// of `/auth`); None when a star comes before it ends (`/auth*`, `*.json`).
+    pub(super) fn first_segment(&self) -> Option<&str> {
+        let rest = self.pieces.first()?.strip_prefix('/')?;
+        match rest.find('/') {
+            Some(end) => Some(&rest[..end]),
+            None if self.pieces.len() == 1 => Some(rest),
+            None => None,
+        }
+    }
+
     pub(super) fn matches(&self, text: &str) -> bool {
         let Some((first, rest_pieces)) = self.pieces.split_first() else {
             return text.is_empty();
@@ -120,7 +131,126 @@ impl Pattern {
     }
 }
 
+/// The classes whose patterns may match a path, by the path's first segment.
+///
+/// A pattern that names its first segment literally (`/auth/*`, `/login`) matches only
+/// paths with that segment, so a path is tried against the classes with a pattern of its own
+/// segment and those with a pattern that starts with a star, in the order classes are
+/// tried, rather than against every class: the cost of a path no cache holds stays flat as
+/// classes are added.
+#[derive(Debug, Clone, Default)]
+pub(super) struct FirstSegments {
+    by_segment: std::collections::HashMap<Box<str>, Vec<usize>, foldhash::fast::RandomState>,
+    /// Classes with a pattern that may match any first segment.
+    any: Vec<usize>,
+}
+
+impl FirstSegments {
+    /// From each class's patterns, classes in the order they are tried.
+    pub(super) fn new<'a>(classes: impl Iterator<Item = &'a [Pattern]>) -> Self {
+        let mut out = Self::default();
+        for (index, patterns) in classes.enumerate() {
+            for pattern in patterns {
+                let list = match pattern.first_segment() {
+                    Some(segment) => out.by_segment.entry(segment.into()).or_default(),
+                    None => &mut out.any,
+                };
+                if list.last() != Some(&index) {
+                    list.push(index);
+                }
+            }
+        }
+        out
+    }
+
+    /// The classes that may match `path`, in the order they are tried.
+    pub(super) fn candidates(&self, path: &str) -> impl Iterator<Item = usize> + '_ {
+        let own = path
+            .strip_prefix('/')
+            .map(|rest| rest.split_once('/').map_or(rest, |(segment, _)| segment))
+            .and_then(|segment| self.by_segment.get(segment))
+            .map_or(&[][..], Vec::as_slice);
+        let (mut a, mut b) = (
+            own.iter().copied().peekable(),
+            self.any.iter().copied().peekable(),
+        );
+        std::iter::from_fn(move || match (a.peek().copied(), b.peek().copied()) {
+            (Some(x), Some(y)) if x == y => {
+                a.next();
+                b.next()
+            }
+            (Some(x), Some(y)) if x < y => a.next(),
+            (Some(_), Some(_)) | (None, Some(_)) => b.next(),
+            (Some(_), None) => a.next(),
+            (None, None) => None,
+        })
+    }
+}
+
 /// `*` matches any run of characters (including `/`); everything else literally.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
     Pattern::new(pattern).matches(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first class (in order) with a pattern matching `path`, trying every class.
+    fn every_class(classes: &[Vec<Pattern>], path: &str) -> Option<usize> {
+        classes
+            .iter()
+            .position(|patterns| patterns.iter().any(|p| p.matches(path)))
+    }
+
+    #[test]
+    fn the_classes_of_a_first_segment_find_what_every_class_finds() {
+        let texts: &[&[&str]] = &[
+            &["/auth/*", "/login"],
+            &["/login*"],
+            &["*.json"],
+            &["/v1/*/push*", "/devices/*/push*"],
+            &["/"],
+            &["/otp/send", "/sms*"],
+            &[],
+            &["/auth"],
+            &["*"],
+        ];
+        let classes: Vec<Vec<Pattern>> = texts
+            .iter()
+            .map(|patterns| patterns.iter().map(|p| Pattern::new(p)).collect())
+            .collect();
+        let segments = FirstSegments::new(classes.iter().map(Vec::as_slice));
+        let paths = [
+            "/",
+            "/auth",
+            "/auth/",
+            "/auth/token",
+            "/authx",
+            "/login",
+            "/login.json",
+            "/loginx/y",
+            "/v1/a/push",
+            "/v1/push",
+            "/devices/9/push/x",
+            "/otp/send",
+            "/otp/send/",
+            "/sms",
+            "/smsx/1",
+            "/x.json",
+            "",
+            "login",
+            "/a/b/c",
+            "//",
+        ];
+        for path in paths {
+            let found = segments
+                .candidates(path)
+                .find(|&i| classes[i].iter().any(|p| p.matches(path)));
+            assert_eq!(found, every_class(&classes, path), "{path:?}");
+        }
+        // Fewer classes tried than there are: `/otp/send` meets its own and the starred.
+        let tried: Vec<usize> = segments.candidates("/otp/send").collect();
+        assert_eq!(tried, [1, 2, 5, 8]);
+    }
 }

@@ -38,25 +38,35 @@ pub struct Minute {
 #[derive(Debug)]
 pub struct Rates {
     rings: Vec<Ring>,
+    /// Each class's ring, by name: one hash per decision, however many classes there are.
+    by_class: std::collections::HashMap<Box<str>, usize, foldhash::fast::RandomState>,
 }
 
 impl Rates {
     /// Rings for these classes.
     pub fn new<'a>(classes: impl IntoIterator<Item = &'a str>) -> Self {
-        Self {
-            rings: classes
-                .into_iter()
-                .map(|class| Ring {
-                    class: class.to_owned(),
-                    slots: (0..MINUTES).map(|_| Slot::default()).collect(),
-                })
-                .collect(),
-        }
+        let rings: Vec<Ring> = classes
+            .into_iter()
+            .map(|class| Ring {
+                class: class.to_owned(),
+                slots: (0..MINUTES).map(|_| Slot::default()).collect(),
+            })
+            .collect();
+        let by_class = rings
+            .iter()
+            .enumerate()
+            .map(|(i, ring)| (ring.class.as_str().into(), i))
+            .collect();
+        Self { rings, by_class }
+    }
+
+    fn ring(&self, class: &str) -> Option<&Ring> {
+        self.by_class.get(class).map(|&i| &self.rings[i])
     }
 
     /// Counts one decision of `class` at `now_ms`.
     pub fn record(&self, class: &str, now_ms: i64, allowed: bool) {
-        let Some(ring) = self.rings.iter().find(|r| r.class == class) else {
+        let Some(ring) = self.ring(class) else {
             return;
         };
         let minute = now_ms.div_euclid(60_000);
@@ -90,7 +100,7 @@ impl Rates {
     /// `class`'s last `minutes` minutes up to `now_ms`, oldest first (minutes without a
     /// decision at zero); `None` for a class not counted.
     pub fn series(&self, class: &str, now_ms: i64, minutes: usize) -> Option<Vec<Minute>> {
-        let ring = self.rings.iter().find(|r| r.class == class)?;
+        let ring = self.ring(class)?;
         let now = now_ms.div_euclid(60_000);
         let minutes = minutes.min(MINUTES) as i64;
         Some(
