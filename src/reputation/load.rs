@@ -223,6 +223,6 @@ pub fn load_with(
         snapshot.asn_ranges.asns.push(asn);
         snapshot.asn_ranges.orgs.push(org);
     }
-    snapshot.asn_ranges.v4_index = table::v4_index(&snapshot.asn_ranges.starts);
+    snapshot.asn_ranges.v4_index = table::V4Index::new(&snapshot.asn_ranges.starts);
     Ok(snapshot)
 }

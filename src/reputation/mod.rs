@@ -73,7 +73,7 @@ pub type ReportLine = (bool, String);
 /// IP→ASN ranges from a CSV (`start,end,asn,org`), sorted by start.
 #[derive(Debug, Default)]
 struct AsnRanges {
-    v4_index: Vec<u32>,
+    v4_index: table::V4Index,
     starts: Vec<u128>,
     ends: Vec<u128>,
     asns: Vec<u32>,
@@ -83,8 +83,10 @@ struct AsnRanges {
 impl AsnRanges {
     /// The index of the range covering `position` (IPv4 searches one /16 of the starts).
     fn lookup(&self, position: u128) -> Option<usize> {
-        let i =
-            table::starts_at_or_before(&self.starts, &self.v4_index, position).checked_sub(1)?;
+        let i = self
+            .v4_index
+            .starts_at_or_before(&self.starts, position)
+            .checked_sub(1)?;
         (position <= self.ends[i]).then_some(i)
     }
 }
