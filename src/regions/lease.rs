@@ -61,8 +61,8 @@ impl Lease {
     /// - demand within the budget: each gets its demand and an equal part of what is left
     ///   (so every region has room for a burst);
     /// - demand over it: in proportion to demand, as one bucket over every region would
-    ///   admit them. (Max-min fairness was tried: a region given exactly its mean demand
-    ///   refuses its own variance, and the regions together admitted 3 % fewer.)
+    ///   admit them. Not max-min fair: a region given exactly its mean demand would
+    ///   refuse its own variance.
     ///
     /// [`Lease::unleased`] when no region reported any demand. A report counts for a lease
     /// ([`Lease::lease_ms`]); for a class that fails open (`fails_open`) for
