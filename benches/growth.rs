@@ -1,7 +1,9 @@
 //! How a cost grows with what is held: the reputation table's lookup and memory at 10k, 1 M
 //! and 10 M ranges, and the in-process bucket store's check and memory at 10k, 1 M and
-//! 10 M live keys. Each size is its own entry of one group, so their ratios come from one
-//! run: `cargo bench --bench palisade -- growth`.
+//! 10 M live keys, and a check at 10, 100 and 1,000 configured classes. Each size is its own
+//! entry of one group, so their ratios come from one run: `cargo bench --bench growth`. A
+//! target of its own: filling the largest tables takes seconds and hundreds of MiB, which
+//! the other micro-benchmarks should not pay.
 //!
 //! A lookup that grows faster than the logarithm of the ranges, or memory faster than
 //! linearly, shows as a ratio between sizes beyond what the sizes explain.
@@ -9,11 +11,15 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use criterion::{BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use palisade::limiter::bucket::{Params, evaluate};
 use palisade::reputation::table::RangeTable;
 use palisade::store::MemoryHot;
 use rand::{Rng, SeedableRng};
+
+/// The same allocator as the `palisade` binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const SIZES: [usize; 3] = [10_000, 1_000_000, 10_000_000];
 
@@ -50,7 +56,7 @@ fn resident_bytes() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
-pub fn reputation(c: &mut Criterion) {
+fn reputation(c: &mut Criterion) {
     let mut group = c.benchmark_group("growth_reputation_lookup");
     group.throughput(Throughput::Elements(1));
     group.sample_size(20);
@@ -80,7 +86,7 @@ pub fn reputation(c: &mut Criterion) {
     group.finish();
 }
 
-pub fn buckets(c: &mut Criterion) {
+fn buckets(c: &mut Criterion) {
     let mut group = c.benchmark_group("growth_in_process_check");
     group.throughput(Throughput::Elements(1));
     group.sample_size(20);
@@ -132,7 +138,7 @@ pub fn buckets(c: &mut Criterion) {
     group.finish();
 }
 
-pub fn classes(c: &mut Criterion) {
+fn classes(c: &mut Criterion) {
     use palisade::clock::ManualClock;
     use palisade::config::{BudgetSettings, ClassSettings, LimitSettings, ScopeKind};
     use palisade::limiter::{LimitRequest, Limiter};
@@ -223,3 +229,6 @@ pub fn classes(c: &mut Criterion) {
     }
     group.finish();
 }
+
+criterion_group!(benches, reputation, buckets, classes);
+criterion_main!(benches);

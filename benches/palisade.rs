@@ -8,7 +8,6 @@ use criterion::{criterion_group, criterion_main};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod attestation;
-mod growth;
 mod limiter;
 mod policy;
 mod reputation;
@@ -25,9 +24,6 @@ criterion_group!(
     reputation::asn_lookups,
     attestation::play_integrity,
     attestation::app_attest_assertion,
-    velocity::account_value_update,
-    growth::reputation,
-    growth::buckets,
-    growth::classes
+    velocity::account_value_update
 );
 criterion_main!(benches);

@@ -253,4 +253,30 @@ mod tests {
         let tried: Vec<usize> = segments.candidates("/otp/send").collect();
         assert_eq!(tried, [1, 2, 5, 8]);
     }
+
+    proptest::proptest! {
+        /// Any classes of patterns and any path over a small alphabet (slashes, stars, two
+        /// letters, a dot, so that segments collide often): the first class found among the
+        /// candidates is the first class a scan of every class finds.
+        #[test]
+        fn generated_classes_and_paths_agree_with_a_scan_of_every_class(
+            texts in proptest::collection::vec(
+                proptest::collection::vec("[/*ab.]{0,6}", 0..3),
+                0..8,
+            ),
+            paths in proptest::collection::vec("[/ab.]{0,7}", 1..16),
+        ) {
+            let classes: Vec<Vec<Pattern>> = texts
+                .iter()
+                .map(|patterns| patterns.iter().map(|p| Pattern::new(p)).collect())
+                .collect();
+            let segments = FirstSegments::new(classes.iter().map(Vec::as_slice));
+            for path in &paths {
+                let found = segments
+                    .candidates(path)
+                    .find(|&i| classes[i].iter().any(|p| p.matches(path)));
+                proptest::prop_assert_eq!(found, every_class(&classes, path), "{:?}", path);
+            }
+        }
+    }
 }
