@@ -479,7 +479,7 @@ pub(crate) fn cluster_section(redis_port: u16, concurrency: u64, seconds: u64) {
     );
     println!("| hot store | checks/s (each run) | mean | ratio |\n|---|---|---|---|");
     println!(
-        "| one Redis (`redis://`, coalesced script pipe) | {:.0}, {:.0} | {:.0} | 1.00 |",
+        "| one Redis (`redis://`, coalesced script calls) | {:.0}, {:.0} | {:.0} | 1.00 |",
         single[0],
         single[1],
         mean(&single)

@@ -1,6 +1,9 @@
 //! Single-use challenges: issued per device, consumed once by the submission that answers.
 
-use super::*;
+use super::{Attestation, Error, Rejection};
+use crate::model::SubjectKey;
+use crate::store::Hot;
+use crate::store::scripts::CHALLENGE_CONSUME;
 
 /// A used or expired challenge is remembered this long, so it is named as such.
 const TOMBSTONE_MS: i64 = 3_600_000;

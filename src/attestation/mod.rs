@@ -22,15 +22,12 @@ pub use signals::{AttestedDevices, UnverifiedSignal};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::clock::Clock;
 use crate::config::{AttestationSettings, Settings};
-use crate::model::{Reason, SubjectKey, SubjectKind};
-use crate::scoring::{Change, Engine, Factor, Signal, Subject};
-use crate::store::scripts::CHALLENGE_CONSUME;
+use crate::model::Reason;
+use crate::scoring::Engine;
 use crate::store::{Durable, Hot, Keys, Stores};
-use crate::telemetry::metrics as names;
 
 /// Name of the signal in factors and reasons.
 pub const SIGNAL: &str = "attestation";

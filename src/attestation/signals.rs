@@ -1,9 +1,14 @@
 //! What attestation tells the rest of the service: the `unverified` pull signal for devices
 //! without a valid verdict, and attested devices as a known context for the lockout-DoS rule.
 
-use std::borrow::Cow;
+use std::sync::Arc;
 
-use super::*;
+use super::{Attestation, SIGNAL};
+use crate::clock::Clock;
+use crate::model::{SubjectKey, SubjectKind};
+use crate::scoring::{Engine, Factor, Signal, Subject};
+
+use std::borrow::Cow;
 
 impl Attestation {
     /// The pull signal giving devices without a verdict the `unverified` factor.

@@ -1,7 +1,15 @@
 //! Verifying a submission: the challenge consumed, the platform's statement checked, the
 //! verdict stored and the device's factor asserted.
 
-use super::*;
+use sha2::{Digest, Sha256};
+
+use super::{
+    Attestation, DECODED, Error, Level, Rejection, SIGNAL, Submission, Verdict, app_attest, hex,
+    play_integrity, store, unhex,
+};
+use crate::model::{Reason, SubjectKey};
+use crate::scoring::{Change, Factor};
+use crate::telemetry::metrics as names;
 
 impl Attestation {
     /// Verifies a submission for `device` (`device_id` as sent) against the challenge it was

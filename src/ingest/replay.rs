@@ -1,7 +1,9 @@
 //! Replaying stored auth events into the hot store's windows, after the hot store lost its
 //! data (`crate::recovery`).
 
-use super::*;
+use super::{AuthEvent, Error, Ingest, Limits, store};
+use crate::lockout::LoginEvent;
+use crate::model::Identifiers;
 
 impl Ingest {
     /// Replays the stored auth events into the hot store's windows (it lost its data): the

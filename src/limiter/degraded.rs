@@ -1,7 +1,15 @@
 //! A check when the hot store fails: a class that fails open allows every scope (counted
 //! and logged as `fail_open`); one that fails closed answers [`Error::FailClosed`].
 
-use super::*;
+use std::sync::Arc;
+
+use super::budgets::Budgets;
+use super::request::{Decision, Error};
+use super::scopes::Scope;
+
+use super::{Limiter, RawOutcome};
+use crate::config::FailMode;
+use crate::telemetry::metrics as names;
 
 impl Limiter {
     pub(super) fn degraded(

@@ -1,7 +1,11 @@
 //! The in-process backend: every scope's bucket checked and taken under one lock of the
 //! in-process hot store, with the same arithmetic as `lua/token_bucket.lua` ([`bucket`]).
 
-use super::*;
+use super::request::LimitRequest;
+use super::scopes::Scope;
+
+use super::{Limiter, RawOutcome, bucket};
+use crate::store::MemoryHot;
 
 impl Limiter {
     pub(super) fn evaluate_memory(

@@ -8,6 +8,7 @@
 
 pub mod bucket;
 pub mod budgets;
+mod calls;
 mod cluster;
 mod degraded;
 mod l1;
@@ -29,8 +30,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::{FailMode, LimitSettings, ScopeKind};
-use crate::model::{ClientIp, SubjectKey};
-use crate::store::{Hot, Keys, MemoryHot};
+use crate::store::{Hot, Keys};
 use crate::telemetry::metrics as names;
 
 pub use budgets::Budgets;

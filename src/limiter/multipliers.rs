@@ -1,7 +1,11 @@
 //! Writing a subject's multiplier directly where the limiter reads it, beside scoring's
 //! publishes (for tools and tests that set a multiplier by hand).
 
-use super::*;
+use std::time::Duration;
+
+use super::Limiter;
+use crate::model::SubjectKey;
+use crate::store::Hot;
 
 impl Limiter {
     /// Publishes a multiplier for `subject`, for one endpoint class or (None) every class,

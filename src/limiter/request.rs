@@ -1,7 +1,10 @@
 //! What a check is asked and what it answers: the request, the multipliers known locally,
 //! exemptions, the per-scope outcomes and the decision.
 
-use super::*;
+use std::sync::Arc;
+
+use crate::config::ScopeKind;
+use crate::model::{ClientIp, SubjectKey};
 
 /// Multipliers of a request's subjects when nothing is published for them, for its class.
 ///

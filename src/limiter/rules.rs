@@ -1,7 +1,14 @@
 //! Buckets that are not in the budget table: envoyproxy/ratelimit descriptor rules
 //! (`crate::descriptors`), checked in the same hot store with the same bucket model.
 
-use super::*;
+use std::sync::Arc;
+
+use super::request::LimitRequest;
+use super::scopes::Scope;
+
+use super::{BLOCKED_RETRY_MS, Limiter, bucket};
+use crate::config::ScopeKind;
+use crate::model::{ClientIp, SubjectKey};
 
 /// One rule's bucket for one request.
 #[derive(Debug, Clone)]

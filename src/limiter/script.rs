@@ -1,10 +1,8 @@
 //! `lua/token_bucket.lua`'s side of the call: the keys and arguments of a request, written
-//! into a command or a coalesced part, and its reply read back. Shared by one Redis
-//! ([`super::redis_backend`]) and a cluster ([`super::cluster`]).
+//! into its command, and its reply read back ([`super::calls`]).
 
 use super::{RawOutcome, Scope};
 use crate::store::Error;
-use crate::store::pipe::Part;
 
 const VALUES_PER_SCOPE: usize = 7;
 /// Bytes per value of the script's reply (little-endian i64).
@@ -24,38 +22,6 @@ pub(super) enum Mode {
     Refund,
 }
 
-/// Where a script call's keys and arguments are written: a command of its own, or a part
-/// of a coalesced call.
-pub(super) trait ScriptArgs {
-    fn key(&mut self, key: &str);
-    fn int(&mut self, value: i64);
-    fn text(&mut self, value: &str);
-}
-
-impl ScriptArgs for redis::Cmd {
-    fn key(&mut self, key: &str) {
-        self.arg(key);
-    }
-    fn int(&mut self, value: i64) {
-        self.arg(value);
-    }
-    fn text(&mut self, value: &str) {
-        self.arg(value);
-    }
-}
-
-impl ScriptArgs for Part {
-    fn key(&mut self, key: &str) {
-        Part::key(self, key.as_bytes());
-    }
-    fn int(&mut self, value: i64) {
-        Part::int(self, value);
-    }
-    fn text(&mut self, value: &str) {
-        Part::arg(self, value.as_bytes());
-    }
-}
-
 impl Mode {
     pub(super) fn of(consume: bool) -> Self {
         if consume { Mode::Consume } else { Mode::Check }
@@ -63,38 +29,37 @@ impl Mode {
 }
 
 /// One request's keys: per scope its bucket and multiplier key.
-pub(super) fn write_keys<'a>(
-    out: &mut impl ScriptArgs,
-    scopes: impl IntoIterator<Item = &'a Scope>,
-) {
+pub(super) fn write_keys<'a>(out: &mut redis::Cmd, scopes: impl IntoIterator<Item = &'a Scope>) {
     for scope in scopes {
-        out.key(&scope.bucket_key);
-        out.key(&scope.multiplier_key);
+        out.arg(&*scope.bucket_key);
+        out.arg(&*scope.multiplier_key);
     }
 }
 
 /// One request's arguments (after the call's leading request count): cost, mode, number
 /// of scopes, then per scope capacity, refill per second, enforce, default multiplier (or
 /// `=m`: the multiplier to use whatever is published).
-pub(super) fn write_args<'a, I>(out: &mut impl ScriptArgs, scopes: I, cost: u32, mode: Mode)
+pub(super) fn write_args<'a, I>(out: &mut redis::Cmd, scopes: I, cost: u32, mode: Mode)
 where
     I: IntoIterator<Item = &'a Scope>,
     I::IntoIter: ExactSizeIterator,
 {
     let scopes = scopes.into_iter();
-    out.int(cost.into());
-    out.int(match mode {
+    out.arg(cost);
+    out.arg(match mode {
         Mode::Check => 0,
         Mode::Consume => 1,
         Mode::Refund => 2,
     });
-    out.int(scopes.len() as i64);
+    out.arg(scopes.len() as i64);
     for scope in scopes {
         number_arg(out, scope.params.capacity);
         number_arg(out, scope.params.refill_per_s);
-        out.int(scope.enforced.into());
+        out.arg(i64::from(scope.enforced));
         match scope.multiplier_override {
-            Some(value) => out.text(&format!("={value}")),
+            Some(value) => {
+                out.arg(format!("={value}"));
+            }
             None => number_arg(out, scope.default_multiplier),
         }
     }
@@ -103,12 +68,12 @@ where
 /// A number for the script (its `tonumber` reads `10` as it reads `10.0`): a whole one, as
 /// capacities, refill rates and multipliers nearly always are, written as an integer
 /// (formatting a float cost a check about as much as the rest of its arguments together).
-fn number_arg(out: &mut impl ScriptArgs, value: f64) {
+fn number_arg(out: &mut redis::Cmd, value: f64) {
     const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: every whole number below is exact.
     if value.fract() == 0.0 && value.abs() < EXACT {
-        out.int(value as i64);
+        out.arg(value as i64);
     } else {
-        out.text(&value.to_string());
+        out.arg(value.to_string());
     }
 }
 

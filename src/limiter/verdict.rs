@@ -2,7 +2,11 @@
 //! scope, decided at once (no `.await`, no per-scope outcome built) by the same steps as
 //! [`Limiter::check`].
 
-use super::*;
+use super::budgets::Budgets;
+use super::request::{Error, LimitRequest, Verdict};
+
+use super::{Limiter, Standing, affordable, deciding, settled};
+use crate::store::Hot;
 
 impl Limiter {
     /// [`Limiter::check`]'s verdict, decided at once; None when this limiter cannot decide
@@ -48,8 +52,14 @@ impl Limiter {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
     use super::*;
     use crate::clock::ManualClock;
+    use crate::config::LimitSettings;
+    use crate::model::{ClientIp, SubjectKey};
+    use crate::store::{Keys, MemoryHot};
 
     fn limiter(settings: &LimitSettings, clock: &ManualClock) -> Limiter {
         Limiter::new(

@@ -2,9 +2,11 @@
 //! lockout (a batch's together, in one transaction), then announces it (marker stored,
 //! factor, decision change, alert); a marker whose instance died first is adopted.
 
-use futures_util::StreamExt;
+use super::{Error, Lockout, Lockouts, LoginContext, SIGNAL, policy, store, velocity};
+use crate::model::SubjectKey;
+use crate::scoring::{DecisionChange, Factor};
 
-use super::*;
+use futures_util::StreamExt;
 
 pub(super) const PERMANENT_MS: i64 = 100 * 365 * 86_400_000;
 

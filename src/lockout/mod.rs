@@ -33,11 +33,11 @@ pub use policy::{Action, Reason};
 pub use rule::LockoutRule;
 pub use tried::LOGIN_CLASS;
 
-use crate::audit::{Actor, Audit};
+use crate::audit::Audit;
 use crate::clock::Clock;
 use crate::config::LockoutSettings;
 use crate::model::{ClientIp, SubjectKey};
-use crate::scoring::{DecisionChange, Engine, Factor};
+use crate::scoring::Engine;
 use crate::store::{Durable, Hot, Keys, Stores};
 use velocity::{Step, WindowAction, WindowCounts};
 

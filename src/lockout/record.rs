@@ -2,10 +2,17 @@
 //! each failure's consequences (a challenge factor, an IP failing often, spraying, a lock),
 //! a subject's in order as if recorded one by one.
 
+use super::velocity::{Step, WindowAction, WindowCounts};
+
+use super::{
+    AccountStatus, Error, Lockouts, LoginContext, LoginEvent, Recorded, SIGNAL, policy, velocity,
+};
+use crate::model::SubjectKey;
+use crate::scoring::Factor;
+
 use std::collections::HashSet;
 
 use super::locks::{ReadMarkers, at_most_lanes};
-use super::*;
 
 /// Per account of `events`, the smallest gap between the claimed times (clamped to `now`)
 /// of its failures in the batch, when it has two or more.

@@ -1,7 +1,8 @@
 //! The hot side of lockouts put back from the durable store after the hot store lost its
 //! data: the markers of the lockouts in force, and which failures no longer count.
 
-use super::*;
+use super::{Error, Lockout, Lockouts, store, velocity};
+use crate::model::SubjectKey;
 
 /// Lockouts read per page.
 const PAGE: u32 = 1000;

@@ -1,6 +1,9 @@
 //! Lockouts as analysts see them: listing, one lockout with its events, release.
 
-use super::*;
+use super::{Error, Lockout, LockoutEvent, Lockouts, Query, SIGNAL, store, velocity};
+use crate::audit::Actor;
+use crate::model::SubjectKey;
+use crate::scoring::{DecisionChange, Factor};
 
 impl Lockouts {
     /// Lockouts matching `query`, newest first, and the cursor of the next page.

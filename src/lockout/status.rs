@@ -2,8 +2,16 @@
 //! account knows a context (a device, IP or network it logged in from, or an attested device)
 //! decides between a lockout and a challenge, for `/status` and for the limiter.
 
+use super::policy::{Action, Reason};
+use super::velocity::{Step, WindowAction, WindowCounts};
+
+use super::{
+    AccountStatus, Error, Exemption, Lockouts, LoginContext, QUICK, SIGNAL, policy, velocity,
+};
+use crate::model::SubjectKey;
+use crate::store::Hot;
+
 use super::locks::PERMANENT_MS;
-use super::*;
 use crate::config::UnknownContext;
 
 impl Lockouts {

@@ -2,9 +2,16 @@
 //! L1 TTL), explained per class for `/v1/multipliers`, and the defaults the limiter passes to
 //! the bucket script for subjects with nothing published.
 
-use smallvec::SmallVec;
+use std::borrow::Cow;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 
-use super::*;
+use super::factor::{Combined, Factor, combine};
+
+use super::{Engine, Error, KeyMultiplier, L1_CAPACITY, Subject, factor, lock};
+use crate::model::SubjectKey;
+
+use smallvec::SmallVec;
 
 /// A subject as read for explanations: its stored factors and, per class index, what they
 /// combine to with the pull signals (filled on first use), valid until `until_us`.

@@ -26,12 +26,10 @@ mod stream; // the decision stream
 pub use observe::minute_of;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -45,14 +43,13 @@ pub use store::{Change, DecisionChange};
 
 use crate::clock::Clock;
 use crate::config::Settings;
-use crate::limiter::{Decision, DefaultMultipliers, Defaults, LimitRequest};
+use crate::limiter::{DefaultMultipliers, Defaults, LimitRequest};
 use crate::model::SubjectKey;
 use crate::store::{Hot, Keys, Stores};
-use crate::telemetry::metrics as names;
 use baseline::Baselines;
 use explain::Cached;
 use offenders::SpaceSaving;
-use store::{FactorStore, Record, Update, Updated, Write};
+use store::FactorStore;
 
 /// Stored factors read for explanations are reused for at most this long (`/v1/multipliers`
 /// L1); also bounded by `limits.l1_ttl_ms`.

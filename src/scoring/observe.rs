@@ -1,7 +1,20 @@
 //! Watching traffic: per-key baselines and anomalies from request telemetry and limit
 //! decisions, and repeat offenders (keys hitting 429 most often) shared across instances.
 
-use super::*;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::baseline::Anomaly;
+use super::factor::Factor;
+
+use super::{Engine, Error, Offender, lock};
+use crate::limiter::{Decision, LimitRequest};
+use crate::model::SubjectKey;
+use crate::store::Hot;
+use crate::telemetry::metrics as names;
+
 use crate::config::ScopeKind;
 
 /// Shared offender totals are kept for this many minutes.

@@ -2,7 +2,15 @@
 //! combined multiplier per class is written where the bucket script reads it, version-checked
 //! so an older combination never overwrites a newer one.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::factor::{Factor, combine_multiplier};
+use super::shared::NetworkBlocks;
+use super::store::{self, Change, DecisionChange, Record, Update, Updated, Write};
+
+use super::{Engine, Error, lock};
+use crate::model::SubjectKey;
+use crate::telemetry::metrics as names;
 
 /// What one publish of a subject writes and records.
 pub(super) struct Plan {

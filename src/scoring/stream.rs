@@ -1,7 +1,12 @@
 //! The decision stream (`/v1/decisions`): changes to multipliers, lockouts and list entries
 //! in order, and a snapshot of everything in force for a follower starting over.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::factor::combine;
+use super::store::DecisionChange;
+
+use super::{Engine, Error, SNAPSHOT_LIMIT, store};
 
 impl Engine {
     /// Appends a lockout or list change to the decision stream.

@@ -8,7 +8,6 @@ pub mod epoch;
 pub mod health;
 pub mod keys;
 mod memory;
-pub mod pipe;
 mod redis_hot;
 pub mod scripts;
 pub mod window;

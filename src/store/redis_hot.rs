@@ -21,7 +21,6 @@ use redis::io::tcp::TcpSettings;
 
 use super::Error;
 use super::health::Health;
-use super::pipe::{Target, TargetCell};
 
 #[derive(Clone)]
 enum Conn {
@@ -55,9 +54,6 @@ pub struct RedisHot {
     /// The connection of [`RedisHot::interactive`] (on a cluster, `conn` again).
     interactive: Conn,
     timeout: Duration,
-    /// A single node (TCP, TLS or a Unix socket): where a
-    /// [`ScriptPipe`](super::pipe::ScriptPipe) connects.
-    target: Option<Arc<TargetCell>>,
     /// The outcomes of this store's commands (shared by every clone).
     health: Arc<Health>,
 }
@@ -160,7 +156,6 @@ impl RedisHot {
                 conn: Conn::Cluster(conn.clone()),
                 interactive: Conn::Cluster(conn),
                 timeout,
-                target: None,
                 health: Arc::new(Health::new("redis-cluster")),
             };
             Supervisor::start(&hot);
@@ -179,13 +174,11 @@ impl RedisHot {
         timeout: Duration,
         kind: &'static str,
     ) -> Result<RedisHot, Error> {
-        let target = Target::of(&info).map(TargetCell::new);
         let (conn, interactive) = managers(info, timeout)?;
         Ok(RedisHot {
             conn: Conn::Single(Arc::new(ArcSwap::from_pointee(conn))),
             interactive: Conn::Single(Arc::new(ArcSwap::from_pointee(interactive))),
             timeout,
-            target,
             health: Arc::new(Health::new(kind)),
         })
     }
@@ -203,7 +196,6 @@ impl RedisHot {
             conn: self.interactive.clone(),
             interactive: self.interactive.clone(),
             timeout: self.timeout,
-            target: self.target.clone(),
             health: self.health.clone(),
         }
     }
@@ -211,12 +203,6 @@ impl RedisHot {
     /// The outcomes of this store's commands.
     pub fn health(&self) -> &Health {
         &self.health
-    }
-
-    /// The single node a [`ScriptPipe`](super::pipe::ScriptPipe) connects to (`None` on a
-    /// cluster); it follows a Sentinel's failover.
-    pub fn pipe_target(&self) -> Option<&Arc<TargetCell>> {
-        self.target.as_ref()
     }
 
     /// The bound of every command.
@@ -360,7 +346,6 @@ impl Supervisor {
                     conn: Conn::Cluster(conn.clone()),
                     interactive: Conn::Cluster(conn),
                     timeout,
-                    target: None,
                     health,
                 };
                 match hot.rebuild().await {
@@ -380,8 +365,8 @@ impl Supervisor {
 
 /// A primary named by Redis Sentinel (`redis+sentinel://S1:P1,S2:P2/NAME`, the shape of most
 /// managed Redis): connected as a single node, and asked again while commands keep failing.
-/// When the Sentinels name another primary, every connection (the shared one, the
-/// interactive one and the limit check's script pipe) moves to it.
+/// When the Sentinels name another primary, every connection (the shared one and the
+/// interactive one) moves to it.
 struct Sentinel {
     client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
     primary: std::sync::Mutex<redis::ConnectionInfo>,
@@ -461,7 +446,6 @@ impl Sentinel {
         };
         let (conn, interactive) = (Arc::downgrade(conn), Arc::downgrade(interactive));
         let health = Arc::downgrade(&hot.health);
-        let target = hot.target.as_ref().map(Arc::downgrade);
         let timeout = hot.timeout;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(REBUILD_EVERY / 4);
@@ -509,12 +493,6 @@ impl Sentinel {
                     Ok((shared, reads)) => {
                         conn.store(Arc::new(shared));
                         interactive.store(Arc::new(reads));
-                        if let (Some(cell), Some(target)) = (
-                            target.as_ref().and_then(std::sync::Weak::upgrade),
-                            Target::of(&primary),
-                        ) {
-                            cell.set(target);
-                        }
                         metrics::counter!(crate::telemetry::metrics::HOT_STORE_RECONNECTS_TOTAL)
                             .increment(1);
                         tracing::warn!(primary = %primary.addr(), "the Sentinels name another primary: every connection moved to it");

@@ -2,7 +2,15 @@
 //! table, ASNs and exact subjects in maps; what an IP's verdict and a subject's factors get
 //! from them.
 
-use super::*;
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use super::{Entry, EntryKind, ListName, Lists, list_factors};
+use crate::model::{Identifiers, Reason};
+use crate::reputation::Verdict;
+use crate::reputation::parse::{parse_cidr_or_ip, position};
+use crate::reputation::table::RangeTable;
+use crate::scoring::{Factor, Signal, Subject};
 
 /// Entries currently in force, indexed for lookups.
 #[derive(Debug, Default)]

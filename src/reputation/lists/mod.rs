@@ -13,21 +13,15 @@ mod spelling; // an entry's canonical value and the subject it maps to
 use live::Live;
 pub use spelling::too_broad;
 
-use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
-use super::Verdict;
-use super::parse::{parse_cidr_or_ip, position};
-use super::table::RangeTable;
 use crate::audit::{Actor, Audit};
 use crate::clock::Clock;
 use crate::model::Identifiers;
-use crate::model::Reason;
-use crate::scoring::{DecisionChange, Engine, Factor, Signal, Subject};
+use crate::scoring::{DecisionChange, Engine, Factor};
 use crate::store::with_pool;
 use crate::store::{Durable, Hot, Stores};
 
