@@ -233,7 +233,8 @@ pub fn messaging_check(c: &mut Criterion) {
         });
     }
     // Every region's example mobile in turn: libphonenumber's parse left to find the region
-    // (its shared cache of 100 compiled expressions thrashes) against the recipient's parse.
+    // against the recipient's parse, and the recipient's parse with the parser's expression
+    // cache at the crate's room for 100 against the room the service gives it.
     let every_country: Vec<String> = phonenumber::metadata::DATABASE
         .iter()
         .filter_map(|m| {
@@ -254,6 +255,25 @@ pub fn messaging_check(c: &mut Criterion) {
             black_box(Recipient::parse(black_box(&every_country[next]), &messaging).ok())
         })
     });
+    let cache = phonenumber::metadata::DATABASE.cache();
+    let room = |expressions: usize| {
+        *cache.lock().unwrap() = regex_cache::RegexCache::new(expressions);
+    };
+    for (name, expressions) in [
+        ("parse_phone_every_country_room_100", 100),
+        (
+            "parse_phone_every_country_room_of_the_service",
+            palisade::messaging::PARSER_EXPRESSIONS,
+        ),
+    ] {
+        room(expressions);
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                next = (next + 1) % every_country.len();
+                black_box(Recipient::parse(black_box(&every_country[next]), &messaging).ok())
+            })
+        });
+    }
     group.finish();
 }
 

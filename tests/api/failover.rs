@@ -51,6 +51,10 @@ fn windows(answers: &[&Answer]) -> Vec<(Duration, f64)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_cluster_master_killed_under_load_recovers_without_a_restart() {
     const NODE_TIMEOUT_MS: u64 = 2_000;
     let Some(mut cluster) = RedisCluster::start_with(1, NODE_TIMEOUT_MS).await else {
@@ -67,6 +71,10 @@ async fn a_cluster_master_killed_under_load_recovers_without_a_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_sentinel_primary_killed_under_load_recovers_without_a_restart() {
     const DOWN_AFTER_MS: u64 = 1_000;
     let Some(mut sentinels) = RedisSentinels::start(DOWN_AFTER_MS).await else {

@@ -970,6 +970,10 @@ async fn a_network_block_is_renewed_while_its_spraying_goes_on(app: TestApp) {
 
 /// Marks made on one instance are enforced by every instance within a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn shared_addresses_and_network_blocks_reach_every_instance() {
     let Some(first) = TestApp::spawn(crate::helpers::Backend::Production).await else {
         return;
@@ -1000,6 +1004,10 @@ async fn shared_addresses_and_network_blocks_reach_every_instance() {
 /// The login guard judges every instance's logins: each adds its counts to Redis and reads
 /// the sums back each second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn the_login_guard_counts_every_instances_logins() {
     let Some(first) = TestApp::spawn(crate::helpers::Backend::Production).await else {
         return;
@@ -1024,6 +1032,10 @@ async fn the_login_guard_counts_every_instances_logins() {
 
 /// On a Redis Cluster the guard's counts share one hash slot: a flush is one pipeline there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn the_login_guard_shares_its_counts_on_a_redis_cluster() {
     let Some((_cluster, app)) = TestApp::on_cluster().await else {
         return;
@@ -1054,6 +1066,10 @@ async fn one_second_window() -> Option<TestApp> {
 /// An instance that starts while the guard holds (its window's counts already gone) learns
 /// the guard's end from the others at its first flush.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn an_instance_started_during_the_guards_hold_enforces_it() {
     // A one-second window: the counts are gone long before the 15 min hold ends.
     let Some(first) = one_second_window().await else {
@@ -1078,6 +1094,10 @@ async fn an_instance_started_during_the_guards_hold_enforces_it() {
 /// What one instance learned of the service's normal is kept in Redis: an instance that
 /// starts later judges with it at once instead of learning three windows again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn an_instance_started_later_takes_the_learned_normal() {
     let Some(first) = one_second_window().await else {
         return;
@@ -1107,6 +1127,10 @@ async fn an_instance_started_later_takes_the_learned_normal() {
 /// A release on one instance ends every instance's hold: when it runs out, the guard stays
 /// off until new failures turn it on (no instance brings back the hold it had judged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_release_ends_the_guard_on_every_instance_for_good() {
     // A one-second window: the failures are gone when the release runs out.
     let Some(first) = one_second_window().await else {
@@ -1144,6 +1168,10 @@ async fn a_release_ends_the_guard_on_every_instance_for_good() {
 /// An analyst releases the guard (the failures were an auth service's bug, not an attack):
 /// off at once, kept off while more failures arrive, audited; a reason is required.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn an_analyst_releases_the_login_guard() {
     for backend in [
         crate::helpers::Backend::Embedded,

@@ -15,6 +15,10 @@ use crate::helpers::{
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn postgres_outage_under_ingest_loses_no_acknowledged_event() {
     let Some((db_url, _)) = production_urls() else {
         return;
@@ -132,6 +136,10 @@ async fn postgres_outage_under_ingest_loses_no_acknowledged_event() {
 /// stored; the auth service's retries of the unanswered batches, on a new instance, store
 /// the rest exactly once; every account that reached the threshold has exactly one lockout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn an_instance_killed_mid_batch_loses_and_duplicates_nothing() {
     let Some((db_url, redis_url)) = production_urls() else {
         return;
@@ -255,6 +263,10 @@ async fn an_instance_killed_mid_batch_loses_and_duplicates_nothing() {
 /// cache's refresh, because no limit check waits for the database; ingest refuses with 503
 /// within about the store's time bound and succeeds again on its own after each restore.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn postgres_cut_or_blackholed_never_stops_the_limiter() {
     let Some((db_url, _)) = production_urls() else {
         return;
@@ -341,6 +353,10 @@ async fn postgres_cut_or_blackholed_never_stops_the_limiter() {
 /// A token revoked on one instance while another cannot reach Postgres: the revocation
 /// travels through Redis, and the cut-off instance refuses the token within a few seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_revocation_reaches_an_instance_that_cannot_reach_postgres() {
     let Some((db_url, _)) = production_urls() else {
         return;

@@ -494,6 +494,10 @@ async fn openapi_document_lists_every_route(app: TestApp) {
 
 /// A store going away makes `/readyz` answer 503 naming it; it recovers without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn readyz_is_503_while_a_store_is_down_and_recovers() {
     let Some((db_url, redis_url)) = production_urls() else {
         return;

@@ -236,6 +236,10 @@ async fn lists_need_the_analyst_role(app: TestApp) {
 
 /// An entry added on one instance reaches another's reputation answers on the next refresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn another_instance_picks_up_list_changes() {
     let Some(app) = TestApp::spawn(Backend::Production).await else {
         return;

@@ -386,6 +386,10 @@ async fn analyst_cannot_ingest_and_ingest_cannot_release(app: TestApp) {
 /// Brute force, challenge and lockout on a 3-master Redis Cluster (windows, markers, factors
 /// and the decision stream in different slots).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn brute_force_locks_on_a_cluster() {
     let Some((_cluster, app)) = TestApp::on_cluster().await else {
         return;

@@ -651,6 +651,10 @@ async fn a_canary_counts_what_the_candidate_would_do_and_never_enforces_it(app: 
 /// burst whose outcome no refill within it can change (anonymous reads refill one token a
 /// second), replayed, then run against the candidate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_replay_predicts_the_candidate_on_redis_too() {
     let Some(live_app) = TestApp::spawn_with(Backend::Production, recording).await else {
         return;

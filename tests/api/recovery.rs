@@ -232,6 +232,10 @@ async fn enforcement_survives_losing_the_hot_store(app: TestApp) {
 /// fail closed do (503, as when Redis is down), the others answer; once the epoch is back,
 /// the lockout refuses again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn auth_fails_closed_until_the_rebuild_brings_lockouts_back() {
     let Some(app) = TestApp::spawn(Backend::Production).await else {
         return;
@@ -290,6 +294,10 @@ async fn auth_fails_closed_until_the_rebuild_brings_lockouts_back() {
 
 /// The same on a local 3-master Redis Cluster whose every master is emptied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn enforcement_survives_a_redis_cluster_losing_its_data() {
     let Some((_cluster, app)) = TestApp::on_cluster().await else {
         return;
@@ -313,6 +321,10 @@ impl Process {
 /// Two instances of the real binary share a Redis that is killed and comes back empty: every
 /// lockout is enforced again by both within 10 s, and exactly one instance rebuilt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn two_instances_reenforce_every_lockout_after_redis_restarts_empty() {
     let Some((db_url, _)) = production_urls() else {
         return;

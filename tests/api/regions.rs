@@ -88,6 +88,10 @@ async fn status_of(app: &TestApp, body: serde_json::Value) -> StatusCode {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn what_one_region_enforces_the_other_does_within_two_seconds() {
     let Some(regions) = two_regions(&[]).await else {
         return;
@@ -177,6 +181,10 @@ async fn what_one_region_enforces_the_other_does_within_two_seconds() {
 /// whatever the other spent: docs/MULTI-REGION.md); without shares each would admit 5. A
 /// region with the account to itself spends the whole budget after its first renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_global_budget_holds_across_regions() {
     let Some(regions) = two_regions(&["auth-account"]).await else {
         return;
@@ -222,6 +230,10 @@ async fn a_global_budget_holds_across_regions() {
 /// a class that fails closed (`auth`), spends next to nothing of a global budget: the other
 /// regions have taken its share over by then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_region_cut_off_from_the_database_gives_up_its_fail_closed_shares() {
     let Some(eu) = TestApp::spawn_with(Backend::Production, |settings| {
         settings.regions.name = "eu".to_owned();

@@ -25,6 +25,10 @@ async fn with_a_cluster() -> Option<(
 /// a single Redis (the service's computation, written by `SET NX` / `lua/window_cas.lua`) and
 /// on a Redis Cluster (`lua/velocity_batch.lua`) as in-process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn the_window_spec_holds_on_redis_and_on_a_cluster() {
     use palisade::lockout::velocity;
     use palisade::model::SubjectKey;
@@ -69,6 +73,10 @@ async fn the_window_spec_holds_on_redis_and_on_a_cluster() {
 /// membership checks, window deletes, caps, windows expiring while their value lives on,
 /// steps batched in one call, and values that do not exist yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn window_steps_answer_the_same_on_redis_and_in_process() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
     use palisade::model::SubjectKey;
@@ -172,6 +180,10 @@ async fn window_steps_answer_the_same_on_redis_and_in_process() {
 /// Value `v` gets `10 + v % 31` members per writer (count-only steps after that), so an
 /// answer given to the wrong value shows: no answer may exceed its value's final count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn concurrent_window_writers_lose_no_entry() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
     use palisade::model::SubjectKey;
@@ -248,6 +260,10 @@ async fn concurrent_window_writers_lose_no_entry() {
 /// empty on every path, the script included (on a cluster every window runs through it), and
 /// is replaced by the next write: an answer, not a 5xx.
 #[tokio::test]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_value_not_in_the_window_layout_reads_as_empty() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
     use palisade::model::SubjectKey;
@@ -318,6 +334,10 @@ async fn a_value_not_in_the_window_layout_reads_as_empty() {
 /// call), windows whose entries aged out dropped before any live one, the account's own
 /// window never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn many_pair_windows_keep_an_account_value_bounded() {
     use palisade::lockout::velocity::{self, Step, WindowAction};
     use palisade::model::SubjectKey;
@@ -487,6 +507,10 @@ async fn many_pair_windows_keep_an_account_value_bounded() {
 /// hammering an account does not grow its value: 40 failures from one IP store 40 entries in
 /// the account's window and `lockout_after` (10) in the pair window.
 #[tokio::test]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_pair_window_keeps_only_what_the_thresholds_need() {
     use palisade::model::SubjectKey;
     use palisade::store::Hot;
@@ -518,6 +542,10 @@ async fn a_pair_window_keeps_only_what_the_thresholds_need() {
 /// keeps its content, one deleted meanwhile stays deleted, and both are reported (for
 /// `velocity_batch.lua` to run their steps); an unchanged one takes the new value and TTL.
 #[tokio::test]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn window_cas_writes_only_values_unchanged_since_read() {
     let Some(app) = TestApp::spawn(Backend::Production).await else {
         return;

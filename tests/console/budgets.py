@@ -48,7 +48,9 @@ def main():
         page.get_by_role("link", name="Budgets").click()
         expect(page.get_by_role("heading", name="Budgets")).to_be_visible()
         anon = page.locator('.card.budget[data-budget="ip-anon"]')
-        expect(anon).to_be_visible()
+        # The suggestion reads the whole recorded window twice and replays it twice (the
+        # debug build, beside the other tests): seconds, not milliseconds.
+        expect(anon).to_be_visible(timeout=60_000)
         # The readers make at most 21 reads a period (more when real time places a seventh
         # tick in a window): well under the live 60.
         expect(anon).to_contain_text(re.compile(r"live 60, suggested \d+"))

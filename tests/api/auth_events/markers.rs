@@ -8,6 +8,10 @@ use super::*;
 /// marker was set) stores the lockout under the marker's id, so an analyst sees it and can
 /// release it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn an_orphaned_lock_marker_gets_its_lockout_stored() {
     let Some(app) = TestApp::spawn(Backend::Production).await else {
         return;
@@ -47,6 +51,10 @@ async fn an_orphaned_lock_marker_gets_its_lockout_stored() {
 /// A lockout's late "stored" mark or its undo never touches a marker that another lockout set
 /// after a release: the marker names its own lockout until that one is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_late_marker_change_leaves_another_lockouts_marker_alone() {
     use palisade::lockout::velocity;
     let Some(app) = TestApp::spawn(Backend::Production).await else {

@@ -384,6 +384,10 @@ async fn concurrent_checks_in_one_instance_are_answered_one_after_another(app: T
 
 /// The same with `limits.coalesce = false` (one script call per check).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn checks_without_coalescing_give_the_same_answers() {
     let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
         settings.limits.coalesce = false
@@ -431,6 +435,10 @@ async fn forty_checks_of_one_account_drain_it_one_token_at_a_time(app: &TestApp)
 /// One sequence of checks (several accounts, IPs, costs, peeks, multipliers) gives the same
 /// decisions on the embedded backend (the reference model on a manual clock) and on Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn both_backends_give_identical_decisions_for_the_same_sequence() {
     // Real time passes in Redis and not on the manual clock: use budgets that refill too
     // slowly to matter within the test, and no L1 (an in-process cache is not the model).

@@ -35,6 +35,10 @@ async fn bucket_calls(
 /// sees what an earlier one took from a shared bucket, a denied or `consume: false` request
 /// takes nothing, and the bucket is written once with its final state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn one_script_call_with_several_requests_runs_them_in_order() {
     let Some((_, redis_url)) = production_urls() else {
         return;
@@ -76,6 +80,10 @@ async fn one_script_call_with_several_requests_runs_them_in_order() {
 /// Mode 2 gives a consumed token back (a cluster's refund when another slot refused the
 /// check), never past a full bucket, and nothing to a bucket never taken from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_refund_gives_back_what_was_taken_and_no_more() {
     let Some((_, redis_url)) = production_urls() else {
         return;
@@ -107,6 +115,10 @@ async fn a_refund_gives_back_what_was_taken_and_no_more() {
 /// Field-guide defect: a non-integer PEXPIRE (capacity 100, refill 30/s) errored after the
 /// write and left the key without a TTL. Ours writes value and TTL in one `SET … PX`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn redis_bucket_keys_always_get_an_integer_ttl() {
     let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
         settings.limits.budgets = vec![palisade::config::BudgetSettings {
@@ -151,6 +163,10 @@ async fn redis_bucket_keys_always_get_an_integer_ttl() {
 
 /// After `SCRIPT FLUSH` the next check reloads the script (NOSCRIPT → load → retry).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn script_flush_is_survived() {
     let Some(app) = TestApp::spawn(Backend::Production).await else {
         return;
@@ -173,6 +189,10 @@ async fn script_flush_is_survived() {
 /// key costs no round trip), with the same 429 and `Retry-After`, and every such answer is
 /// counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_refused_key_is_answered_from_the_l1_and_counted() {
     let Some(app) = TestApp::spawn_with(Backend::Production, |settings| {
         settings.limits.l1_ttl_ms = 5_000;
@@ -213,6 +233,10 @@ async fn a_refused_key_is_answered_from_the_l1_and_counted() {
 /// burned tokens. Two instances whose clocks disagree by a century share one bucket exactly:
 /// time comes from Redis `TIME`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn instance_clocks_do_not_change_redis_buckets() {
     let Some(app) = TestApp::spawn(Backend::Production).await else {
         return;
@@ -254,6 +278,10 @@ async fn app_behind_proxy(timeout_ms: u64) -> Option<(ChaosProxy, TestApp)> {
 /// the degraded header, account statuses are 503; when Redis returns, decisions and
 /// statuses are normal again within 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn redis_down_auth_fails_closed_reads_fail_open_and_recover() {
     let Some((proxy, app)) = app_behind_proxy(100).await else {
         return;
@@ -311,6 +339,10 @@ async fn redis_down_auth_fails_closed_reads_fail_open_and_recover() {
 /// waits no longer than the store's timeout, the auth class fails closed and the read class
 /// passes degraded; once Redis answers again, so do the checks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_redis_that_stops_answering_bounds_every_check_and_is_recovered_from() {
     let Some((proxy, app)) = app_behind_proxy(200).await else {
         return;
@@ -378,6 +410,10 @@ async fn app_on_own_redis(
 /// included: the buckets are written in that database; a wrong password is a clear
 /// degraded answer, not a hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn the_urls_password_and_database_reach_the_limit_checks() {
     if production_urls().is_none() {
         return;
@@ -420,6 +456,10 @@ async fn the_urls_password_and_database_reach_the_limit_checks() {
 /// A Redis on a Unix socket (`redis+unix:///PATH?db=N&pass=…`): concurrent checks of one
 /// account, coalesced on the socket, drain its bucket exactly, in that database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_redis_on_a_unix_socket_keeps_the_budget() {
     if production_urls().is_none() {
         return;
@@ -447,6 +487,10 @@ async fn a_redis_on_a_unix_socket_keeps_the_budget() {
 /// certificate): checks are decided on it, and concurrent checks of one account, coalesced
 /// over TLS, drain its bucket exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_redis_over_tls_keeps_the_budget() {
     if production_urls().is_none() {
         return;
@@ -478,6 +522,10 @@ async fn a_redis_over_tls_keeps_the_budget() {
 /// and are checked per slot; the budget still holds exactly, across two instances, and a
 /// multiplier published next to its buckets is read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn redis_cluster_keeps_every_budget() {
     let Some((_cluster, app)) = TestApp::on_cluster().await else {
         return;

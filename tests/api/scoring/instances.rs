@@ -6,6 +6,10 @@ use super::*;
 /// A device at 120x its baseline, its history and its burst split evenly over two instances
 /// on one Postgres and one Redis: exactly one alert, and the device is tightened on both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_spike_split_over_two_instances_raises_one_alert() {
     let Some(first) = TestApp::spawn(crate::helpers::Backend::Production).await else {
         return;

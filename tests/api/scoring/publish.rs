@@ -370,6 +370,10 @@ async fn factors_asserted_together_publish_as_one_by_one(app: TestApp) {
 /// The same on a 3-master Redis Cluster, where the subjects' factor hashes live in different
 /// slots: one subject per store call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn factors_asserted_together_publish_as_one_by_one_on_a_cluster() {
     let Some((_cluster, app)) = TestApp::on_cluster().await else {
         return;
@@ -381,6 +385,10 @@ async fn factors_asserted_together_publish_as_one_by_one_on_a_cluster() {
 /// day, or far in the future (not none) while a factor never expires, also after a factor is
 /// set on it among many (the transaction gives only a new hash its expiry).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
 async fn a_factor_hash_outlives_its_factors_and_a_lasting_one_stays() {
     let Some(app) = TestApp::spawn(Backend::Production).await else {
         return;
