@@ -47,7 +47,7 @@ pub fn play_integrity(c: &mut Criterion) {
     };
     let jws = testing::sign_jws(&serde_json::json!({"alg": "ES256"}), &payload, &signing);
     let (signed, sig) = jws.rsplit_once('.').unwrap();
-    let sig = play_integrity::decode_base64(sig).unwrap();
+    let sig = palisade::model::encoding::decode_base64(sig).unwrap();
     let mut group = c.benchmark_group("attestation/play_integrity");
     group.throughput(Throughput::Elements(1));
     group.bench_function("palisade: token decrypted, verified, evaluated", |b| {

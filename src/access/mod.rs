@@ -112,7 +112,7 @@ pub struct TokenInfo {
     pub role: Role,
     /// Unix milliseconds.
     pub created_at_ms: i64,
-    /// Name of the token that created it (`cli` for `palisade token create`).
+    /// Name of the token that created it (`cli` for `palisade issue-token`).
     pub created_by: String,
     /// Unix milliseconds, if revoked.
     pub revoked_at_ms: Option<i64>,
@@ -138,7 +138,7 @@ pub enum Error {
     NameTaken(String),
     /// The bootstrap token was presented after an admin token was issued.
     #[error(
-        "the bootstrap token was retired when the first admin token was made: use an admin token (lost every one? run palisade token create --role admin --name NAME against the database)"
+        "the bootstrap token was retired when the first admin token was made: use an admin token (lost every one? run palisade issue-token --role admin --name NAME against the database)"
     )]
     BootstrapRetired,
     /// The bootstrap token was presented after `bootstrap_token_expires_at`.
@@ -278,7 +278,7 @@ impl Access {
     /// Retires the bootstrap token once an admin token was ever issued (run at start and
     /// every few seconds, so a token created on another instance retires it here too). The
     /// durable store decides, so revoking that admin token or restarting never brings the
-    /// bootstrap token back: a lost admin is recovered with `palisade token create` on the
+    /// bootstrap token back: a lost admin is recovered with `palisade issue-token` on the
     /// database.
     pub async fn refresh_bootstrap(&self) -> Result<(), Error> {
         let Some(bootstrap) = &self.bootstrap else {

@@ -11,8 +11,9 @@ use utoipa_axum::routes;
 use super::error::{ApiError, Envelope};
 use super::extract::{ApiJson, ApiPath, Authorized, role};
 use crate::app::AppState;
-use crate::attestation::{Level, Rejection, Submission, Verdict, play_integrity::decode_base64};
+use crate::attestation::{Level, Rejection, Submission, Verdict};
 use crate::clock::rfc3339;
+use crate::model::encoding::decode_base64;
 use crate::model::{Reason, SubjectKey};
 
 /// Largest token or CBOR object accepted (base64 text), bytes.

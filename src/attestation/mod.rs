@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::Clock;
 use crate::config::{AttestationSettings, Settings};
-use crate::model::Reason;
+use crate::model::{Reason, encoding};
 use crate::scoring::Engine;
 use crate::store::{Durable, Hot, Keys, Stores};
 
@@ -332,7 +332,7 @@ impl Attestation {
         // Validated by the settings: both decode.
         let play_keys = match (&play.decryption_key, &play.verification_key) {
             (Some(decryption), Some(verification)) => Some(play_integrity::Keys {
-                decryption: play_integrity::decode_key(decryption.expose(), 32).unwrap_or_default(),
+                decryption: encoding::decode_key(decryption.expose(), 32).unwrap_or_default(),
                 verification: play_integrity::VerificationKey::from_base64(verification)
                     .ok_or_else(|| LoadError("verification key".to_owned()))?,
             }),
@@ -352,7 +352,7 @@ impl Attestation {
         let digests = play
             .certificate_sha256
             .iter()
-            .filter_map(|d| play_integrity::decode_digest(d))
+            .filter_map(|d| encoding::decode_digest(d))
             .collect();
         Ok(Self {
             public_classes: settings.scoring.public_classes.clone(),

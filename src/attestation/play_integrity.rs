@@ -18,7 +18,7 @@ use serde_json::Value;
 use super::{Level, Rejection};
 use crate::model::Reason;
 
-pub use crate::config::attestation_formats::{decode_base64, decode_digest, decode_key};
+use crate::model::encoding::{decode_digest, p256_spki_point};
 
 /// The Play Console's verification key: an uncompressed P-256 point.
 #[derive(Clone, PartialEq, Eq)]
@@ -33,7 +33,7 @@ impl std::fmt::Debug for VerificationKey {
 impl VerificationKey {
     /// From the base64 of a DER SubjectPublicKeyInfo of an EC P-256 key.
     pub fn from_base64(text: &str) -> Option<Self> {
-        crate::config::attestation_formats::p256_spki_point(text).map(Self)
+        p256_spki_point(text).map(Self)
     }
 }
 

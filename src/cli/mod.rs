@@ -1,5 +1,5 @@
 //! Command line: `serve` (default) | `migrate` | `budgets` | `lookup IP` | `ranges update` |
-//! `token create`.
+//! `issue-token`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -173,11 +173,19 @@ pub enum Command {
         #[command(subcommand)]
         action: IdentityCommand,
     },
-    /// Manage API tokens.
-    Token {
-        /// What to do with tokens.
-        #[command(subcommand)]
-        action: TokenCommand,
+    /// Create an API token in the configured database and print it once (stored hashed):
+    /// before any admin token exists, or after every one is lost. `palisade tokens` manages
+    /// the tokens of a running instance.
+    IssueToken {
+        /// ingest | limiter | analyst | admin
+        #[arg(long, value_parser = parse_role)]
+        role: Role,
+        /// A name unique among active tokens.
+        #[arg(long)]
+        name: String,
+        /// Why (kept in the audit log).
+        #[arg(long, default_value = "created with the palisade command line")]
+        reason: String,
     },
 }
 
@@ -212,23 +220,6 @@ pub enum RangesCommand {
         /// moving download is never cut).
         #[arg(long, default_value_t = 30)]
         idle_timeout: u64,
-    },
-}
-
-/// `palisade token …`.
-#[derive(Debug, Subcommand)]
-pub enum TokenCommand {
-    /// Create a token and print it once (stored hashed).
-    Create {
-        /// ingest | limiter | analyst | admin
-        #[arg(long, value_parser = parse_role)]
-        role: Role,
-        /// A name unique among active tokens.
-        #[arg(long)]
-        name: String,
-        /// Why (kept in the audit log).
-        #[arg(long, default_value = "created with the palisade command line")]
-        reason: String,
     },
 }
 
@@ -396,9 +387,7 @@ async fn execute(command: Command, settings: Settings) -> anyhow::Result<()> {
             println!("migrations applied ({})", durable.kind());
             Ok(())
         }
-        Command::Token {
-            action: TokenCommand::Create { role, name, reason },
-        } => {
+        Command::IssueToken { role, name, reason } => {
             let store = stored_in(&settings.database_url);
             let app = App::build(settings)
                 .await

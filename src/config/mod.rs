@@ -27,7 +27,6 @@ use serde::{Deserialize, Serialize};
 
 pub use attestation::{
     AppAttestEnvironment, AppAttestSettings, AttestationSettings, LEVELS, PlayIntegritySettings,
-    formats as attestation_formats,
 };
 pub use history::HistorySettings;
 pub use http::HttpSettings;

@@ -1,5 +1,6 @@
 //! Nouns shared by two or more domains: subject keys, client IPs, reasons.
 
+pub mod encoding; // the text forms of attestation keys and digests
 mod ids; // the ids a subject is known by: their profiles and checks
 mod ip; // client addresses and how they are keyed
 

@@ -1,4 +1,4 @@
-//! The `palisade` binary: settings errors, `migrate`, `token create`, `health`.
+//! The `palisade` binary: settings errors, `migrate`, `issue-token`, `health`.
 
 use crate::helpers::palisade_command as palisade;
 
@@ -58,7 +58,7 @@ fn migrate_and_token_create_work_on_a_fresh_sqlite_file() {
     let output = palisade()
         .current_dir(dir.path())
         .env("PALISADE_DATABASE_URL", &db)
-        .args(["token", "create", "--role", "analyst", "--name", "alice"])
+        .args(["issue-token", "--role", "analyst", "--name", "alice"])
         .output()
         .unwrap();
     assert!(
@@ -81,7 +81,7 @@ fn migrate_and_token_create_work_on_a_fresh_sqlite_file() {
     let relative = palisade()
         .current_dir(dir.path())
         .env("PALISADE_DATABASE_URL", "sqlite://q.db")
-        .args(["token", "create", "--role", "analyst", "--name", "bob"])
+        .args(["issue-token", "--role", "analyst", "--name", "bob"])
         .output()
         .unwrap();
     let stdout = String::from_utf8(relative.stdout).unwrap();
@@ -94,7 +94,7 @@ fn migrate_and_token_create_work_on_a_fresh_sqlite_file() {
     let output = palisade()
         .current_dir(dir.path())
         .env("PALISADE_DATABASE_URL", &db)
-        .args(["token", "create", "--role", "root", "--name", "x"])
+        .args(["issue-token", "--role", "root", "--name", "x"])
         .output()
         .unwrap();
     assert_eq!(
