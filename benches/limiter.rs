@@ -255,6 +255,9 @@ pub fn messaging_check(c: &mut Criterion) {
             black_box(Recipient::parse(black_box(&every_country[next]), &messaging).ok())
         })
     });
+    // The service sizes the parser's cache once, at its first parse: done here first, so
+    // that the room set below stays (a filtered run would otherwise measure the service's).
+    Recipient::parse("+447700900123", &messaging).unwrap();
     let cache = phonenumber::metadata::DATABASE.cache();
     let room = |expressions: usize| {
         *cache.lock().unwrap() = regex_cache::RegexCache::new(expressions);

@@ -19,9 +19,14 @@ use crate::store::{Error, RedisHot};
 /// meanwhile are sent together in the next; on a cluster a quarter as many per slot (at
 /// least 1). Off (`limits.coalesce = false`), every check is a call of its own (a call per
 /// slot on a cluster). `LOAD_ONLY=coalesce cargo bench --bench load` measures both.
+///
+/// The script calls take the store's interactive connection ([`RedisHot::interactive`]): on
+/// the shared one a check would queue behind whatever bulk commands were written before it
+/// (an ingest batch is thousands).
 #[derive(Debug)]
 pub(super) struct Coalescer {
     calls: Option<Arc<SharedCalls>>,
+    checks: Option<RedisHot>,
 }
 
 impl Coalescer {
@@ -37,7 +42,10 @@ impl Coalescer {
                 in_flight
             })
         });
-        Self { calls }
+        Self {
+            calls,
+            checks: redis.map(RedisHot::interactive),
+        }
     }
 }
 
@@ -50,6 +58,7 @@ pub(super) async fn evaluate(
     if scopes.is_empty() {
         return Ok(Vec::new());
     }
+    let redis = coalescer.checks.as_ref().unwrap_or(redis);
     if redis.is_cluster() {
         return super::cluster::evaluate(redis, coalescer.calls.as_ref(), scopes, request).await;
     }

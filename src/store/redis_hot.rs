@@ -124,8 +124,8 @@ fn managers(
 
 /// TCP_NODELAY on every Redis connection. Commands share one pipelined connection: with
 /// Nagle's algorithm a request written while an earlier one is unanswered waits for that
-/// answer's ACK, which serialises the pipeline (coalesced limit checks ran at a third of
-/// their rate on loopback).
+/// answer's ACK, which serialises the pipeline (the limit check's shared script calls
+/// included).
 fn no_delay() -> TcpSettings {
     TcpSettings::default().set_nodelay(true)
 }
@@ -183,14 +183,12 @@ impl RedisHot {
         })
     }
 
-    /// The same store on a second connection, for reads a caller waits on (an account's
-    /// status): on the shared connection they queued behind whatever bulk commands were
-    /// written before them (an ingest batch's reads, writes and consequences are thousands of
-    /// commands). Redis still runs one command at a time, but the read does not wait for
-    /// the replies to everything queued ahead of it on this side. Measured during ingest at
-    /// 10k events/s: status p99 21.7-29.2 ms -> 12.1-18.1 ms, p50 0.32-0.35 -> 0.34-0.54 ms;
-    /// saturated, p99 halves too but p50 rises from 0.5 to 2-3 ms, a worker's wait. A
-    /// cluster connection stays shared (one per node).
+    /// The same store on a second connection, for commands a caller waits on (an account's
+    /// status, the limit check's script calls): on the shared connection they would queue
+    /// behind whatever bulk commands were written before them (an ingest batch's reads,
+    /// writes and consequences are thousands of commands). Redis still runs one command at a
+    /// time, but the caller does not wait for the replies to everything queued ahead of it on
+    /// this side. A cluster connection stays shared (one per node).
     pub fn interactive(&self) -> RedisHot {
         RedisHot {
             conn: self.interactive.clone(),
