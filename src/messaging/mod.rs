@@ -10,4 +10,4 @@ pub mod events;
 mod recipient;
 
 pub use events::{DeliveryBatch, Messaging};
-pub use recipient::{InvalidRecipient, Kind, PARSER_EXPRESSIONS, Recipient, Recipients};
+pub use recipient::{InvalidRecipient, Kind, Recipient, Recipients};

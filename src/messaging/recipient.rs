@@ -174,27 +174,7 @@ fn strip_scheme<'a>(raw: &'a str, scheme: &str) -> Option<&'a str> {
         .map(|_| &raw[scheme.len()..])
 }
 
-/// Expressions the phone number parser keeps compiled, in its one process-wide cache.
-///
-/// The crate makes room for 100, and a parse may use a region's 5–44 (9 for most), so a mix of a
-/// few countries compiled some again on every parse. This is room for every expression of
-/// the metadata built in (2,582 in 254 regions), each compiled once, when first used.
-pub const PARSER_EXPRESSIONS: usize = 3_000;
-
-/// Gives the parser's cache its room, once, before the first parse.
-fn parser_cache() {
-    static SIZED: std::sync::Once = std::sync::Once::new();
-    SIZED.call_once(|| {
-        let cache = phonenumber::metadata::DATABASE.cache();
-        let mut cache = cache
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *cache = regex_cache::RegexCache::new(PARSER_EXPRESSIONS);
-    });
-}
-
 fn phone(raw: &str, settings: &MessagingSettings) -> Result<Recipient, InvalidRecipient> {
-    parser_cache();
     // Visual separators carry nothing, and the parser refuses some runs of them
     // (`+4470-0-6-…`): it is given the digits and the `+` alone.
     let compact: String = raw.chars().filter(|c| !" -.()".contains(*c)).collect();
@@ -250,8 +230,9 @@ fn phone(raw: &str, settings: &MessagingSettings) -> Result<Recipient, InvalidRe
 ///
 /// The parser is told it: without a region it finds which region of a shared code a
 /// number belongs to by matching it against every region's number patterns before it reads
-/// it (the bench's `phonenumber_parse_every_country` against `parse_phone_every_country`).
-/// The region picks only the
+/// it, and its patterns are matched through one process-wide cache of 100 compiled
+/// expressions behind a mutex, so a mix of countries keeps recompiling them (the bench's
+/// `phonenumber_parse_every_country` against `parse_phone_every_country`). The region picks only the
 /// national-prefix rule, which the regions of one code share; `+1 1 869…` is then the same
 /// number as `+1 869…`, as it is dialled.
 fn international_region(compact: &str) -> Option<phonenumber::country::Id> {
@@ -274,7 +255,7 @@ struct PremiumRange {
 }
 
 /// Premium-rate ranges by country calling code, compiled once from libphonenumber's metadata
-/// (the parser's own go through its cache, [`parser_cache`]).
+/// (the parser's own matchers share the thrashing cache above).
 static PREMIUM_RATE: std::sync::LazyLock<std::collections::HashMap<u16, Vec<PremiumRange>>> =
     std::sync::LazyLock::new(|| {
         let mut ranges: std::collections::HashMap<u16, Vec<PremiumRange>> =
