@@ -37,7 +37,7 @@ pub struct App {
     /// The traffic record for policy replay (`[record]`).
     pub recorder: Arc<crate::policy::record::Recorder>,
     /// Operators' runtime overrides of multipliers.
-    pub overrides: crate::policy::overrides::Overrides,
+    pub overrides: crate::scoring::overrides::Overrides,
     /// A candidate policy run beside the live one, never enforced.
     pub canary: Arc<crate::policy::canary::Canary>,
     /// Rendered `/v1/multipliers` answers (the HTTP edge's cache).
@@ -59,9 +59,9 @@ pub struct App {
     /// Device attestation (challenges, verification, verdicts).
     pub attestation: Attestation,
     /// IP bans as CrowdSec's decisions stream.
-    pub crowdsec: crate::crowdsec::Crowdsec,
+    pub crowdsec: crate::integrations::crowdsec::Crowdsec,
     /// envoyproxy/ratelimit descriptor rules (`envoy.ratelimit_config`), when configured.
-    pub envoy_rules: Option<Arc<crate::descriptors::watch::LiveRules>>,
+    pub envoy_rules: Option<Arc<crate::integrations::descriptors::watch::LiveRules>>,
     /// Notices a hot store that lost its data and rebuilds it from the durable store.
     pub recovery: crate::recovery::Recovery,
     /// What this region shares with the others (`[regions]`).
@@ -86,7 +86,7 @@ pub enum BuildError {
     Attestation(#[from] crate::attestation::LoadError),
     /// An envoyproxy/ratelimit config file is not valid (named with the file).
     #[error("envoy.ratelimit_config: {0}")]
-    EnvoyRules(#[from] crate::descriptors::ConfigError),
+    EnvoyRules(#[from] crate::integrations::descriptors::ConfigError),
 }
 
 /// Runs `step` every `period` (the first at once) until `shutdown` fires.
@@ -289,7 +289,7 @@ impl App {
         if let Err(err) = canary.refresh().await {
             tracing::warn!(error.cause = %err, "could not read the canary policy; will retry");
         }
-        let overrides = crate::policy::overrides::Overrides::new(
+        let overrides = crate::scoring::overrides::Overrides::new(
             stores.durable.clone(),
             clock.clone(),
             scoring.clone(),
@@ -305,7 +305,7 @@ impl App {
                 source: other.to_string().into(),
             }),
         })?;
-        let crowdsec = crate::crowdsec::Crowdsec::new(
+        let crowdsec = crate::integrations::crowdsec::Crowdsec::new(
             stores.durable.clone(),
             lists.clone(),
             clock.clone(),
@@ -344,7 +344,7 @@ impl App {
         let envoy_rules = if settings.envoy.ratelimit_config.is_empty() {
             None
         } else {
-            let rules = crate::descriptors::watch::LiveRules::load(
+            let rules = crate::integrations::descriptors::watch::LiveRules::load(
                 settings.envoy.ratelimit_config.clone(),
                 settings.envoy.merge_domains,
             )?;

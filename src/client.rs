@@ -100,38 +100,63 @@ impl ClientError {
 ///
 /// Before retry `n` it sleeps `retry_floor + full_jitter(n)`: never before the server said,
 /// and spread so that many clients do not retry in step. `retryable` may narrow which
-/// errors are retried (e.g. only `Connect` for a consuming limit check). Sleeps with
+/// errors are retried (e.g. only `Connect` for a consuming limit check). `backon` runs the
+/// loop; the waits are [`FullJitter`]'s, raised to the server's floor. Sleeps with
 /// `tokio::time`, so a paused test clock drives it.
 pub async fn retrying<T, F, Fut>(
     policy: &RetryPolicy,
     retryable: impl Fn(&ClientError) -> bool,
-    mut call: F,
+    call: F,
 ) -> Result<T, ClientError>
 where
-    F: FnMut(u32) -> Fut,
+    F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, ClientError>>,
 {
+    use backon::Retryable;
     let mut waited = Duration::ZERO;
-    let mut attempt = 0;
-    loop {
-        let err = match call(attempt).await {
-            Ok(value) => return Ok(value),
-            Err(err) => err,
-        };
-        let floor = match err.retry_floor() {
-            Some(floor) if retryable(&err) => floor,
-            _ => return Err(err),
-        };
-        if attempt + 1 >= policy.max_attempts {
-            return Err(err);
+    call.retry(FullJitter::new(policy))
+        .sleep(tokio::time::sleep)
+        .when(|err| err.retry_floor().is_some() && retryable(err))
+        .adjust(|err, jitter| {
+            let wait = jitter? + err.retry_floor().unwrap_or_default();
+            // The caller's own deadline decides past `max_wait`, not ours.
+            (waited + wait <= policy.max_wait).then(|| {
+                waited += wait;
+                wait
+            })
+        })
+        .await
+}
+
+/// The waits before each retry of one call under a [`RetryPolicy`]: `full_jitter(n)` before
+/// retry `n`, and none after `max_attempts` calls (a `backon` backoff: any iterator of waits
+/// is one).
+#[derive(Debug, Clone)]
+pub struct FullJitter {
+    policy: RetryPolicy,
+    attempt: u32,
+}
+
+impl FullJitter {
+    /// The waits of one call under `policy`.
+    pub fn new(policy: &RetryPolicy) -> Self {
+        Self {
+            policy: policy.clone(),
+            attempt: 0,
         }
-        let wait = floor + policy.full_jitter(attempt, rand::random::<f64>());
-        if waited + wait > policy.max_wait {
-            return Err(err);
+    }
+}
+
+impl Iterator for FullJitter {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        if self.attempt.saturating_add(1) >= self.policy.max_attempts {
+            return None;
         }
-        tokio::time::sleep(wait).await;
-        waited += wait;
-        attempt += 1;
+        let wait = self.policy.full_jitter(self.attempt, rand::random::<f64>());
+        self.attempt += 1;
+        Some(wait)
     }
 }
 
@@ -318,7 +343,7 @@ impl Client {
         retrying(
             &self.retry,
             |_| true,
-            |_| async {
+            || async {
                 let response = self
                     .send(self.http.post(self.url("/v1/events/auth")).json(&body))
                     .await?;
@@ -348,7 +373,7 @@ impl Client {
         retrying(
             &self.retry,
             |_| true,
-            |_| async {
+            || async {
                 let response = self.send(self.http.get(url.clone()).query(&query)).await?;
                 decode(response).await
             },
@@ -362,7 +387,7 @@ impl Client {
     pub async fn limit_check(&self, check: &LimitCheck) -> Result<LimitDecision, ClientError> {
         let consumes = check.consume.unwrap_or(true);
         let retryable = |err: &ClientError| !consumes || matches!(err, ClientError::Connect(_));
-        retrying(&self.retry, retryable, |_| async {
+        retrying(&self.retry, retryable, || async {
             let response = self
                 .send(self.http.post(self.url("/v1/limit/check")).json(check))
                 .await?;
@@ -476,7 +501,7 @@ mod tests {
         let result = retrying(
             policy,
             |_| true,
-            |_| {
+            || {
                 calls.lock().unwrap().push(start.elapsed());
                 let next = answers
                     .lock()

@@ -10,6 +10,8 @@
 //! - [`reputation`]: IP/ASN range sources, ASN databases, the lookup table, hot reload.
 //! - [`scoring`]: factors → multipliers with reasons, anomalies, repeat offenders, alerts.
 //! - [`attestation`]: challenges, Play Integrity and App Attest, verdict levels.
+//! - [`integrations`]: what other tools read and write (CrowdSec's decision stream,
+//!   envoyproxy/ratelimit's descriptor rules, CDN rules).
 //! - [`access`]: API tokens and roles; [`audit`]: who did what.
 //! - [`store`]: durable (Postgres/SQLite) and hot (Redis/in-process) backends.
 //! - [`config`]: settings; [`telemetry`]: logs and metrics; [`clock`]: time, passed in.
@@ -25,9 +27,8 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
-pub mod crowdsec;
-pub mod descriptors;
 pub mod ingest;
+pub mod integrations;
 pub mod limiter;
 pub mod lockout;
 pub mod login_replay;

@@ -11,8 +11,7 @@
 pub mod identity;
 mod store;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngCore;
@@ -36,8 +35,9 @@ pub const CACHE_TTL: Duration = Duration::from_secs(1);
 /// while Redis is up.
 pub const MAX_STALE: Duration = Duration::from_secs(15 * 60);
 
-/// Most cached authentication results; past it the cache starts over (bounds memory under
-/// a flood of random tokens).
+/// Most cached authentication results. The cache (`quick_cache`, S3-FIFO) admits a new
+/// verdict to a small probation queue and keeps what is asked again, so a flood of random
+/// tokens, each presented once, evicts itself and not the tokens in use.
 const CACHE_CAPACITY: usize = 10_000;
 
 /// The role of an API token (DESIGN.md "Who calls it").
@@ -161,19 +161,19 @@ pub enum Error {
 type TokenHash = [u8; 32];
 
 /// A cached verdict.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Verdict {
     /// The caller, or None for an unknown or revoked token.
     caller: Option<Caller>,
     /// When the database last confirmed it ([`Clock::monotonic_us`]).
     checked_us: u64,
-    /// No background refresh starts before this (one per token per [`CACHE_TTL`]).
-    refresh_after_us: u64,
+    /// No background refresh starts before this (one per token per [`CACHE_TTL`]): the
+    /// request that moves it starts the refresh.
+    refresh_after_us: std::sync::atomic::AtomicU64,
 }
 
-/// Cached verdicts by token hash. std Mutex: held only for a map lookup or insert, never
-/// across `.await`.
-type Cache = Arc<Mutex<HashMap<TokenHash, Verdict>>>;
+/// Cached verdicts by token hash.
+type Cache = Arc<quick_cache::sync::Cache<TokenHash, Arc<Verdict>>>;
 
 /// Issues, authenticates and revokes API tokens.
 #[derive(Debug)]
@@ -226,28 +226,16 @@ fn micros(duration: Duration) -> u64 {
 }
 
 fn remember(cache: &Cache, key: TokenHash, caller: Option<Caller>, checked_us: u64) {
-    let mut cache = lock(cache);
-    if cache.len() >= CACHE_CAPACITY {
-        // Unknown tokens first (a flood of random ones): the valid ones keep working.
-        cache.retain(|_, v| v.caller.is_some());
-        if cache.len() >= CACHE_CAPACITY {
-            cache.clear();
-        }
-    }
     cache.insert(
         key,
-        Verdict {
+        Arc::new(Verdict {
             caller,
             checked_us,
-            refresh_after_us: checked_us.saturating_add(micros(CACHE_TTL)),
-        },
+            refresh_after_us: std::sync::atomic::AtomicU64::new(
+                checked_us.saturating_add(micros(CACHE_TTL)),
+            ),
+        }),
     );
-}
-
-fn lock(cache: &Cache) -> std::sync::MutexGuard<'_, HashMap<TokenHash, Verdict>> {
-    cache
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Access {
@@ -271,7 +259,7 @@ impl Access {
                 retired: std::sync::atomic::AtomicBool::new(false),
                 warned_at_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
             }),
-            cache: Arc::new(Mutex::new(HashMap::new())),
+            cache: Arc::new(quick_cache::sync::Cache::new(CACHE_CAPACITY)),
         }
     }
 
@@ -370,21 +358,19 @@ impl Access {
             None => {}
         }
         let now = self.clock.monotonic_us();
-        let cached = lock(&self.cache).get(&presented).cloned();
+        let cached = self.cache.get(&presented);
         let mut known_unknown = false;
         if let Some(verdict) = cached {
             let age = now.saturating_sub(verdict.checked_us);
             if age < micros(CACHE_TTL) {
-                return verdict.caller.ok_or(Error::UnknownToken);
+                return verdict.caller.clone().ok_or(Error::UnknownToken);
             }
             // A valid token is answered from the cache while a refresh runs behind it; an
             // unknown one (or one stale past MAX_STALE) is looked up before answering.
-            match verdict.caller {
+            match &verdict.caller {
                 Some(caller) if age < micros(MAX_STALE) => {
-                    if now >= verdict.refresh_after_us {
-                        self.refresh_in_background(presented, &caller, now);
-                    }
-                    return Ok(caller);
+                    self.refresh_in_background(presented, &verdict, caller, now);
+                    return Ok(caller.clone());
                 }
                 Some(_) => {}
                 None => known_unknown = true,
@@ -409,9 +395,23 @@ impl Access {
     /// Refreshes one cached valid token from the database, off the request path. When the
     /// database cannot answer, the verdict stays (until [`MAX_STALE`]) unless the hot store
     /// holds the token's revocation marker.
-    fn refresh_in_background(&self, presented: TokenHash, caller: &Caller, now_us: u64) {
-        if let Some(verdict) = lock(&self.cache).get_mut(&presented) {
-            verdict.refresh_after_us = now_us.saturating_add(micros(CACHE_TTL));
+    fn refresh_in_background(
+        &self,
+        presented: TokenHash,
+        verdict: &Verdict,
+        caller: &Caller,
+        now_us: u64,
+    ) {
+        use std::sync::atomic::Ordering;
+        let due = verdict.refresh_after_us.load(Ordering::Relaxed);
+        let next = now_us.saturating_add(micros(CACHE_TTL));
+        if now_us < due
+            || verdict
+                .refresh_after_us
+                .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
         }
         let (durable, hot, cache) = (self.durable.clone(), self.hot.clone(), self.cache.clone());
         let clock = self.clock.clone();
@@ -479,7 +479,8 @@ impl Access {
             .await?
             .ok_or_else(|| Error::NotFound(id.to_owned()))?;
         if changed {
-            lock(&self.cache).retain(|_, v| v.caller.as_ref().is_none_or(|c| &*c.token_id != id));
+            self.cache
+                .retain(|_, v| v.caller.as_ref().is_none_or(|c| &*c.token_id != id));
             // Instances that cannot reach the database see the revocation here.
             if let Hot::Redis(redis) = &self.hot {
                 let mut marker = redis::cmd("SET");

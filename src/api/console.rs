@@ -4,16 +4,19 @@
 
 use axum::http::header;
 use axum::response::IntoResponse;
+use axum::routing::{MethodRouter, get};
 
 use crate::app::AppState;
 
-pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
-    utoipa_axum::router::OpenApiRouter::new()
-        .route("/console", axum::routing::get(page))
-        .route("/console/", axum::routing::get(page))
-        .route("/console/app.js", axum::routing::get(script))
-        .route("/console/budgets.js", axum::routing::get(budgets_script))
-        .route("/console/app.css", axum::routing::get(style))
+/// The console's paths and their handlers (not in the OpenAPI document).
+pub(super) fn pages() -> [(&'static str, MethodRouter<AppState>); 5] {
+    [
+        ("/console", get(page)),
+        ("/console/", get(page)),
+        ("/console/app.js", get(script)),
+        ("/console/budgets.js", get(budgets_script)),
+        ("/console/app.css", get(style)),
+    ]
 }
 
 const PAGE: &str = include_str!("../../assets/console/index.html");

@@ -200,7 +200,12 @@ where
     let request_id = request_id::from_headers(request.headers());
     let header = HeaderValue::from_str(&request_id).ok();
     let method = request.method().clone();
-    let route = route_label(request.extensions().get::<MatchedPath>());
+    let route = route_label(
+        request
+            .extensions()
+            .get::<MatchedPath>()
+            .map(MatchedPath::as_str),
+    );
     // Only the id: method and route are on the completion event and in the metrics, and
     // every span field is formatted on every request. `status` and `latency_ms` go on the
     // completion event too: recording into a span re-formats its fields.

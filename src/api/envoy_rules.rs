@@ -1,8 +1,8 @@
 //! envoyproxy/ratelimit descriptor rules on the Envoy path.
 //!
 //! For a request to a configured domain each descriptor is matched as upstream matches it
-//! ([`crate::descriptors::Rules::lookup`]); `replaces` and `unlimited` are applied over the
-//! request as upstream applies them; the matched limits' buckets are checked in one atomic
+//! ([`crate::integrations::descriptors::Rules::lookup`]); `replaces` and `unlimited` are
+//! applied over the request as upstream applies them; the matched limits' buckets are checked in one atomic
 //! step ([`crate::limiter::Limiter::check_rules`]), only when Palisade's own check of the
 //! request allowed it (a refused request spends no rule's tokens). A descriptor with a rule
 //! is answered by its rule; the others by Palisade's scopes, as before.
@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use super::envoy_proto::{self as proto, Code, DescriptorStatus, RateLimitRequest};
-use crate::descriptors::{Entry, Matched, MultiplierSource, Rules, Unit};
+use crate::integrations::descriptors::{Entry, Matched, MultiplierSource, Rules, Unit};
 use crate::limiter::{LimitRequest, RuleBucket, RuleOutcome};
 use crate::telemetry::metrics as names;
 

@@ -17,7 +17,7 @@ use super::layer;
 use super::limit::{LimitCheck, check_and_observe, parse, respond};
 use crate::access::Role;
 use crate::app::AppState;
-use crate::crowdsec::{Decision, Filters, Lookup, Stream};
+use crate::integrations::crowdsec::{Decision, Filters, Lookup, Stream};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

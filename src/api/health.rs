@@ -17,8 +17,14 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(readyz))
         .routes(routes!(metrics))
         .routes(routes!(openapi_json))
-        .route("/docs", axum::routing::get(docs_page))
-        .route("/docs/redoc.js", axum::routing::get(docs_script))
+}
+
+/// The API reference's paths and their handlers (not in the OpenAPI document).
+pub(super) fn pages() -> [(&'static str, axum::routing::MethodRouter<AppState>); 2] {
+    [
+        ("/docs", axum::routing::get(docs_page)),
+        ("/docs/redoc.js", axum::routing::get(docs_script)),
+    ]
 }
 
 /// Redoc 2.5.4 (MIT), gzip-compressed (`assets/SOURCES.md`).

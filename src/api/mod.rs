@@ -35,7 +35,7 @@ mod suggestions;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath};
+use axum::extract::DefaultBodyLimit;
 use axum::http::Request;
 use axum::http::StatusCode;
 use utoipa::OpenApi;
@@ -86,31 +86,30 @@ fn openapi_json_bytes() -> axum::body::Bytes {
         .clone()
 }
 
-/// A metric label for a matched route: the route patterns are few and fixed, so each is
-/// interned once and labels never allocate per request.
-fn route_label(route: Option<&MatchedPath>) -> &'static str {
-    static ROUTES: std::sync::RwLock<Vec<&'static str>> = std::sync::RwLock::new(Vec::new());
-    let Some(route) = route.map(MatchedPath::as_str) else {
+/// A metric label for a matched route: its pattern, read from the routes the router was
+/// built with (the OpenAPI document's paths and the pages beside them), so labels are few,
+/// fixed and never allocated per request. A pattern not among them is `other`.
+fn route_label(route: Option<&str>) -> &'static str {
+    static ROUTES: std::sync::LazyLock<std::collections::HashSet<Box<str>>> =
+        std::sync::LazyLock::new(|| {
+            let documented = openapi()
+                .paths
+                .paths
+                .into_keys()
+                .map(String::into_boxed_str);
+            let pages = page_routes().map(|(path, _)| Box::from(path));
+            documented.chain(pages).collect()
+        });
+    let Some(route) = route else {
         return "unmatched";
     };
-    let read = |routes: &[&'static str]| routes.iter().find(|r| **r == route).copied();
-    if let Some(found) = read(
-        &ROUTES
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    ) {
-        return found;
-    }
-    let mut routes = ROUTES
-        .write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(found) = read(&routes) {
-        return found;
-    }
-    // Bounded by the routes registered in `api_routes` (a matched path is always one).
-    let leaked: &'static str = Box::leak(route.to_owned().into_boxed_str());
-    routes.push(leaked);
-    leaked
+    ROUTES.get(route).map_or("other", |label| &**label)
+}
+
+/// The pages served beside the API (the console, the API reference): routes of their own,
+/// outside the OpenAPI document.
+fn page_routes() -> impl Iterator<Item = (&'static str, axum::routing::MethodRouter<AppState>)> {
+    console::pages().into_iter().chain(health::pages())
 }
 
 /// A metric label for a method, without allocating.
@@ -151,7 +150,7 @@ fn status_label(status: StatusCode) -> &'static str {
 }
 
 fn api_routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let documented = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(health::routes())
         .merge(admin::routes())
         .merge(limit::routes())
@@ -160,7 +159,6 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(lockouts::routes())
         .merge(analyst::routes())
         .merge(decisions::routes())
-        .merge(console::routes())
         .merge(policy::routes())
         .merge(suggestions::routes())
         .merge(reputation::routes())
@@ -168,7 +166,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(scoring::routes())
         .merge(guard::routes())
         .merge(attestations::routes())
-        .merge(gateway::routes())
+        .merge(gateway::routes());
+    page_routes().fold(documented, |routes, (path, page)| routes.route(path, page))
 }
 
 /// Builds the whole HTTP application.
@@ -295,4 +294,27 @@ pub async fn serve(
 #[cfg(test)]
 pub(crate) fn future_size<A, F: std::future::Future>(_handler: impl Fn(A) -> F) -> usize {
     std::mem::size_of::<F>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{openapi, page_routes, route_label};
+
+    #[test]
+    fn every_route_is_labelled_by_its_own_pattern_and_nothing_else_is() {
+        let documented = openapi().paths.paths;
+        assert!(
+            documented.len() > 40,
+            "{} documented paths",
+            documented.len()
+        );
+        for path in documented.keys() {
+            assert_eq!(route_label(Some(path)), path);
+        }
+        for (path, _) in page_routes() {
+            assert_eq!(route_label(Some(path)), path);
+        }
+        assert_eq!(route_label(Some("/v1/not-a-route/{id}")), "other");
+        assert_eq!(route_label(None), "unmatched");
+    }
 }

@@ -12,9 +12,9 @@ use super::extract::{ApiJson, ApiPath, ApiQuery, Authorized, ReasonQuery, parse_
 use super::lockouts::parse_time;
 use super::request_id::current_request_id;
 use crate::app::AppState;
-use crate::policy::overrides::Override;
 use crate::policy::record::why_empty;
 use crate::policy::replay::{Report, Signals, Window, replay_window};
+use crate::scoring::overrides::Override;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -266,7 +266,7 @@ async fn create_override(
         .overrides
         .create(
             &subject,
-            &crate::policy::overrides::Spec {
+            &crate::scoring::overrides::Spec {
                 classes: body.classes,
                 multiplier: body.multiplier,
                 expires_at_ms: expires,
@@ -516,13 +516,13 @@ async fn export_rules(
     ApiPath(provider): ApiPath<String>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let provider = crate::policy::export::Provider::parse(&provider).ok_or_else(|| {
+    let provider = crate::integrations::export::Provider::parse(&provider).ok_or_else(|| {
         ApiError::not_found(format!(
             "no export for {provider:.32?}: cloudflare, aws-waf or fastly"
         ))
     })?;
     let deny = app.lists.entries(crate::reputation::lists::ListName::Deny);
-    let exported = crate::policy::export::export(provider, &app.canary.live_limits(), &deny);
+    let exported = crate::integrations::export::export(provider, &app.canary.live_limits(), &deny);
     Ok((
         [(axum::http::header::CONTENT_TYPE, exported.content_type)],
         exported.body,

@@ -1,5 +1,6 @@
 //! Buckets that are not in the budget table: envoyproxy/ratelimit descriptor rules
-//! (`crate::descriptors`), checked in the same hot store with the same bucket model.
+//! (`crate::integrations::descriptors`), checked in the same hot store with the same bucket
+//! model.
 
 use std::sync::Arc;
 

@@ -11,9 +11,7 @@
 
 pub mod canary;
 pub mod check;
-pub mod export;
 pub mod logins;
-pub mod overrides;
 mod promotion;
 pub mod record;
 pub mod replay;

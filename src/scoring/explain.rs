@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::factor::{Combined, Factor, combine};
 
-use super::{Engine, Error, KeyMultiplier, L1_CAPACITY, Subject, factor, lock};
+use super::{Engine, Error, KeyMultiplier, Subject, factor, lock};
 use crate::model::SubjectKey;
 
 use smallvec::SmallVec;
@@ -30,10 +30,10 @@ impl Engine {
 
     pub(super) async fn cached(&self, subject: &SubjectKey) -> Result<Arc<Cached>, Error> {
         let now_us = self.clock.monotonic_us();
-        if let Some(cached) = lock(&self.l1).get(subject.as_str())
+        if let Some(cached) = self.l1.get(subject.as_str())
             && cached.until_us > now_us
         {
-            return Ok(cached.clone());
+            return Ok(cached);
         }
         let factors = Arc::new(
             self.store
@@ -46,21 +46,14 @@ impl Engine {
             combined: Mutex::new(vec![None; self.classes.len()]),
         });
         if self.l1_ttl_us > 0 {
-            let mut l1 = lock(&self.l1);
-            if l1.len() >= L1_CAPACITY {
-                l1.retain(|_, c| c.until_us > now_us);
-                if l1.len() >= L1_CAPACITY {
-                    l1.clear();
-                }
-            }
-            l1.insert(subject.as_str().to_owned(), cached.clone());
+            self.l1.insert(subject.as_str().to_owned(), cached.clone());
         }
         Ok(cached)
     }
 
     /// Forgets every cached explanation (a pull signal's data changed: lists, reputation).
     pub fn invalidate(&self) {
-        lock(&self.l1).clear();
+        self.l1.clear();
         self.next_generation();
     }
 

@@ -18,6 +18,7 @@ pub mod factor;
 pub mod guard; // the service-wide login guard
 mod observe; // baselines, anomalies, repeat offenders
 mod offenders;
+pub mod overrides; // an operator's multiplier for one subject, as a factor
 mod publish; // stored factors in, published multipliers out
 pub mod shared; // addresses many honest users share
 pub mod store;
@@ -137,8 +138,8 @@ pub struct Engine {
     signals: ArcSwap<Vec<Arc<dyn Signal>>>,
     on_publish: OnceLock<Hook>,
     l1_ttl_us: u64,
-    /// Subject → what explanations read of it. std Mutex: never held across `.await`.
-    l1: Mutex<HashMap<String, Arc<Cached>>>,
+    /// Subject → what explanations read of it, each for one L1 TTL.
+    l1: quick_cache::sync::Cache<String, Arc<Cached>>,
     /// See [`Engine::generation`].
     generation: std::sync::atomic::AtomicU64,
     /// Unix ms when the hot store's current epoch began (its decision stream with it).
@@ -188,7 +189,7 @@ impl Engine {
             signals: ArcSwap::from_pointee(Vec::new()),
             on_publish: OnceLock::new(),
             l1_ttl_us: (settings.limits.l1_ttl_ms * 1000).min(MAX_L1_TTL_US),
-            l1: Mutex::new(HashMap::new()),
+            l1: quick_cache::sync::Cache::new(L1_CAPACITY),
             generation: std::sync::atomic::AtomicU64::new(0),
             stream_since_ms: std::sync::atomic::AtomicI64::new(0),
             baselines: Baselines::new(&scoring.anomaly),

@@ -8,7 +8,7 @@ use super::factor::{Factor, combine_multiplier};
 use super::shared::NetworkBlocks;
 use super::store::{self, Change, DecisionChange, Record, Update, Updated, Write};
 
-use super::{Engine, Error, lock};
+use super::{Engine, Error};
 use crate::model::SubjectKey;
 use crate::telemetry::metrics as names;
 
@@ -269,7 +269,6 @@ impl Engine {
     ) -> Result<(), Error> {
         let mut changes = Vec::with_capacity(items.len());
         {
-            let mut l1 = lock(&self.l1);
             let superseded = outcomes.iter().filter(|(_, written)| !written).count() as u64;
             for (outcome, n) in [
                 ("written", outcomes.len() as u64 - superseded),
@@ -281,7 +280,7 @@ impl Engine {
                 }
             }
             for ((subject, _), (plan, written)) in items.iter().zip(outcomes) {
-                l1.remove(subject.as_str());
+                self.l1.remove(subject.as_str());
                 if !written {
                     continue;
                 }

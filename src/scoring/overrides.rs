@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::{Effect, Engine, Factor};
 use crate::audit::{Actor, Audit};
 use crate::clock::Clock;
 use crate::model::SubjectKey;
-use crate::scoring::{Effect, Engine, Factor};
 use crate::store::with_pool;
 use crate::store::{Durable, Error};
 
