@@ -27,13 +27,11 @@
 -- Time   redis.call('TIME') only, once per call; the caller's clock is never used.
 -- Model  src/limiter/bucket.rs `evaluate` is the same computation; keep them in step.
 -- Speed  globals are bound to locals and numbers are answered as integers (not formatted
---        text): on a 2-core machine that took the 4-scope call from 83 to about 55 µs of
---        Redis CPU; TIME + MGET + 4 PSETEX alone cost about 41 µs there. A
+--        text); TIME + MGET + one PSETEX per bucket are most of a call's Redis CPU. A
 --        coalesced call shares TIME, one MGET and one PSETEX per distinct bucket. The
 --        answer's length is counted, not taken with `#`, and a request's writes go into two
---        arrays reused by every request, not a table per write: 8 coalesced 4-scope requests
---        took 15.7-17.2 -> 14.9-15.1 µs of Redis time each, one alone 20.7-21.2 -> 19.7-20.2
---        µs (`scripts/token-bucket-cost.py`, alternated with the script before, 2026-12-06).
+--        arrays reused by every request, not a table per write
+--        (`scripts/token-bucket-cost.py` measures a call's Redis time).
 
 local call, floor, ceil, byte, sub = redis.call, math.floor, math.ceil, string.byte, string.sub
 local pack, unpack_struct = struct.pack, struct.unpack
