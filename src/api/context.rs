@@ -40,6 +40,7 @@ struct Limits {
 /// Longest request target (path and query) answered; longer is 414.
 pub(super) const MAX_URI_BYTES: usize = 8 * 1024;
 /// Most request headers answered; more, or more than [`MAX_HEADER_BYTES`] of them, is 431.
+/// hyper's own default for HTTP/1.1, which refuses more before this runs (`api::serve`).
 pub(super) const MAX_HEADERS: usize = 100;
 /// Largest total size of the request headers (names and values) answered.
 pub(super) const MAX_HEADER_BYTES: usize = 16 * 1024;

@@ -197,10 +197,6 @@ async fn fallback(request: axum::extract::Request) -> ApiError {
     ))
 }
 
-/// Headers hyper itself accepts: above the request context's `MAX_HEADERS`, so that a request with too many
-/// headers reaches the request context and gets its 431 in the envelope.
-const HYPER_MAX_HEADERS: usize = 256;
-
 /// A listener bound to `addr` with the backlog `http.listen_backlog`.
 pub fn bind(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<tokio::net::TcpListener> {
     let socket = if addr.is_ipv4() {
@@ -234,8 +230,11 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
-        .max_headers(HYPER_MAX_HEADERS);
+        .header_read_timeout(header_timeout);
+    // hyper's own limit of headers is left at its default (100, the request context's
+    // `MAX_HEADERS`): parsed into arrays on the stack, where a limit set here puts two arrays
+    // of that many headers on the heap for every request. A request with more gets hyper's
+    // 431, written as the envelope by `automatic::Enveloped`.
     builder
         .http2()
         .timer(TokioTimer::new())

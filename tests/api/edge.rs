@@ -175,6 +175,25 @@ async fn errors_below_the_routes_use_the_envelope() {
         let id = body["error"]["request_id"].as_str().unwrap();
         assert!(head.contains(&format!("x-request-id: {id}")), "{head}");
     }
+    // The limit of headers is exact: 100 are answered, 101 are refused, in the envelope.
+    for (extra, status) in [
+        (98, "HTTP/1.1 200 OK\r\n"),
+        (99, "HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+    ] {
+        let headers: String = (0..extra).map(|i| format!("x-h{i}: v\r\n")).collect();
+        let request =
+            format!("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n");
+        let mut stream = connect(&app).await;
+        tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+            .await
+            .unwrap();
+        let (received, _) = until_closed(&mut stream).await;
+        assert!(
+            received.starts_with(status),
+            "{extra} + 2 headers: {received}"
+        );
+        assert!(received.contains("x-request-id: "), "{received}");
+    }
     // Still serving.
     assert_eq!(app.get("/healthz", None).await.status(), StatusCode::OK);
 }
