@@ -9,6 +9,12 @@ figure. Alternate two script files to compare them:
 
     scripts/token-bucket-cost.py                      # lua/token_bucket.lua, 8 and 1 per call
     scripts/token-bucket-cost.py --script other.lua --per-call 8 --calls 3000
+
+How the cost grows with the live keys Redis holds: `--live-keys 10000,1000000,10000000`
+first fills Redis with that many live user buckets (written by the script's own layout: one
+8-byte TAT, a TTL), reports Redis' memory per key, then checks users among them:
+
+    scripts/token-bucket-cost.py --live-keys 10000,1000000,10000000 --per-call 1
 """
 import argparse
 import os
@@ -52,16 +58,17 @@ class Redis:
         return self.reply()
 
 
-def requests(rng, per_call):
+def requests(rng, per_call, users=100000):
     """PER_CALL requests: per scope its bucket key, multiplier key, capacity, refill/s."""
     calls = []
     for _ in range(per_call):
         n = rng.randint(0, 99999)
+        u = rng.randint(0, users - 1)
         ip = f"10.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
         calls.append([
             ("tb:v1:{global}:b:global", "tb:v1:{global}:m:read", 100000, 100000),
             (f"tb:v1:{{ip:{ip}}}:b:ip-read", f"tb:v1:{{ip:{ip}}}:m:read", 600, 10),
-            (f"tb:v1:{{user:u{n}}}:b:user-read", f"tb:v1:{{user:u{n}}}:m:read", 300, 5),
+            (f"tb:v1:{{user:u{u}}}:b:user-read", f"tb:v1:{{user:u{u}}}:m:read", 300, 5),
             (f"tb:v1:{{device:d{n}}}:b:device", f"tb:v1:{{device:d{n}}}:m:read", 600, 10),
         ])
     return calls
@@ -79,10 +86,37 @@ def command(sha, batch):
     return encode("EVALSHA", sha, len(keys), *keys, *args)
 
 
-def measure(redis, sha, per_call, calls, seed):
-    rng = random.Random(seed)
-    commands = [command(sha, requests(rng, per_call)) for _ in range(calls)]
+# Live user buckets, as the script writes them: full in an hour, kept until then.
+FILL = """
+local t = redis.call('TIME')
+local tat = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 3600000000
+local value = struct.pack('d', tat)
+for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
+  redis.call('PSETEX', 'tb:v1:{user:u' .. i .. '}:b:user-read', 3600000, value)
+end
+"""
+
+
+def used_memory(redis):
+    info = redis.call("INFO", "memory").decode()
+    return int(next(l for l in info.splitlines() if l.startswith("used_memory:")).split(":")[1])
+
+
+def fill(redis, live):
+    """Fills Redis with `live` user buckets; returns what Redis' memory grew by per key."""
     redis.call("FLUSHALL")
+    before = used_memory(redis)
+    for start in range(0, live, 100000):
+        redis.call("EVAL", FILL, 0, start, min(live, start + 100000) - 1)
+    return (used_memory(redis) - before) / live
+
+
+def measure(redis, sha, per_call, calls, seed, users=None):
+    """µs of Redis time per call; on a fresh Redis, or among `users` live user buckets."""
+    rng = random.Random(seed)
+    commands = [command(sha, requests(rng, per_call, users or 100000)) for _ in range(calls)]
+    if users is None:
+        redis.call("FLUSHALL")
     redis.call("CONFIG", "RESETSTAT")
     for start in range(0, calls, 50):
         chunk = commands[start:start + 50]
@@ -100,6 +134,7 @@ def main():
     parser.add_argument("--script", default=os.path.join(ROOT, "lua", "token_bucket.lua"))
     parser.add_argument("--per-call", type=int, action="append")
     parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--live-keys", help="comma-separated counts of live user buckets")
     options = parser.parse_args()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -119,6 +154,17 @@ def main():
             raise SystemExit("redis-server did not start")
         with open(options.script, encoding="utf-8") as source:
             sha = redis.call("SCRIPT", "LOAD", source.read()).decode()
+        if options.live_keys:
+            print("| live user buckets | INFO used_memory Δ ÷ keys | Redis µs per request ("
+                  + ", ".join(f"{n} per call" for n in options.per_call or [8, 1]) + ") |")
+            print("|---|---|---|")
+            for live in (int(n) for n in options.live_keys.split(",")):
+                per_key = fill(redis, live)
+                usecs = [measure(redis, sha, n, options.calls, seed=7, users=live) / n
+                         for n in options.per_call or [8, 1]]
+                print(f"| {live:,} | {per_key:.1f} B | "
+                      + ", ".join(f"{u:.2f}" for u in usecs) + " |")
+            return
         for per_call in options.per_call or [8, 1]:
             usec = measure(redis, sha, per_call, options.calls, seed=7)
             print(f"{os.path.basename(options.script)}: {per_call} requests per call: "
