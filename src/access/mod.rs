@@ -527,6 +527,30 @@ mod tests {
     }
 
     #[test]
+    fn a_flood_of_one_off_tokens_leaves_the_tokens_in_use_cached() {
+        let cache: Cache = Arc::new(quick_cache::sync::Cache::new(CACHE_CAPACITY));
+        let in_use: Vec<TokenHash> = (0..100u32).map(|i| hash(&format!("valid-{i}"))).collect();
+        for key in &in_use {
+            let caller = Caller {
+                token_id: Arc::from("id"),
+                name: Arc::from("gateway"),
+                role: Role::Limiter,
+            };
+            remember(&cache, *key, Some(caller), 0);
+        }
+        // Each token in use is presented again while the flood runs, as a gateway's would.
+        for round in 0..50u32 {
+            for i in 0..1_000u32 {
+                remember(&cache, hash(&format!("random-{round}-{i}")), None, 0);
+            }
+            for key in &in_use {
+                assert!(cache.get(key).is_some(), "evicted in round {round}");
+            }
+        }
+        assert!(cache.len() <= CACHE_CAPACITY, "{}", cache.len());
+    }
+
+    #[test]
     fn hash_is_hex_sha256() {
         assert_eq!(
             hex(&hash("abc")),

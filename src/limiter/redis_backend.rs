@@ -33,8 +33,8 @@ impl Coalescer {
     /// The coalescer of `redis` (none for the in-process store).
     pub(super) fn new(redis: Option<&RedisHot>, enabled: bool, in_flight: usize) -> Self {
         // Per slot on a cluster, a quarter as many: a check's groups spread over 16 slots,
-        // and one call per slot on its way lets more groups meet in the next (50 concurrent
-        // checks on 3 masters: 30.6k checks/s with 1 per slot, 22.2k with 4).
+        // and fewer calls per slot on their way let more groups meet in the next
+        // (`LOAD_ONLY=cluster cargo bench --bench load`).
         let calls = redis.filter(|_| enabled).map(|redis| {
             SharedCalls::new(if redis.is_cluster() {
                 in_flight.div_ceil(4)
