@@ -3,13 +3,14 @@
 //!
 //! Three regions 20, 80 and 200 ms (one way) from the database; each renews its shares every
 //! 250 ms with the service's own code (`palisade::regions::lease`) and spends them as the
-//! service does, a bucket scaled by the share (`palisade::limiter::bucket::evaluate`). The
+//! service does, a bucket scaled by the share that keeps its debt in tokens when the share
+//! moves (`palisade::limiter::bucket::evaluate_shared`). The
 //! same requests go to one global bucket (the oracle: what a single bucket over every region
 //! would admit). Per scenario: what the regions admitted against the budget (goal ≤ 105 %)
 //! and how many fewer than the one bucket, the requests that fit and were refused (goal
 //! ≤ 1 %).
 
-use palisade::limiter::bucket::{Params, evaluate};
+use palisade::limiter::bucket::{Params, evaluate, evaluate_shared};
 use palisade::regions::lease::{Lease, Report, smooth, step};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -43,6 +44,8 @@ type Stored = (usize, f64, i64);
 
 struct Region {
     tat: Option<f64>,
+    /// The share `tat` was written at.
+    written: f64,
     share: f64,
     leased: bool,
     period_cost: f64,
@@ -68,6 +71,7 @@ fn run(scenario: &Scenario, seed: u64) -> Outcome {
     let mut regions: Vec<Region> = (0..REGIONS.len())
         .map(|_| Region {
             tat: None,
+            written: lease.unleased(),
             share: lease.unleased(),
             leased: false,
             period_cost: 0.0,
@@ -147,7 +151,11 @@ fn run(scenario: &Scenario, seed: u64) -> Outcome {
                     RATE * RENEW_MS as f64 / 1000.0,
                     scenario.fail == FailMode::Open,
                 );
-                region.share = step(region.leased.then_some(region.share), target);
+                region.share = step(
+                    region.leased.then_some(region.share),
+                    target,
+                    lease.unleased(),
+                );
                 region.leased = true;
                 region.renewed_ms = now;
             }
@@ -165,9 +173,17 @@ fn run(scenario: &Scenario, seed: u64) -> Outcome {
                     oracle = Some(global.new_tat);
                     out.oracle_admitted += 1;
                 }
-                let local = evaluate(region.tat, now_us, params(region.share), 1.0);
+                let local = evaluate_shared(
+                    region.tat,
+                    region.written,
+                    now_us,
+                    params(region.share),
+                    region.share,
+                    1.0,
+                );
                 if local.allowed {
                     region.tat = Some(local.new_tat);
+                    region.written = region.share;
                     out.admitted += 1;
                 } else if global.allowed {
                     out.refused_that_fit += 1;

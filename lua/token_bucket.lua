@@ -4,7 +4,9 @@
 -- KEYS   per request, per scope: bucket key, then multiplier key (same {hash tag}); a key may
 --        appear again for another request of the call (e.g. the global bucket)
 -- ARGV   [1] number of requests; then per request: cost, mode, number of scopes n,
---        then per scope: capacity, refill per second, enforce (1) or shadow (0), the
+--        then per scope: capacity, refill per second, enforce (1) or shadow (0) (for a
+--        budget held across regions, followed by ':' and this region's share of it, by
+--        which capacity and refill are already scaled), the
 --        multiplier to use when none is published (scoring's local default: reputation,
 --        attestation), or '=' and the multiplier to use whatever is published (a locked
 --        account's owner in a context the account knows: the lockout-DoS rule)
@@ -15,6 +17,11 @@
 --        i.e. when the bucket is full again. Written with PSETEX <time until full> <value>,
 --        one command per bucket per call, integer milliseconds, so an idle key disappears
 --        exactly when it is full.
+-- Share  a bucket spent at a share is two doubles, struct 'dd': the time as above and the
+--        share it was written at. Read at another share, it owes the same tokens (the time
+--        owed scaled by written / current, past the window if the share fell): a share that
+--        rises brings its new tokens, one that falls still owes what was spent
+--        (src/limiter/bucket.rs `evaluate_shared`).
 -- Mult.  the multiplier key holds a decimal number; absent = the default given; it scales
 --        capacity and refill; 0 blocks. The burst window capacity/refill does not depend on it.
 -- Returns one string of little-endian 8-byte integers (struct 'i8'), per request: admitted,
@@ -38,6 +45,7 @@ local pack, unpack_struct = struct.pack, struct.unpack
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local values = call('MGET', unpack(KEYS))
+local dd = 'dd'
 
 local function ceil_ms(us)
   local ms = ceil(us / 1000 - 1e-9)
@@ -45,12 +53,14 @@ local function ceil_ms(us)
   return ms
 end
 
--- Buckets written by an earlier request of this call: key -> theoretical arrival time (µs).
+-- Buckets written by an earlier request of this call: key -> theoretical arrival time (µs),
+-- and the share it was written at (false: none).
 local written = {}
+local wshared = {}
 local order = {}
 local out = {}
 local o = 0 -- values in out
-local wkey, wtat = {}, {}
+local wkey, wtat, wshare = {}, {}, {}
 local k = 0 -- KEYS consumed so far
 local a = 1 -- ARGV consumed so far
 for _ = 1, tonumber(ARGV[1]) do
@@ -69,7 +79,10 @@ for _ = 1, tonumber(ARGV[1]) do
     local key = KEYS[k + 2 * i - 1]
     local capacity = tonumber(ARGV[b])
     local refill = tonumber(ARGV[b + 1])
-    local enforce = ARGV[b + 2] == '1'
+    local flag = ARGV[b + 2]
+    local enforce = byte(flag, 1) == 49 -- '1'
+    local share = false
+    if #flag > 2 then share = tonumber(sub(flag, 3)) or false end
     local given = ARGV[b + 3]
     local m
     if byte(given, 1) == 61 then -- '='
@@ -83,23 +96,35 @@ for _ = 1, tonumber(ARGV[1]) do
     local window = capacity / refill * 1e6
     local deficit = 0
     local tat = written[key]
-    if not tat then
+    local at = false -- the share the bucket was written at
+    if tat then
+      at = wshared[key]
+    else
       local raw = values[k + 2 * i - 1]
-      if raw and #raw == 8 then tat = unpack_struct('d', raw) end
+      if raw then
+        local len = #raw
+        if len == 8 then
+          tat = unpack_struct('d', raw)
+        elseif len == 16 then
+          tat, at = unpack_struct(dd, raw)
+        end
+      end
     end
     if tat then
       deficit = tat - now
       if deficit < 0 then deficit = 0 elseif deficit > window then deficit = window end
+      if share and at and at ~= share and share > 0 then deficit = deficit * at / share end
     end
     local allowed, remaining, reset, retry
     if refund then
       allowed, remaining, reset, retry = true, 0, 0, 0
       if tat and rate > 0 then
-        local back = tat - cost / rate
+        local back = now + deficit - cost / rate
         if back < now then back = now end
         wn = wn + 1
         wkey[wn] = key
         wtat[wn] = back
+        wshare[wn] = share
       end
     elseif rate <= 0 or cost > limit + 1e-9 then
       allowed = false
@@ -116,6 +141,7 @@ for _ = 1, tonumber(ARGV[1]) do
         wn = wn + 1
         wkey[wn] = key
         wtat[wn] = now + needed
+        wshare[wn] = share
       else
         allowed = false
         remaining = floor((window > deficit and window - deficit or 0) * rate + 1e-9)
@@ -143,6 +169,7 @@ for _ = 1, tonumber(ARGV[1]) do
       local key = wkey[j]
       if not written[key] then order[#order + 1] = key end
       written[key] = wtat[j]
+      wshared[key] = wshare[j]
     end
   end
   k = k + 2 * n
@@ -153,6 +180,11 @@ for _, key in ipairs(order) do
   local tat = written[key]
   local ttl = ceil_ms(tat - now)
   if ttl < 1 then ttl = 1 end
-  call('PSETEX', key, ttl, pack('d', tat))
+  local share = wshared[key]
+  if share then
+    call('PSETEX', key, ttl, pack(dd, tat, share))
+  else
+    call('PSETEX', key, ttl, pack('d', tat))
+  end
 end
 return pack('<' .. string.rep('i8', o), unpack(out, 1, o))

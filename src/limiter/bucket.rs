@@ -40,11 +40,44 @@ pub struct Verdict {
 
 /// Evaluates a request of `cost` against a bucket last stored as `tat` (None: full) at `now`.
 pub fn evaluate(tat: Option<f64>, now_us: f64, params: Params, cost: f64) -> Verdict {
+    evaluate_owed(owed(tat, now_us, params), now_us, params, cost)
+}
+
+/// [`evaluate`] for a budget held across regions, at `share` of it, of a bucket written at
+/// share `written`: it owes the same tokens at the new share.
+///
+/// `params` are scaled by `share` (`crate::regions`); the time owed is scaled by
+/// `written / share`, beyond the window if the share fell. A share that rises brings its
+/// new tokens whole and one that falls still owes what was spent, so the regions' buckets
+/// together hold what one bucket would, whatever the shares do: a burst in one region
+/// spends what the quiet regions gave up. Keeping the fraction instead (the time alone, as
+/// a multiplier does) would hand the tokens a falling share gives up to no one.
+pub fn evaluate_shared(
+    tat: Option<f64>,
+    written: f64,
+    now_us: f64,
+    params: Params,
+    share: f64,
+    cost: f64,
+) -> Verdict {
+    let mut owed_us = owed(tat, now_us, params);
+    if written != share && share > 0.0 {
+        owed_us *= written / share;
+    }
+    evaluate_owed(owed_us, now_us, params, cost)
+}
+
+/// µs until a bucket stored as `tat` is full; a clock step backwards can never make the
+/// bucket more than empty.
+fn owed(tat: Option<f64>, now_us: f64, params: Params) -> f64 {
+    let window_us = params.capacity / params.refill_per_s * 1e6;
+    tat.map_or(0.0, |tat| (tat - now_us).clamp(0.0, window_us))
+}
+
+fn evaluate_owed(deficit: f64, now_us: f64, params: Params, cost: f64) -> Verdict {
     let limit = params.capacity * params.multiplier;
     let rate_per_us = params.refill_per_s * params.multiplier / 1e6;
     let window_us = params.capacity / params.refill_per_s * 1e6;
-    // A clock step backwards can never make the bucket more than empty.
-    let deficit = tat.map_or(0.0, |tat| (tat - now_us).clamp(0.0, window_us));
     if rate_per_us <= 0.0 || cost > limit + 1e-9 {
         return Verdict {
             allowed: false,
@@ -125,6 +158,34 @@ mod tests {
         let denied = step(&mut state, 0.0, p, 1.0);
         assert!(!denied.allowed);
         assert_eq!(ceil_ms(denied.retry_after_us), 12_000);
+    }
+
+    #[test]
+    fn a_share_that_changes_keeps_the_tokens_owed() {
+        // A budget of 10 tokens refilling 1/s, spent at half: 4 of its 5 taken at once.
+        let at = |share: f64| params(10.0 * share, share, 1.0);
+        let mut state = None;
+        for _ in 0..4 {
+            let verdict = evaluate_shared(state, 0.5, 0.0, at(0.5), 0.5, 1.0);
+            assert!(verdict.allowed);
+            state = Some(verdict.new_tat);
+        }
+        // Risen to the whole budget: 4 owed of 10, so 5 left after one more (keeping the
+        // fraction, 1).
+        let risen = evaluate_shared(state, 0.5, 0.0, at(1.0), 1.0, 1.0);
+        assert_eq!(risen.remaining, 5);
+        // Fallen to a fifth (2 tokens) while owing 4: the next token comes when 3 are
+        // repaid at 0.2/s, in 15 s (a bucket that forgot what it owes past its window would
+        // admit it in 5 s, and a share swinging back and forth would mint tokens).
+        let refused = evaluate_shared(state, 0.5, 0.0, at(0.2), 0.2, 1.0);
+        assert!(!refused.allowed);
+        assert_eq!(ceil_ms(refused.retry_after_us), 15_000);
+        assert_eq!(refused.remaining, 0);
+        // At the share it was written at, the plain evaluation.
+        assert_eq!(
+            evaluate_shared(state, 0.5, 1e6, at(0.5), 0.5, 1.0),
+            evaluate(state, 1e6, at(0.5), 1.0)
+        );
     }
 
     #[test]

@@ -91,6 +91,7 @@ impl Limiter {
                         multiplier: 1.0,
                     },
                     scale: 1.0,
+                    share: None,
                     // Never blocking the others: each bucket is taken from on its own.
                     enforced: false,
                     default_multiplier: 1.0,

@@ -29,6 +29,10 @@ pub(super) struct Scope {
     pub(super) params: bucket::Params,
     /// Times the budget's numbers (a shared address's IP-wide ceiling), else 1.
     pub(super) scale: f64,
+    /// A budget held across regions: this region's share of it, by which `params` are
+    /// scaled (the bucket keeps its debt in tokens when the share moves:
+    /// [`bucket::evaluate_shared`]).
+    pub(super) share: Option<f64>,
     pub(super) enforced: bool,
     /// Multiplier used when none is published for the subject.
     pub(super) default_multiplier: f64,
@@ -102,21 +106,18 @@ impl Limiter {
             let (bucket_key, bucket_id) = self.bucket(&subject, &budget.name, None);
             // A budget held across regions: this region spends its leased share (scaling
             // capacity and rate alike keeps the bucket's window).
-            let share = self
-                .shares
-                .as_ref()
-                .and_then(|shares| {
-                    let global = shares.global(&budget.name)?;
-                    let fails_closed = class_info.fail == crate::config::FailMode::Closed;
-                    Some(shares.share(
-                        global,
-                        subject.as_str(),
-                        request.cost,
-                        budget.refill_per_s(),
-                        fails_closed,
-                    ))
-                })
-                .unwrap_or(1.0);
+            let share = self.shares.as_ref().and_then(|shares| {
+                let global = shares.global(&budget.name)?;
+                let fails_closed = class_info.fail == crate::config::FailMode::Closed;
+                Some(shares.share(
+                    global,
+                    subject.as_str(),
+                    request.cost,
+                    budget.refill_per_s(),
+                    fails_closed,
+                ))
+            });
+            let scaled = share.unwrap_or(1.0);
             Scope {
                 budget: index,
                 kind,
@@ -130,11 +131,12 @@ impl Limiter {
                 subject,
                 label: None,
                 params: bucket::Params {
-                    capacity: f64::from(budget.capacity()) * share,
-                    refill_per_s: budget.refill_per_s() * share,
+                    capacity: f64::from(budget.capacity()) * scaled,
+                    refill_per_s: budget.refill_per_s() * scaled,
                     multiplier: 1.0,
                 },
                 scale: 1.0,
+                share,
                 enforced: !budget.shadow && enforced_class,
                 default_multiplier: sanitized(default_multiplier),
                 multiplier_override: None,

@@ -37,8 +37,9 @@ pub(super) fn write_keys<'a>(out: &mut redis::Cmd, scopes: impl IntoIterator<Ite
 }
 
 /// One request's arguments (after the call's leading request count): cost, mode, number
-/// of scopes, then per scope capacity, refill per second, enforce, default multiplier (or
-/// `=m`: the multiplier to use whatever is published).
+/// of scopes, then per scope capacity, refill per second, enforce (with `:share` for a
+/// budget held across regions), default multiplier (or `=m`: the multiplier to use whatever
+/// is published).
 pub(super) fn write_args<'a, I>(out: &mut redis::Cmd, scopes: I, cost: u32, mode: Mode)
 where
     I: IntoIterator<Item = &'a Scope>,
@@ -55,7 +56,15 @@ where
     for scope in scopes {
         number_arg(out, scope.params.capacity);
         number_arg(out, scope.params.refill_per_s);
-        out.arg(i64::from(scope.enforced));
+        match scope.share {
+            // `1:0.25`: enforced, spent at a quarter of a budget held across regions.
+            Some(share) => {
+                out.arg(format!("{}:{share}", i64::from(scope.enforced)));
+            }
+            None => {
+                out.arg(i64::from(scope.enforced));
+            }
+        }
         match scope.multiplier_override {
             Some(value) => {
                 out.arg(format!("={value}"));

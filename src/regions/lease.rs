@@ -4,8 +4,9 @@
 //! ([`super::shares`]) and the simulator (`cargo bench --bench regions`) run the same code.
 //!
 //! A region spends its share `s` of a key's budget as a bucket of `s` × capacity refilling
-//! at `s` × the rate (a multiplier: the bucket's window is unchanged, so a share that shrinks
-//! takes away what was not yet spent and never hands back what was). Shares add up to 1
+//! at `s` × the rate (the bucket's window is unchanged); when `s` moves, the bucket keeps
+//! the tokens it owes ([`crate::limiter::bucket::evaluate_shared`]), so a share that rises
+//! brings its new tokens and one that falls still owes what was spent. Shares add up to 1
 //! over the regions that hold a lease, so what all regions admit together stays within the
 //! budget, but for:
 //! - a region that meets a key it holds no lease for spends `1/count` of it until its next
@@ -119,19 +120,22 @@ impl Lease {
 /// The share to spend after a renewal, moved from the one spent before towards `target`.
 ///
 /// Three quarters of the way up to a higher target ([`Lease::share`]), halfway down to a
-/// lower one; the target itself for a key leased the first time.
+/// lower one. A key leased the first time gets its target, but at most `fair` (the fair
+/// slice, [`Lease::unleased`]): the other regions using the key may not have reported yet,
+/// and a region that took the whole budget before they do would spend what they spent
+/// (a key used in one region alone gets its whole budget at the second renewal).
 ///
-/// Regions renew at different moments, so their demands move out of step; a share that
-/// jumped to each new target would swing, and a region whose share swings up spends at the
-/// new share what it owed at the old one (a bucket's debt is time, scaled by its share).
-/// Damping each move bounds the swing; a rise moves further than a fall so that demand
-/// moving to a region is followed within a renewal or two (`cargo bench --bench regions`
-/// weighs the two).
-pub fn step(previous: Option<f64>, target: f64) -> f64 {
+/// Regions renew at different moments and see each other's demands at different ages, so
+/// for a renewal their shares can add up to more than one: a share that rises brings its
+/// new tokens at once ([`crate::limiter::bucket::evaluate_shared`]), while the ones falling
+/// still owe theirs. Damping each move bounds that swing; a rise moves further than a fall
+/// so that demand moving to a region is followed within a renewal or two
+/// (`cargo bench --bench regions` weighs the two).
+pub fn step(previous: Option<f64>, target: f64, fair: f64) -> f64 {
     match previous {
         Some(previous) if target > previous => 0.25 * previous + 0.75 * target,
         Some(previous) => 0.5 * previous + 0.5 * target,
-        None => target,
+        None => target.min(fair),
     }
 }
 
@@ -259,9 +263,14 @@ mod tests {
 
     #[test]
     fn a_share_rises_three_quarters_and_falls_half_way_to_its_target() {
-        assert_eq!(step(None, 0.8), 0.8);
-        assert_eq!(step(Some(0.25), 0.75), 0.625);
-        assert_eq!(step(Some(0.75), 0.25), 0.5);
+        assert_eq!(step(Some(0.25), 0.75, 0.5), 0.625);
+        assert_eq!(step(Some(0.75), 0.25, 0.5), 0.5);
+    }
+
+    #[test]
+    fn a_first_lease_is_at_most_the_fair_slice() {
+        assert_eq!(step(None, 0.8, 0.5), 0.5);
+        assert_eq!(step(None, 0.2, 0.5), 0.2);
     }
 
     #[test]

@@ -159,7 +159,7 @@ impl Shares {
                     entry.budget,
                     !entry.fails_closed,
                 );
-                entry.share = Some(step(entry.share, target));
+                entry.share = Some(step(entry.share, target, self.lease.unleased()));
             }
         }
         let leased = keys.len();

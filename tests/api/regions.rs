@@ -176,10 +176,11 @@ async fn what_one_region_enforces_the_other_does_within_two_seconds() {
 }
 
 /// One account's logins (5 a minute) tried in both regions at once, from addresses of their
-/// own: both regions together admit the budget, give or take the one token a share's swing
-/// may hand over (a region whose share rises spends the new share of its bucket's window
-/// whatever the other spent: docs/MULTI-REGION.md); without shares each would admit 5. A
-/// region with the account to itself spends the whole budget after its first renewal.
+/// own: both regions together admit the budget, give or take what the shares' swings lend
+/// (regions renewing out of step see each other's demand at different ages, so for a
+/// renewal both shares can rise: each brings its new tokens at once, owed back when it
+/// falls; docs/MULTI-REGION.md); without shares each would admit 5. A region with the
+/// account to itself spends the whole budget after its second renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(production_tests),
@@ -204,12 +205,13 @@ async fn a_global_budget_holds_across_regions() {
     }
     println!("shared-account: {admitted} admitted of 36 tried over both regions");
     assert!(
-        admitted <= 6,
-        "{admitted} admitted: more than the budget and one swing"
+        admitted <= 7,
+        "{admitted} admitted: more than the budget and a swing of each region's share"
     );
     assert!(admitted >= 3, "{admitted} admitted: the budget is starved");
 
-    // One region alone: after its first renewal its share is the whole budget.
+    // One region alone: after its second renewal its share is the whole budget (the first
+    // lease is at most the fair slice: another region may not have reported yet).
     assert_eq!(
         status_of(us, login("homebody", "10.9.0.1")).await,
         StatusCode::OK

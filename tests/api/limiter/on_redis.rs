@@ -77,6 +77,77 @@ async fn one_script_call_with_several_requests_runs_them_in_order() {
         .unwrap();
 }
 
+/// A budget held across regions is spent at this region's share (capacity and refill
+/// scaled by it, the share after the enforce flag: `1:0.5`). When the share moves, the bucket
+/// keeps the tokens it owes rather than its fraction: a risen share brings its new tokens, a
+/// fallen one still owes what was spent (`bucket::evaluate_shared`, the simulator's model).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(production_tests),
+    ignore = "set PALISADE_TEST_DATABASE_URL and PALISADE_TEST_REDIS_URL"
+)]
+async fn a_shared_budget_keeps_what_it_owes_when_its_share_moves() {
+    let Some((_, redis_url)) = production_urls() else {
+        return;
+    };
+    let client = redis::Client::open(redis_url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("test:{{share-{}}}:b", ulid::Ulid::new());
+    // A budget of 10 refilling 1/s: one call of `takes` requests of cost 1 at `share`.
+    async fn at(
+        conn: &mut redis::aio::MultiplexedConnection,
+        key: &str,
+        share: &str,
+        takes: usize,
+    ) -> Vec<Vec<i64>> {
+        let fraction: f64 = share.parse().unwrap();
+        let mut invocation = palisade::store::scripts::TOKEN_BUCKET.prepare_invoke();
+        invocation.arg(takes);
+        for _ in 0..takes {
+            invocation.key(key).key(format!("{key}:m"));
+            invocation.arg(1).arg(1).arg(1);
+            invocation
+                .arg(10.0 * fraction)
+                .arg(fraction)
+                .arg(format!("1:{share}"))
+                .arg(1);
+        }
+        let packed: Vec<u8> = invocation.invoke_async(conn).await.unwrap();
+        packed
+            .chunks_exact(8)
+            .map(|v| i64::from_le_bytes(v.try_into().unwrap()))
+            .collect::<Vec<_>>()
+            .chunks(8)
+            .map(<[i64]>::to_vec)
+            .collect()
+    }
+    // Half the budget (5 tokens): 4 taken.
+    let taken = at(&mut conn, &key, "0.5", 4).await;
+    assert_eq!(taken[3][..4], [1, 1, 5, 1], "{taken:?}");
+    let stored: Vec<u8> = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 16, "the time and the share it was written at");
+    // The whole budget: 4 owed of 10, so 5 left after this one (keeping the fraction, 1).
+    let risen = at(&mut conn, &key, "1", 1).await;
+    assert_eq!(risen[0][..4], [1, 1, 10, 5], "{risen:?}");
+    // A fifth (2 tokens) while owing 5: the next token when 4 are repaid at 0.2/s, in 20 s.
+    let fallen = at(&mut conn, &key, "0.2", 1).await;
+    assert_eq!(fallen[0][..4], [0, 0, 2, 0], "{fallen:?}");
+    assert!((19_900..=20_000).contains(&fallen[0][5]), "{fallen:?}");
+    // Read without a share (the budget no longer held across regions): as a plain bucket,
+    // the time taken as it is.
+    let plain = bucket_calls(&mut conn, &key, &[0]).await;
+    assert_eq!(plain[0][0], 0, "{plain:?}");
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
 /// Mode 2 gives a consumed token back (a cluster's refund when another slot refused the
 /// check), never past a full bucket, and nothing to a bucket never taken from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
