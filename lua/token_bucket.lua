@@ -80,9 +80,12 @@ for _ = 1, tonumber(ARGV[1]) do
     local capacity = tonumber(ARGV[b])
     local refill = tonumber(ARGV[b + 1])
     local flag = ARGV[b + 2]
-    local enforce = byte(flag, 1) == 49 -- '1'
+    local enforce = flag == '1'
     local share = false
-    if #flag > 2 then share = tonumber(sub(flag, 3)) or false end
+    if not enforce and flag ~= '0' then
+      enforce = byte(flag, 1) == 49
+      share = tonumber(sub(flag, 3)) or false
+    end
     local given = ARGV[b + 3]
     local m
     if byte(given, 1) == 61 then -- '='
@@ -101,13 +104,10 @@ for _ = 1, tonumber(ARGV[1]) do
       at = wshared[key]
     else
       local raw = values[k + 2 * i - 1]
-      if raw then
-        local len = #raw
-        if len == 8 then
-          tat = unpack_struct('d', raw)
-        elseif len == 16 then
-          tat, at = unpack_struct(dd, raw)
-        end
+      if raw and #raw == 8 then
+        tat = unpack_struct('d', raw)
+      elseif raw and #raw == 16 then
+        tat, at = unpack_struct(dd, raw)
       end
     end
     if tat then
@@ -169,7 +169,7 @@ for _ = 1, tonumber(ARGV[1]) do
       local key = wkey[j]
       if not written[key] then order[#order + 1] = key end
       written[key] = wtat[j]
-      wshared[key] = wshare[j]
+      if wshare[j] or wshared[key] then wshared[key] = wshare[j] end
     end
   end
   k = k + 2 * n
