@@ -444,7 +444,8 @@ pub async fn span(
 }
 
 /// Recorded checks from `from_ms` to before `to_ms` after the position `after` (`(at, id)`),
-/// in the order they were decided, at most `limit`.
+/// in the order they were decided, at most `limit`. The cursor is a row comparison, which
+/// the `(at, id)` index starts at (an `OR` of its parts is a filter over every row before).
 pub async fn read(
     durable: &Durable,
     from_ms: i64,
@@ -458,7 +459,7 @@ pub async fn read(
     let rows: Vec<Row> = with_pool!(durable, |pool| {
         sqlx::query_as(
         "SELECT id, at, method, endpoint, ip, user_key, device_key, tenant_key, cost, consume, \
-         outcome, multipliers FROM traffic_record WHERE at >= $1 AND at < $2 AND (at > $3 OR (at = $3 AND id > $4)) \
+         outcome, multipliers FROM traffic_record WHERE at >= $1 AND at < $2 AND (at, id) > ($3, $4) \
          ORDER BY at, id LIMIT $5"
     )
     .bind(from_ms)

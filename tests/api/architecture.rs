@@ -95,3 +95,17 @@ fn time_and_ids_come_from_the_clock() {
     );
     assert!(found.is_empty(), "{found:#?}");
 }
+
+#[test]
+fn keyset_pages_compare_rows() {
+    // `a > $1 OR (a = $1 AND b > $2)` is a filter Postgres applies to every row from the
+    // index's start, so each page of a walk costs all the pages before it; `(a, b) > ($1,
+    // $2)` is an index condition that starts at the cursor (both engines read it).
+    let spelled = regex::Regex::new(r"> \$\d+ OR \(\s*\w+ = \$\d+").unwrap();
+    let found: Vec<String> = sources()
+        .into_iter()
+        .filter(|(_, text)| spelled.is_match(text))
+        .map(|(path, _)| path)
+        .collect();
+    assert!(found.is_empty(), "{found:#?}");
+}

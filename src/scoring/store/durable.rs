@@ -13,8 +13,11 @@ use crate::store::{Durable, Error, with_pool};
 const ROWS_PER_STATEMENT: usize = 1000;
 
 const PRUNE: &str = "DELETE FROM factors WHERE expires_at IS NOT NULL AND expires_at <= $1";
+/// A page after `(subject, id)`. The row comparison is what lets the primary key's index
+/// start at the cursor: spelled as an `OR` of the two columns' comparisons, Postgres walks
+/// the index from its start and filters, so each page costs what every page before it did.
 const LIVE: &str = "SELECT subject, id, body FROM factors \
-    WHERE (expires_at IS NULL OR expires_at > $1) AND (subject > $2 OR (subject = $2 AND id > $3)) \
+    WHERE (expires_at IS NULL OR expires_at > $1) AND (subject, id) > ($2, $3) \
     ORDER BY subject, id LIMIT $4";
 
 /// One subject's changes as the rows they leave: per factor id, the factor to store (None:
