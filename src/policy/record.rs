@@ -444,8 +444,10 @@ pub async fn span(
 }
 
 /// Recorded checks from `from_ms` to before `to_ms` after the position `after` (`(at, id)`),
-/// in the order they were decided, at most `limit`. The cursor is a row comparison, which
-/// the `(at, id)` index starts at (an `OR` of its parts is a filter over every row before).
+/// in the order they were decided, at most `limit`.
+///
+/// The cursor is a row comparison, which the `(at, id)` index starts at (an `OR` of its
+/// parts is a filter over every row before).
 pub async fn read(
     durable: &Durable,
     from_ms: i64,
