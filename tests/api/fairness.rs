@@ -1121,7 +1121,14 @@ async fn an_instance_started_later_takes_the_learned_normal() {
     newcomer.flush().await.unwrap();
     let taken = newcomer.state();
     assert!(taken.learned, "{taken:?}");
-    assert_eq!(taken.normal, learned.normal);
+    // The learned normal, or, when the newcomer took longer than a window to start (a busy
+    // machine), what the quiet windows since made of it: each moves it a fifth of the way to
+    // their 0 failures, as it would on the first instance.
+    let (learned, taken) = (learned.normal.unwrap(), taken.normal.unwrap());
+    assert!(
+        (0..4).any(|quiet| (taken - learned * 0.8f64.powi(quiet)).abs() < 1e-9),
+        "took {taken}, learned {learned}"
+    );
 }
 
 /// A release on one instance ends every instance's hold: when it runs out, the guard stays
