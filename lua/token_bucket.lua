@@ -32,7 +32,8 @@
 --        Every number is rounded explicitly (floor for tokens, ceil for waits): packing would
 --        truncate a fractional Lua number, as an integer reply would.
 -- Time   redis.call('TIME') only, once per call; the caller's clock is never used.
--- Model  src/limiter/bucket.rs `evaluate` is the same computation; keep them in step.
+-- Model  src/limiter/bucket.rs `evaluate` (and `evaluate_shared` for a share) is the same
+--        computation; keep them in step.
 -- Speed  globals are bound to locals and numbers are answered as integers (not formatted
 --        text); TIME + MGET + one PSETEX per bucket are most of a call's Redis CPU. A
 --        coalesced call shares TIME, one MGET and one PSETEX per distinct bucket. The
