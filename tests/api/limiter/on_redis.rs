@@ -12,13 +12,27 @@ async fn bucket_calls(
     key: &str,
     modes: &[i64],
 ) -> Vec<Vec<i64>> {
+    let requests: Vec<(i64, f64, f64, String)> = modes
+        .iter()
+        .map(|&mode| (mode, 2.0, 1.0, "1".to_owned()))
+        .collect();
+    bucket_call(conn, key, &requests).await
+}
+
+/// One `token_bucket.lua` call of one request of cost 1 on `key` per `(mode, capacity,
+/// refill per second, enforce flag)`; per request its reply, as [`bucket_calls`].
+async fn bucket_call(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    requests: &[(i64, f64, f64, String)],
+) -> Vec<Vec<i64>> {
     let multiplier = format!("{key}:m");
     let mut invocation = palisade::store::scripts::TOKEN_BUCKET.prepare_invoke();
-    invocation.arg(modes.len());
-    for mode in modes {
+    invocation.arg(requests.len());
+    for (mode, capacity, refill, flag) in requests {
         invocation.key(key).key(&multiplier);
         invocation.arg(1).arg(*mode).arg(1);
-        invocation.arg(2).arg(1).arg(1).arg(1);
+        invocation.arg(*capacity).arg(*refill).arg(flag).arg(1);
     }
     let packed: Vec<u8> = invocation.invoke_async(conn).await.unwrap();
     // Little-endian 8-byte integers.
@@ -26,9 +40,9 @@ async fn bucket_calls(
         .chunks_exact(8)
         .map(|v| i64::from_le_bytes(v.try_into().unwrap()))
         .collect();
-    let requests: Vec<Vec<i64>> = reply.chunks(8).map(<[i64]>::to_vec).collect();
-    assert_eq!(requests.len(), modes.len(), "{reply:?}");
-    requests
+    let answers: Vec<Vec<i64>> = reply.chunks(8).map(<[i64]>::to_vec).collect();
+    assert_eq!(answers.len(), requests.len(), "{reply:?}");
+    answers
 }
 
 /// Several requests in one `token_bucket.lua` call run one after another: a later request
@@ -93,7 +107,7 @@ async fn a_shared_budget_keeps_what_it_owes_when_its_share_moves() {
     let client = redis::Client::open(redis_url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let key = format!("test:{{share-{}}}:b", ulid::Ulid::new());
-    // A budget of 10 refilling 1/s: one call of `takes` requests of cost 1 at `share`.
+    // A budget of 10 refilling 1/s: one call of `takes` consuming requests at `share`.
     async fn at(
         conn: &mut redis::aio::MultiplexedConnection,
         key: &str,
@@ -101,25 +115,8 @@ async fn a_shared_budget_keeps_what_it_owes_when_its_share_moves() {
         takes: usize,
     ) -> Vec<Vec<i64>> {
         let fraction: f64 = share.parse().unwrap();
-        let mut invocation = palisade::store::scripts::TOKEN_BUCKET.prepare_invoke();
-        invocation.arg(takes);
-        for _ in 0..takes {
-            invocation.key(key).key(format!("{key}:m"));
-            invocation.arg(1).arg(1).arg(1);
-            invocation
-                .arg(10.0 * fraction)
-                .arg(fraction)
-                .arg(format!("1:{share}"))
-                .arg(1);
-        }
-        let packed: Vec<u8> = invocation.invoke_async(conn).await.unwrap();
-        packed
-            .chunks_exact(8)
-            .map(|v| i64::from_le_bytes(v.try_into().unwrap()))
-            .collect::<Vec<_>>()
-            .chunks(8)
-            .map(<[i64]>::to_vec)
-            .collect()
+        let request = (1, 10.0 * fraction, fraction, format!("1:{share}"));
+        bucket_call(conn, key, &vec![request; takes]).await
     }
     // Half the budget (5 tokens): 4 taken.
     let taken = at(&mut conn, &key, "0.5", 4).await;
